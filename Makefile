@@ -1,0 +1,45 @@
+# The commands the README gives. Each sets up what it needs first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Tests run against $DATABASE_URL when set, else against a throwaway PostgreSQL cluster.
+WITH_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --)
+
+.PHONY: install run worker test lint unit soak bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) manage.py migrate --no-input
+	$(PY) manage.py run_scheduler
+
+worker: $(STAMP)
+	$(PY) manage.py migrate --no-input
+	$(PY) manage.py run_worker
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy ultimat3_jobs testproject
+	$(PY) manage.py makemigrations --check --dry-run
+
+test: lint
+	$(WITH_PG) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	# The embedded default: everything that does not need PostgreSQL, again on SQLite.
+	DATABASE_URL=sqlite:///$(CURDIR)/.test-sqlite.db $(PY) -m pytest -m "not postgres and not soak and not browser" -q tests/integration
+
+soak: $(STAMP)
+	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) db.sqlite3 .test-sqlite.db .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,34 @@
+"""Shared fixtures. Tests marked ``postgres`` fail, never skip, when the database is not one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+
+from ultimat3_jobs.registry import Registry, registry
+
+
+@pytest.fixture(autouse=True)
+def _require_postgres(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("postgres") and connection.vendor != "postgresql":
+        pytest.fail(
+            "this test needs PostgreSQL: run `make test` (it starts a throwaway cluster) "
+            "or set DATABASE_URL=postgres://...",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def fresh_registry() -> Iterator[Registry]:
+    """The global registry, restored afterwards, so a test's declarations do not leak."""
+    saved = (
+        {kind: dict(names) for kind, names in registry._by_kind.items()},
+        {kind: dict(sites) for kind, sites in registry._sites.items()},
+    )
+    try:
+        yield registry
+    finally:
+        registry._by_kind, registry._sites = saved
+        registry.version += 1

@@ -1,0 +1,17 @@
+from django.apps import AppConfig
+
+
+class Ultimat3JobsConfig(AppConfig):
+    name = "ultimat3_jobs"
+    label = "ultimat3_jobs"
+    verbose_name = "Scheduled jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        from . import checks  # noqa: F401  (registers the system checks)
+
+        # Every installed app's tasks.py, as the admin discovers admin.py: a bad declaration
+        # fails here, at startup, rather than at the first round.
+        autodiscover_modules("tasks")

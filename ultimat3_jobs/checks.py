@@ -1,0 +1,88 @@
+"""``manage.py check`` messages for what only settings and the database can reveal.
+
+Each hint is the ``fix`` of the matching error, so the wording is the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.core import checks
+from django.db import DatabaseError, connections
+
+from .conf import DEFAULTS, default_leader, get_settings
+from .errors import ConfigurationError
+from .leaders import ADVISORY_NEEDS_POSTGRES_FIX
+
+
+@checks.register()
+def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        config = get_settings()
+    except ConfigurationError as error:
+        return [checks.Error(error.message, hint=error.fix, id="ultimat3_jobs.E002")]
+    messages: list[checks.CheckMessage] = []
+    vendor = connections["default"].vendor
+    leader = config.leader or default_leader(vendor)
+    if leader == "advisory" and vendor != "postgresql":
+        messages.append(
+            checks.Error(
+                f"the advisory leader needs PostgreSQL, but the default database is {vendor}",
+                hint=ADVISORY_NEEDS_POSTGRES_FIX,
+                id="ultimat3_jobs.E001",
+            )
+        )
+    if config.lease_ttl <= config.tick_interval and leader == "lease":
+        messages.append(
+            checks.Error(
+                f"LEASE_TTL ({config.lease_ttl.total_seconds():g}s) is not longer than "
+                f"TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): the lease would "
+                "expire between two renewals and leadership would flap",
+                hint='set ULTIMAT3_JOBS["LEASE_TTL"] to several tick intervals, e.g. 10',
+                id="ultimat3_jobs.E003",
+            )
+        )
+    if config.misfire_grace < config.tick_interval:
+        messages.append(
+            checks.Warning(
+                f"MISFIRE_GRACE ({config.misfire_grace.total_seconds():g}s) is shorter than "
+                f"TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): on-time "
+                "occurrences would count as missed and skip-policy tasks would never fire",
+                hint='set ULTIMAT3_JOBS["MISFIRE_GRACE"] to at least the tick interval, e.g. 60',
+                id="ultimat3_jobs.W001",
+            )
+        )
+    for key in config.unknown:
+        messages.append(
+            checks.Warning(
+                f'ULTIMAT3_JOBS has an unknown key "{key}", which is ignored',
+                hint=f"remove it or use one of: {', '.join(sorted(DEFAULTS))}",
+                id="ultimat3_jobs.W002",
+            )
+        )
+    return messages
+
+
+@checks.register()
+def check_removed_tasks(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    from .models import Task
+    from .registry import registry
+
+    declared = {handle.name for handle in registry.tasks()}
+    try:
+        stored = list(Task.objects.values_list("name", flat=True))
+    except (DatabaseError, RuntimeError):
+        return []  # Not migrated yet, or no database access here: nothing to compare.
+    return [
+        checks.Warning(
+            f'task "{name}" is in the database but no longer declared in code; it is never '
+            "dispatched",
+            hint=f'restore its @task declaration, or delete it in the admin if "{name}" is gone '
+            "for good (its history goes with it)",
+            id="ultimat3_jobs.W003",
+        )
+        for name in sorted(set(stored) - declared)
+    ]

@@ -1,0 +1,168 @@
+"""The ``ULTIMAT3_JOBS`` settings dict: defaults, validation and one cached getter.
+
+The getter is cleared on ``setting_changed`` so ``override_settings`` works in tests, the way
+django-debug-toolbar reads its settings.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .errors import ConfigurationError
+
+#: Every key, its default, and what it does. The README's settings table is this dict.
+DEFAULTS: dict[str, Any] = {
+    # Leader election: "advisory" (PostgreSQL only), "lease" or "sole". None picks advisory on
+    # PostgreSQL and lease elsewhere.
+    "LEADER": None,
+    # Seconds between the end of one scheduler round and the start of the next.
+    "TICK_INTERVAL": 1.0,
+    # An occurrence at most this many seconds old still counts as on time.
+    "MISFIRE_GRACE": 60.0,
+    # Seconds a lease stays valid without renewal; renewal happens every round.
+    "LEASE_TTL": 10.0,
+    # The advisory lock key the schedulers of one database contend for.
+    "ADVISORY_LOCK_KEY": 0x756C74,
+    # Warn when the local clock and the database clock differ by more than this many seconds.
+    "CLOCK_SKEW_WARNING": 1.0,
+    # The admin warns when no scheduler round has run for this many seconds.
+    "STALE_ROUND_WARNING": 60.0,
+    # Seconds between heartbeats a scheduler or worker writes to its node row.
+    "HEARTBEAT_INTERVAL": 5.0,
+    # Default attempts of a job that declares none.
+    "MAX_ATTEMPTS": 3,
+    # Queue of a job that declares none.
+    "DEFAULT_QUEUE": "default",
+    # Retry backoff: base ** attempts seconds, capped, with full jitter.
+    "RETRY_BACKOFF_BASE": 2.0,
+    "RETRY_BACKOFF_MAX": 3600.0,
+    # Worker: seconds between polls when LISTEN/NOTIFY is not available or stays silent.
+    "WORKER_POLL_INTERVAL": 1.0,
+    # Worker: a running job whose worker has not written a heartbeat for this long is recovered.
+    "WORKER_STALE_AFTER": 60.0,
+    # Worker: seconds a SIGTERM drain waits for jobs in flight.
+    "WORKER_DRAIN_GRACE": 30.0,
+    # Days finished jobs and occurrence records are kept.
+    "RETENTION_DAYS": 14,
+}
+
+LEADERS = ("advisory", "lease", "sole")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings. Durations are ``timedelta``; ``unknown`` lists keys we ignored."""
+
+    leader: str | None
+    tick_interval: timedelta
+    misfire_grace: timedelta
+    lease_ttl: timedelta
+    advisory_lock_key: int
+    clock_skew_warning: timedelta
+    stale_round_warning: timedelta
+    heartbeat_interval: timedelta
+    max_attempts: int
+    default_queue: str
+    retry_backoff_base: float
+    retry_backoff_max: timedelta
+    worker_poll_interval: timedelta
+    worker_stale_after: timedelta
+    worker_drain_grace: timedelta
+    retention_days: int
+    unknown: tuple[str, ...]
+
+
+def _seconds(raw: dict[str, Any], key: str) -> timedelta:
+    value = raw[key]
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive number of seconds',
+            fix=f'set ULTIMAT3_JOBS["{key}"] to a number of seconds, e.g. {DEFAULTS[key]!r}',
+            cause=value,
+        )
+    return timedelta(seconds=float(value))
+
+
+def _positive_int(raw: dict[str, Any], key: str) -> int:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive integer',
+            fix=f'set ULTIMAT3_JOBS["{key}"] to a positive integer, e.g. {DEFAULTS[key]!r}',
+            cause=value,
+        )
+    return value
+
+
+def _leader(value: Any) -> str | None:
+    if value is None or value in LEADERS:
+        return value  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f'ULTIMAT3_JOBS["LEADER"] is {value!r}, not one of {", ".join(LEADERS)}',
+        fix='set ULTIMAT3_JOBS["LEADER"] to "advisory" (PostgreSQL), "lease" or "sole", '
+        "or remove it to pick by database",
+        cause=value,
+    )
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The app's settings, validated. Raises ``ConfigurationError`` on a bad value."""
+    user = getattr(settings, "ULTIMAT3_JOBS", None) or {}
+    if not isinstance(user, dict):
+        raise ConfigurationError(
+            f"ULTIMAT3_JOBS is a {type(user).__name__}, not a dict",
+            fix="set ULTIMAT3_JOBS = {} in settings (see the README's settings table)",
+        )
+    raw = {**DEFAULTS, **user}
+    base = raw["RETRY_BACKOFF_BASE"]
+    if isinstance(base, bool) or not isinstance(base, int | float) or base < 1:
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["RETRY_BACKOFF_BASE"] is {base!r}, not a number >= 1',
+            fix='set ULTIMAT3_JOBS["RETRY_BACKOFF_BASE"] to a number >= 1, e.g. 2',
+            cause=base,
+        )
+    if not isinstance(raw["DEFAULT_QUEUE"], str) or not raw["DEFAULT_QUEUE"]:
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["DEFAULT_QUEUE"] is {raw["DEFAULT_QUEUE"]!r}, not a queue name',
+            fix='set ULTIMAT3_JOBS["DEFAULT_QUEUE"] to a non-empty string, e.g. "default"',
+        )
+    return Settings(
+        leader=_leader(raw["LEADER"]),
+        tick_interval=_seconds(raw, "TICK_INTERVAL"),
+        misfire_grace=_seconds(raw, "MISFIRE_GRACE"),
+        lease_ttl=_seconds(raw, "LEASE_TTL"),
+        advisory_lock_key=int(raw["ADVISORY_LOCK_KEY"]),
+        clock_skew_warning=_seconds(raw, "CLOCK_SKEW_WARNING"),
+        stale_round_warning=_seconds(raw, "STALE_ROUND_WARNING"),
+        heartbeat_interval=_seconds(raw, "HEARTBEAT_INTERVAL"),
+        max_attempts=_positive_int(raw, "MAX_ATTEMPTS"),
+        default_queue=raw["DEFAULT_QUEUE"],
+        retry_backoff_base=float(base),
+        retry_backoff_max=_seconds(raw, "RETRY_BACKOFF_MAX"),
+        worker_poll_interval=_seconds(raw, "WORKER_POLL_INTERVAL"),
+        worker_stale_after=_seconds(raw, "WORKER_STALE_AFTER"),
+        worker_drain_grace=_seconds(raw, "WORKER_DRAIN_GRACE"),
+        retention_days=_positive_int(raw, "RETENTION_DAYS"),
+        unknown=tuple(sorted(set(user) - set(DEFAULTS))),
+    )
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ULTIMAT3_JOBS":
+        get_settings.cache_clear()
+
+
+def default_leader(vendor: str) -> str:
+    """The leader an unset ``LEADER`` means on a database of this vendor."""
+    return "advisory" if vendor == "postgresql" else "lease"

@@ -1,0 +1,245 @@
+"""Leader elections: which node may dispatch this round.
+
+``acquire()`` is asked every round (for a lease it is the renewal) and ``fence()`` again inside
+the dispatch transaction, so a node paused or cut off after winning cannot enqueue once
+another node has taken over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import psycopg
+from django.db import IntegrityError, connections, transaction
+from django.db.models import DurationField, ExpressionWrapper, Q, Value
+from django.db.models.fields import DateTimeField
+from django.db.models.functions import Now
+
+from .conf import default_leader, get_settings
+from .errors import LeaderUnavailableError
+from .logs import emit, failure_fields
+from .models import Lease
+
+logger = logging.getLogger("ultimat3_jobs.leader")
+
+#: An expiry every database clock has passed: a released or brand-new lease.
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+
+ADVISORY_NEEDS_POSTGRES_FIX = (
+    'set ULTIMAT3_JOBS["LEADER"] = "lease" (works on every database and behind PgBouncer), '
+    'or "sole" for a single node, or move to PostgreSQL'
+)
+
+
+def new_node_id() -> str:
+    """A node id that tells an operator where the process runs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaderElection(Protocol):
+    name: str
+
+    def acquire(self) -> bool:
+        """Whether this node leads this round. Renews what it holds; never raises past a False."""
+
+    def fence(self, using: str) -> bool:
+        """Inside the dispatch transaction on ``using``: do we still lead?"""
+
+    def release(self) -> None:
+        """Hand leadership back, if held."""
+
+
+class SoleLeader:
+    """A single node: always the leader."""
+
+    name = "sole"
+
+    def acquire(self) -> bool:
+        return True
+
+    def fence(self, using: str) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
+def _expires_in(ttl: timedelta) -> ExpressionWrapper:
+    return ExpressionWrapper(
+        Now() + Value(ttl, output_field=DurationField()), output_field=DateTimeField()
+    )
+
+
+class LeaseLeader:
+    """A lease row with an expiry judged by the database clock.
+
+    Statement-level only, so it works behind a transaction-pooling PgBouncer and on SQLite.
+    Only the owner renews; anyone may take an expired lease.
+    """
+
+    name = "lease"
+
+    def __init__(
+        self, *, node_id: str, ttl: timedelta, lease: str = "scheduler", using: str = "default"
+    ) -> None:
+        self.node_id = node_id
+        self.ttl = ttl
+        self.lease = lease
+        self.using = using
+
+    def acquire(self) -> bool:
+        rows = Lease.objects.using(self.using)
+        mine_or_free = Q(owner=self.node_id) | Q(expires_at__lt=Now())
+        updated = rows.filter(mine_or_free, name=self.lease).update(
+            owner=self.node_id, expires_at=_expires_in(self.ttl)
+        )
+        if updated:
+            rows.filter(name=self.lease, acquired_at__isnull=True).update(acquired_at=Now())
+            return True
+        if not rows.filter(name=self.lease).exists():
+            # First election on this database: create the row expired, then contend for it.
+            try:
+                with transaction.atomic(using=self.using):
+                    rows.create(name=self.lease, owner="", expires_at=LONG_AGO)
+            except IntegrityError:
+                pass  # Another node created it first; contend for it as usual.
+            return self.acquire()
+        return False
+
+    def fence(self, using: str) -> bool:
+        held = (
+            Lease.objects.using(using)
+            .select_for_update()
+            .filter(name=self.lease, owner=self.node_id, expires_at__gt=Now())
+            .values_list("name", flat=True)
+        )
+        return bool(list(held))
+
+    def release(self) -> None:
+        # Only the owner hands it back; the next node need not wait out the TTL.
+        Lease.objects.using(self.using).filter(name=self.lease, owner=self.node_id).update(
+            owner="", expires_at=LONG_AGO, acquired_at=None
+        )
+
+
+class AdvisoryLeader:
+    """``pg_try_advisory_lock`` on a connection this node owns, apart from Django's.
+
+    Django closes its connections between rounds; a lock taken on one of those would vanish
+    with it. Every round re-checks the lock in ``pg_locks``, which also notices a dead
+    connection (a terminated backend, a restarted server) and concedes.
+    """
+
+    name = "advisory"
+
+    def __init__(self, *, key: int, using: str = "default") -> None:
+        self.key = key
+        self.using = using
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pid: int | None = None
+        self._held = False
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        params = connections[self.using].settings_dict
+        options = {
+            k: v for k, v in (params.get("OPTIONS") or {}).items() if k in {"sslmode", "options"}
+        }
+        conn = psycopg.connect(
+            dbname=params["NAME"],
+            user=params.get("USER") or None,
+            password=params.get("PASSWORD") or None,
+            host=params.get("HOST") or None,
+            port=params.get("PORT") or None,
+            autocommit=True,
+            connect_timeout=5,
+            application_name="ultimat3_jobs scheduler leader",
+            # Notice a vanished server or network in seconds rather than hours.
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=2,
+            **options,
+        )
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        self._pid = int(row[0]) if row else None
+        return conn
+
+    def _drop(self) -> None:
+        self._held = False
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+        self._conn = None
+        self._pid = None
+
+    def acquire(self) -> bool:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._drop()
+                self._conn = self._connect()
+            if self._held:
+                row = self._conn.execute(_HOLDS_LOCK, self._lock_args(self._pid)).fetchone()
+                self._held = bool(row and row[0])
+            if not self._held:
+                row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]).fetchone()
+                self._held = bool(row and row[0])
+            return self._held
+        except psycopg.Error as error:
+            # The connection, and with it the lock, is gone: concede and reconnect next round.
+            emit(logger, "jobs.leader.connection-lost", logging.WARNING, **failure_fields(error))
+            self._drop()
+            return False
+
+    def _lock_args(self, pid: int | None) -> list[int | None]:
+        # A bigint key is stored as classid (high 32 bits) and objid (low 32 bits), objsubid 1.
+        return [pid, (self.key >> 32) & 0xFFFFFFFF, self.key & 0xFFFFFFFF]
+
+    def fence(self, using: str) -> bool:
+        if not self._held or self._pid is None:
+            return False
+        with connections[using].cursor() as cursor:
+            cursor.execute(_HOLDS_LOCK, self._lock_args(self._pid))
+            row = cursor.fetchone()
+        return bool(row and row[0])
+
+    def release(self) -> None:
+        if self._conn is not None and self._held:
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", [self.key])
+            except psycopg.Error:
+                pass  # A dead connection has released it already.
+        self._drop()
+
+
+#: Whether backend ``pid`` holds the advisory lock on (classid, objid).
+_HOLDS_LOCK = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND pid = %s
+      AND classid = %s AND objid = %s AND objsubid = 1
+)
+"""
+
+
+def build_leader(kind: str | None, *, node_id: str, using: str = "default") -> LeaderElection:
+    """The election ``kind`` names (or the settings/database default)."""
+    config = get_settings()
+    vendor = connections[using].vendor
+    kind = kind or config.leader or default_leader(vendor)
+    if kind == "sole":
+        return SoleLeader()
+    if kind == "lease":
+        return LeaseLeader(node_id=node_id, ttl=config.lease_ttl, using=using)
+    if vendor != "postgresql":
+        raise LeaderUnavailableError(
+            f"the advisory leader needs PostgreSQL, but the database is {vendor}",
+            fix=ADVISORY_NEEDS_POSTGRES_FIX,
+        )
+    return AdvisoryLeader(key=config.advisory_lock_key, using=using)

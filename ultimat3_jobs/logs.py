@@ -1,0 +1,74 @@
+"""Structured log events: ``emit(logger, "jobs.scheduler.dispatched", task=..., ...)``.
+
+Every record carries its event name and fields in ``record.event`` / ``record.fields``, so the
+text and JSON formatters below (chosen by ``--log-format``) print the same facts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, date, datetime
+from typing import Any
+
+from .errors import UltimateError
+
+
+def emit(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log ``event`` with ``fields`` attached for the formatters."""
+    logger.log(level, event, extra={"event": event, "fields": fields})
+
+
+def failure_fields(error: BaseException) -> dict[str, Any]:
+    """A failure as log fields. The message alone drops the code to search on and the fix."""
+    if isinstance(error, UltimateError):
+        return error.as_fields()
+    return {"error": f"{type(error).__name__}: {error}"}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with ``event``, ``level`` and ``ts`` keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "event": getattr(record, "event", record.getMessage()),
+        }
+        payload.update(getattr(record, "fields", {}))
+        if record.exc_info and "traceback" not in payload:
+            payload["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=_jsonable)
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-03-08T07:00:00+00:00 INFO jobs.scheduler.dispatched task=... jobs=1``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "fields", {})
+        parts = [
+            datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            record.levelname,
+            getattr(record, "event", record.getMessage()),
+        ]
+        parts += [f"{key}={json.dumps(value, default=_jsonable)}" for key, value in fields.items()]
+        text = " ".join(parts)
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure(fmt: str, level: int = logging.INFO) -> None:
+    """Send the app's logs to stderr in ``fmt`` ("text" or "json"), replacing other handlers."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger("ultimat3_jobs")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False

@@ -1,0 +1,89 @@
+"""``manage.py run_scheduler``: parse the flags, build a Scheduler, run it until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from ultimat3_jobs import logs
+from ultimat3_jobs.conf import LEADERS, get_settings
+from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.leaders import build_leader, new_node_id
+from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import DatabaseState
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 seconds")
+    return seconds
+
+
+class Command(BaseCommand):
+    help = "Run the scheduler loop: one node dispatches each round; SIGTERM/SIGINT drain."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--leader",
+            choices=LEADERS,
+            help="Leader election (default: the LEADER setting, else advisory on PostgreSQL "
+            "and lease elsewhere).",
+        )
+        parser.add_argument(
+            "--tick-interval",
+            type=positive_seconds,
+            help="Seconds between the end of one round and the start of the next.",
+        )
+        parser.add_argument("--log-format", choices=("text", "json"), default="text")
+        parser.add_argument("--once", action="store_true", help="Run one round, then exit.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(
+        self,
+        *,
+        leader: str | None,
+        tick_interval: float | None,
+        log_format: str,
+        once: bool,
+        database: str,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        logs.configure(log_format, logging.DEBUG if verbosity > 1 else logging.INFO)
+        try:
+            config = get_settings()
+            node_id = new_node_id()
+            election = build_leader(leader, node_id=node_id, using=database)
+        except UltimateError as error:
+            raise CommandError(f"{error.message}\nfix: {error.fix}") from error
+        state = DatabaseState(
+            node_id=node_id,
+            leader=election.name,
+            using=database,
+            heartbeat_interval=config.heartbeat_interval,
+            clock_skew_warning=config.clock_skew_warning,
+        )
+        scheduler = Scheduler(
+            state=state,
+            leader=election,
+            tick_interval=timedelta(seconds=tick_interval) if tick_interval else config.tick_interval,
+            misfire_grace=config.misfire_grace,
+        )
+        if once:
+            state.sync(scheduler.tasks())
+            try:
+                scheduler.tick()
+            finally:
+                scheduler.stop("once")
+            return
+        scheduler.start()
+        scheduler.wait()

@@ -1,0 +1,148 @@
+"""The tables: declared tasks with their watermarks, jobs, occurrence records, leases, nodes."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Task(models.Model):
+    """A task as last declared in code, and the scheduler's watermark for it.
+
+    Declarations are mirrored here when a scheduler starts; code stays the source of truth. A
+    task no longer declared keeps its row (``declared=False``) and is never dispatched.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    cron = models.CharField(max_length=200)
+    tz = models.CharField(max_length=64)
+    catch_up = models.CharField(max_length=16, default="skip")
+    max_catch_up = models.PositiveIntegerField(default=10)
+    jobs = models.JSONField(default=list, blank=True)
+    #: The latest occurrence dealt with (fired or deliberately dropped). Never fired again.
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    paused_note = models.CharField(max_length=500, blank=True)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    declared = models.BooleanField(default=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    synced_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("run_task", "Can run a task now")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Job(models.Model):
+    """One run of a job. ``key`` is unique: enqueueing an existing key returns that job."""
+
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=255, unique=True)
+    input = models.JSONField(default=dict, blank=True)
+    status = models.CharField(
+        max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
+    )
+    queue = models.CharField(max_length=100, default="default")
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    run_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    #: The task whose occurrence produced this job, empty for a direct enqueue.
+    task = models.CharField(max_length=200, blank=True, db_index=True)
+    occurrence = models.DateTimeField(null=True, blank=True)
+    catch_up = models.BooleanField(default=False)
+    #: "scheduler", "code", or "admin:<username>".
+    enqueued_by = models.CharField(max_length=200, default="code")
+    #: The worker node running it, so a dead worker's jobs can be found and recovered.
+    worker = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "queue", "run_at"], name="u3j_job_claim")]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.key}]"
+
+
+class Outcome(models.TextChoices):
+    FIRED = "fired"
+    DROPPED = "dropped"
+    PAUSED = "paused"
+    MANUAL = "manual"
+
+
+class Occurrence(models.Model):
+    """What the scheduler decided about an occurrence, or a run of consecutive ones.
+
+    A long outage drops many occurrences at once; they are one record with ``count`` and the
+    range ``occurrence``..``last_occurrence`` rather than a row each.
+    """
+
+    task = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    occurrence = models.DateTimeField(null=True, blank=True)
+    last_occurrence = models.DateTimeField(null=True, blank=True)
+    count = models.PositiveIntegerField(default=1)
+    catch_up = models.BooleanField(default=False)
+    #: [{"job": name, "key": key, "created": bool}, ...]
+    jobs = models.JSONField(default=list, blank=True)
+    recorded_at = models.DateTimeField()
+    node = models.CharField(max_length=64, blank=True)
+    user = models.CharField(max_length=150, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-recorded_at", "-id"]
+        indexes = [models.Index(fields=["task", "-recorded_at"], name="u3j_occ_task")]
+
+    def __str__(self) -> str:
+        return f"{self.task} {self.outcome} {self.occurrence}"
+
+
+class Lease(models.Model):
+    """A leader lease. Expiry is judged by the database clock, never a node's."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    owner = models.CharField(max_length=64, blank=True)
+    expires_at = models.DateTimeField()
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.owner or '-'}"
+
+
+class Node(models.Model):
+    """A running scheduler or worker process, as its heartbeat last described it."""
+
+    node_id = models.CharField(max_length=64, primary_key=True)
+    role = models.CharField(max_length=16)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    leader = models.CharField(max_length=16, blank=True)
+    is_leader = models.BooleanField(default=False)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    last_round_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    clock_skew_ms = models.IntegerField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_seen_at"]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.host}:{self.pid}"

@@ -1,0 +1,442 @@
+"""The scheduler role: one node walks every task's cron, dispatches what it owes, enqueues jobs.
+
+Exactly one node dispatches per round (a leader election) and one round runs at a time inside
+a node: the loop re-arms after the round it just finished, and any other caller of ``tick()``
+joins the round in flight rather than opening a second one over the same watermarks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from . import clock as default_clock
+from . import shutdown
+from .catchup import decide
+from .cron import next_occurrence
+from .leaders import LeaderElection, SoleLeader
+from .logs import emit, failure_fields
+from .registry import JobHandle, TaskHandle, TaskJobResult, registry
+from .state import (
+    FencingLost,
+    MemoryState,
+    PlannedJob,
+    PlannedOccurrence,
+    PlannedRecord,
+    RoundPlan,
+    SchedulerState,
+    WatermarkMoved,
+)
+
+logger = logging.getLogger("ultimat3_jobs.scheduler")
+
+ONE_MS = timedelta(milliseconds=1)
+KEY_LIMIT = 255
+#: Longest wait between rounds while the database keeps failing.
+MAX_BACKOFF = timedelta(seconds=30)
+
+Status = Literal["idle", "running", "draining", "stopped"]
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """One occurrence a round fired, with the outcome of each of its jobs."""
+
+    task: str
+    occurrence: datetime
+    jobs: list[TaskJobResult]
+    catch_up: bool
+
+
+def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
+    """``<task>:<occurrence_ms>:<job key>``: equal from every node for the same entry."""
+    ms = int(occurrence.timestamp() * 1000)
+    key = f"{task}:{ms}:{part}"
+    if len(key) > KEY_LIMIT:
+        key = f"{task}:{ms}:{hashlib.sha256(part.encode()).hexdigest()[:32]}"
+    return key
+
+
+def plan_jobs(task: str, occurrence: datetime, entries: Sequence[tuple[JobHandle, dict]]) -> list[PlannedJob]:  # type: ignore[type-arg]
+    """Keys for one occurrence's entries. Two entries never share one: repeats get ``#n``."""
+    seen: dict[str, int] = {}
+    planned = []
+    for job, data in entries:
+        key = occurrence_key(task, occurrence, job.occurrence_part(data))
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > 1:
+            key = f"{key}#{seen[key]}"
+        planned.append(PlannedJob(job=job, data=data, key=key))
+    return planned
+
+
+class Scheduler:
+    """Rounds, leadership, drain. Clock, state, leader and task list are injected."""
+
+    def __init__(
+        self,
+        *,
+        state: SchedulerState | None = None,
+        leader: LeaderElection | None = None,
+        clock: Callable[[], datetime] | None = None,
+        tasks: Sequence[TaskHandle] | None = None,
+        tick_interval: timedelta = timedelta(seconds=1),
+        misfire_grace: timedelta = timedelta(seconds=60),
+        drain_on_shutdown: bool = True,
+        resolver: Callable[[TaskHandle, datetime], datetime] | None = None,
+    ) -> None:
+        self.state: SchedulerState = state or MemoryState()
+        self.leader: LeaderElection = leader or SoleLeader()
+        self.clock = clock or default_clock.now
+        self.tick_interval = tick_interval
+        self.misfire_grace = misfire_grace
+        self.drain_on_shutdown = drain_on_shutdown
+        self._fixed_tasks = list(tasks) if tasks is not None else None
+        self._resolve = resolver or (lambda h, at: next_occurrence(h.schedule, h.zone, at))
+        self.is_leader = False
+        self.status: Status = "idle"
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._round: Future[list[Dispatched]] | None = None
+        self._stopping: Future[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._release_hook: Callable[[], None] | None = None
+        # Next due instant per task, and a heap over it: a round with nothing due pops nothing
+        # and touches no task. None until built from the watermarks on taking leadership.
+        self._due: dict[str, datetime] | None = None
+        self._due_for: dict[str, TaskHandle] | None = None
+        self._heap: list[tuple[datetime, str]] = []
+        self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
+        self._stopped = threading.Event()
+
+    # -- tasks and schedule -------------------------------------------------------------------
+
+    def tasks(self) -> list[TaskHandle]:
+        return list(self._handles().values())
+
+    def _handles(self) -> dict[str, TaskHandle]:
+        """The tasks by name, rebuilt only when the registry changes."""
+        version = -1 if self._fixed_tasks is not None else registry.version
+        if self._handles_cache is None or self._handles_cache[0] != version:
+            tasks = self._fixed_tasks if self._fixed_tasks is not None else registry.tasks()
+            self._handles_cache = (version, {handle.name: handle for handle in tasks})
+        return self._handles_cache[1]
+
+    def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
+        return self._resolve(handle, after or self.clock())
+
+    def _set_due(self, name: str, at: datetime) -> None:
+        assert self._due is not None
+        self._due[name] = at
+        heapq.heappush(self._heap, (at, name))
+
+    def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
+        """Every task's next due instant from the stored watermarks: one read."""
+        states = self.state.load(list(handles))
+        self._due, self._heap, self._due_for = {}, [], handles
+        now = self.clock()
+        for name, handle in handles.items():
+            watermark = states[name].watermark if name in states else None
+            # No watermark yet: due now, so this round arms it.
+            self._set_due(name, now if watermark is None else self._resolve(handle, watermark))
+
+    def _pop_due(self, now: datetime) -> list[str]:
+        assert self._due is not None
+        names: list[str] = []
+        while self._heap and self._heap[0][0] <= now:
+            at, name = heapq.heappop(self._heap)
+            if self._due.get(name) == at:
+                del self._due[name]
+                names.append(name)
+        return names
+
+    # -- one round ------------------------------------------------------------------------------
+
+    def _dispatching(self) -> bool:
+        return self.status not in ("draining", "stopped")
+
+    def _concede(self) -> None:
+        if self.is_leader:
+            emit(logger, "jobs.scheduler.leadership-lost", logging.WARNING, at=self.clock())
+        self.is_leader = False
+        self._due = None
+
+    def _run_round(self) -> list[Dispatched]:
+        # Never take the lock a drain is on its way to releasing.
+        if not self._dispatching():
+            return []
+        try:
+            # Asked EVERY round: for a lease it is the renewal, and a node that cached "leader"
+            # would keep dispatching past a lease another node already took.
+            held = self.leader.acquire()
+        except Exception:
+            self._concede()  # A failed election concedes.
+            raise
+        if not held:
+            self._concede()
+            self.state.heartbeat(is_leader=False, round_at=None, error=self.last_error)
+            return []
+        handles = self._handles()
+        if not self.is_leader or self._due is None or handles is not self._due_for:
+            self._rebuild(handles)
+        self.is_leader = True
+        now = self.clock()
+        try:
+            dispatched = self._dispatch_due(handles, now)
+        except BaseException:
+            self._due = None  # Rebuild from the database: the popped tasks were not rescheduled.
+            raise
+        self.state.heartbeat(is_leader=True, round_at=now, error=self.last_error)
+        return dispatched
+
+    def _dispatch_due(self, handles: dict[str, TaskHandle], now: datetime) -> list[Dispatched]:
+        assert self._due is not None
+        names = [name for name in self._pop_due(now) if name in handles]
+        if not names:
+            return []
+        states = self.state.load(names)
+        plan = RoundPlan(now=now)
+        reschedule: dict[str, datetime] = {}
+        for name in names:
+            handle = handles[name]
+            stored = states.get(name)
+            # Re-read per task: a stop between two tasks means stop now. A task not reached
+            # keeps its watermark and fires next time.
+            if not self._dispatching() or stored is None:
+                reschedule[name] = now
+                continue
+            if stored.watermark is None:
+                # First sight: arm at the next occurrence, never fire retroactively.
+                armed = self._resolve(handle, now) - ONE_MS
+                plan.watermarks[name] = (None, armed)
+                reschedule[name] = armed + ONE_MS
+                continue
+            reschedule[name] = self._plan_task(handle, stored.watermark, stored.paused, now, plan)
+        try:
+            enqueued = self.state.commit(plan, self.leader.fence) if plan.watermarks else {}
+        except FencingLost:
+            self._concede()
+            return []
+        except WatermarkMoved as moved:
+            emit(logger, "jobs.scheduler.watermark-moved", logging.WARNING, task=str(moved))
+            self._due = None
+            return []
+        for name, at in reschedule.items():
+            self._set_due(name, at)
+        return [self._report(fired, enqueued) for fired in plan.fired]
+
+    def _plan_task(
+        self,
+        handle: TaskHandle,
+        watermark: datetime,
+        paused: bool,
+        now: datetime,
+        plan: RoundPlan,
+    ) -> datetime:
+        """Add one task's share to the round; return when it is next due."""
+        name = handle.name
+        decision = decide(
+            handle.schedule,
+            handle.zone,
+            policy=handle.catch_up,
+            max_catch_up=handle.max_catch_up,
+            watermark=watermark,
+            now=now,
+            misfire_grace=self.misfire_grace,
+        )
+        if not decision.due or decision.watermark is None:
+            return self._resolve(handle, watermark)
+        if paused:
+            span = decide(
+                handle.schedule, handle.zone, policy="skip", max_catch_up=1,
+                watermark=watermark, now=now, misfire_grace=timedelta(0),
+            ).dropped
+            if span is not None:
+                plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
+            plan.watermarks[name] = (watermark, now)
+            return self._resolve(handle, now)
+        if decision.dropped is not None:
+            plan.records.append(
+                PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
+            )
+            emit(
+                logger,
+                "jobs.scheduler.dropped",
+                task=name,
+                first=decision.dropped.first,
+                last=decision.dropped.last,
+                count=decision.dropped.count,
+                catch_up=handle.catch_up,
+            )
+        new_watermark = decision.watermark
+        for occurrence, catch_up in decision.fire:
+            try:
+                entries = handle.entries(occurrence)
+            except Exception as error:
+                # One failing task must not stop the others; its occurrence is retried next
+                # round, everything before it stays decided.
+                self._task_failed(name, occurrence, error)
+                new_watermark = occurrence - ONE_MS
+                break
+            plan.fired.append(
+                PlannedOccurrence(name, occurrence, catch_up, plan_jobs(name, occurrence, entries))
+            )
+        plan.watermarks[name] = (watermark, new_watermark)
+        return self._resolve(handle, new_watermark)
+
+    def _task_failed(self, name: str, occurrence: datetime, error: Exception) -> None:
+        fields = failure_fields(error)
+        self.last_error = f"{name}: {fields['error']}"
+        emit(
+            logger,
+            "jobs.scheduler.task-failed",
+            logging.ERROR,
+            task=name,
+            occurrence=occurrence,
+            **fields,
+        )
+
+    def _report(self, fired: PlannedOccurrence, enqueued: dict[str, tuple[int, bool]]) -> Dispatched:
+        from .queue import EnqueueResult
+
+        jobs = [
+            TaskJobResult(
+                job=p.job.name,
+                result=EnqueueResult(created=enqueued[p.key][1], job_id=enqueued[p.key][0], key=p.key),
+            )
+            for p in fired.jobs
+        ]
+        emit(
+            logger,
+            "jobs.scheduler.dispatched",
+            task=fired.task,
+            occurrence=fired.occurrence,
+            jobs=[job.job for job in jobs],
+            catch_up=fired.catch_up,
+        )
+        return Dispatched(fired.task, fired.occurrence, jobs, fired.catch_up)
+
+    def tick(self) -> list[Dispatched]:
+        """One dispatch round; a call landing on a round in flight JOINS it."""
+        with self._lock:
+            current = self._round
+            owner = current is None
+            if current is None:
+                current = self._round = Future()
+        if not owner:
+            return current.result()
+        try:
+            result = self._run_round()
+        except BaseException as error:
+            current.set_exception(error)
+            raise
+        else:
+            current.set_result(result)
+            return result
+        finally:
+            with self._lock:
+                self._round = None
+
+    # -- the loop and the drain -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop in a thread; only from a standstill."""
+        with self._lock:
+            if self.status not in ("idle", "stopped"):
+                return
+            self.status = "running"
+            self._wake.clear()
+            self._stopped.clear()
+        if self.drain_on_shutdown:
+            self._release_hook = shutdown.on_shutdown("jobs.scheduler", self.stop)
+        self.state.sync(self.tasks())
+        self._thread = threading.Thread(target=self._loop, name="ultimat3-scheduler", daemon=True)
+        self._thread.start()
+        emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
+
+    def _loop(self) -> None:
+        failures = 0
+        while self.status == "running":
+            try:
+                self.tick()
+                failures = 0
+                self.last_error = ""
+            except Exception as error:
+                failures += 1
+                fields = failure_fields(error)
+                self.last_error = str(fields["error"])
+                emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, failures=failures, **fields)
+            try:
+                self.state.between_rounds()
+            except Exception as error:  # pragma: no cover - closing a broken connection
+                emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
+            # The GAP between rounds, never a fixed period; longer while the database is down.
+            wait = min(self.tick_interval * (2 ** min(failures, 5)), max(MAX_BACKOFF, self.tick_interval))
+            self._wake.wait(wait.total_seconds())
+
+    def stop(self, reason: str = "stop") -> None:
+        """Stop dispatching, wait out the round in flight, then hand leadership back."""
+        with self._lock:
+            if self.status == "stopped":
+                return
+            stopping = self._stopping
+            owner = stopping is None
+            if stopping is None:
+                stopping = self._stopping = Future()
+        if not owner:
+            stopping.result()  # One teardown, joined rather than repeated.
+            return
+        try:
+            self._teardown(reason)
+        finally:
+            with self._lock:
+                self._stopping = None
+            stopping.set_result(None)
+
+    def _teardown(self, reason: str) -> None:
+        with self._lock:
+            self.status = "draining"
+            in_flight = self._round
+        emit(logger, "jobs.scheduler.draining", reason=reason, dispatching=in_flight is not None)
+        self._wake.set()
+        try:
+            # The round this stop races runs to the end first: releasing the lock under a live
+            # dispatch would hand the next node an occurrence this one is still enqueueing.
+            if in_flight is not None:
+                try:
+                    in_flight.exception()
+                except BaseException:  # A failed round is its caller's to see.
+                    pass
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join()
+            if self.is_leader:
+                self.leader.release()
+        finally:
+            self.is_leader = False
+            self._due = None
+            self.status = "stopped"
+            self._thread = None
+            try:
+                self.state.stopped()
+            except Exception as error:
+                emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
+            if self._release_hook is not None:
+                self._release_hook()
+                self._release_hook = None
+            emit(logger, "jobs.scheduler.stopped", reason=reason)
+            self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stopped; True if it is."""
+        return self._stopped.wait(timeout)
+
+
+__all__ = ["Dispatched", "Scheduler", "occurrence_key"]

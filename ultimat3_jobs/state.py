@@ -1,0 +1,383 @@
+"""Where the scheduler keeps its watermarks and writes a round: in memory, or in the database.
+
+A round's writes (jobs, occurrence records, watermarks) are one ``commit()``: one transaction,
+a constant number of statements whatever the number of tasks, with leadership and every
+watermark re-checked inside it, so a crash can neither lose nor repeat an occurrence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from .catchup import Span
+from .registry import JobHandle, TaskHandle
+
+logger = logging.getLogger("ultimat3_jobs.scheduler")
+
+
+@dataclass(frozen=True)
+class TaskState:
+    watermark: datetime | None
+    paused: bool = False
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    job: JobHandle
+    data: dict[str, Any]
+    key: str
+
+
+@dataclass(frozen=True)
+class PlannedOccurrence:
+    task: str
+    occurrence: datetime
+    catch_up: bool
+    jobs: list[PlannedJob]
+
+
+@dataclass(frozen=True)
+class PlannedRecord:
+    """Occurrences decided without firing: dropped by the policy, or skipped while paused."""
+
+    task: str
+    outcome: str
+    span: Span
+    detail: str = ""
+
+
+@dataclass
+class RoundPlan:
+    now: datetime
+    fired: list[PlannedOccurrence] = field(default_factory=list)
+    records: list[PlannedRecord] = field(default_factory=list)
+    #: task -> (watermark the round read, watermark to write)
+    watermarks: dict[str, tuple[datetime | None, datetime]] = field(default_factory=dict)
+
+
+class FencingLost(Exception):
+    """Leadership was gone by the time the dispatch transaction checked it."""
+
+
+class WatermarkMoved(Exception):
+    """Another node advanced a watermark since this round read it; the round wrote nothing."""
+
+
+#: key -> (job id, created)
+Enqueued = dict[str, tuple[int, bool]]
+Fence = Callable[[str], bool]
+
+
+class SchedulerState(Protocol):
+    def sync(self, tasks: Sequence[TaskHandle]) -> None:
+        """Mirror the declarations; mark stored tasks no longer declared."""
+
+    def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
+        """Watermarks of ``names`` (None: every declared task), in one read."""
+
+    def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
+        """Write the round atomically; raise FencingLost / WatermarkMoved and write nothing."""
+
+    def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
+        """Record this node's liveness (throttled by the implementation)."""
+
+    def between_rounds(self) -> None:
+        """Housekeeping between two rounds of the loop."""
+
+    def stopped(self) -> None:
+        """This node has stopped."""
+
+
+class MemoryState:
+    """Everything in process memory: for tests and for reasoning about the round alone."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, TaskState] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.records: list[dict[str, Any]] = []
+        self.heartbeats: list[dict[str, Any]] = []
+        self.commits = 0
+        self._lock = threading.Lock()
+
+    def sync(self, tasks: Sequence[TaskHandle]) -> None:
+        with self._lock:
+            for handle in tasks:
+                self.tasks.setdefault(handle.name, TaskState(None))
+
+    def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
+        with self._lock:
+            wanted = self.tasks if names is None else names
+            return {name: self.tasks[name] for name in wanted if name in self.tasks}
+
+    def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
+        with self._lock:
+            if not fence("memory"):
+                raise FencingLost()
+            for name, (expected, _) in plan.watermarks.items():
+                current = self.tasks.get(name, TaskState(None)).watermark
+                if current != expected:
+                    raise WatermarkMoved(name)
+            enqueued: Enqueued = {}
+            for fired in plan.fired:
+                for planned in fired.jobs:
+                    created = planned.key not in self.jobs
+                    if created:
+                        self.jobs[planned.key] = {
+                            "id": len(self.jobs) + 1,
+                            "job": planned.job.name,
+                            "input": planned.data,
+                            "task": fired.task,
+                            "occurrence": fired.occurrence,
+                            "catch_up": fired.catch_up,
+                        }
+                    enqueued[planned.key] = (self.jobs[planned.key]["id"], created)
+                self.records.append({"task": fired.task, "outcome": "fired", "at": fired.occurrence})
+            for record in plan.records:
+                self.records.append(
+                    {"task": record.task, "outcome": record.outcome, "span": record.span}
+                )
+            for name, (_, new) in plan.watermarks.items():
+                paused = self.tasks.get(name, TaskState(None)).paused
+                self.tasks[name] = TaskState(new, paused)
+            self.commits += 1
+            return enqueued
+
+    def pause(self, name: str, paused: bool = True) -> None:
+        with self._lock:
+            self.tasks[name] = TaskState(self.tasks[name].watermark, paused)
+
+    def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
+        self.heartbeats.append({"is_leader": is_leader, "round_at": round_at, "error": error})
+
+    def between_rounds(self) -> None:
+        return None
+
+    def stopped(self) -> None:
+        return None
+
+
+class DatabaseState:
+    """The watermarks in the ``Task`` table; a round's jobs in the job table."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        leader: str,
+        using: str = "default",
+        heartbeat_interval: timedelta = timedelta(seconds=5),
+        clock_skew_warning: timedelta = timedelta(seconds=1),
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        from . import clock as default_clock
+
+        self.node_id = node_id
+        self.leader = leader
+        self.using = using
+        self.heartbeat_interval = heartbeat_interval
+        self.clock_skew_warning = clock_skew_warning
+        self.clock = clock or default_clock.now
+        self._last_heartbeat: datetime | None = None
+        self._started_at = self.clock()
+        self._last_leader: bool | None = None
+
+    def sync(self, tasks: Sequence[TaskHandle]) -> None:
+        from django.db import transaction
+
+        from .models import Task
+
+        described = {handle.name: _declaration(handle) for handle in tasks}
+        with transaction.atomic(using=self.using):
+            rows = Task.objects.using(self.using)
+            stored = {task.name: task for task in rows.all()}
+            rows.bulk_create(
+                [Task(name=name, **fields) for name, fields in described.items() if name not in stored],
+                ignore_conflicts=True,
+            )
+            changed = []
+            for name, fields in described.items():
+                task = stored.get(name)
+                if task is None:
+                    continue
+                fields = {**fields, "declared": True}
+                if any(getattr(task, key) != value for key, value in fields.items()):
+                    for key, value in fields.items():
+                        setattr(task, key, value)
+                    changed.append(task)
+            rows.bulk_update(changed, ["cron", "tz", "catch_up", "max_catch_up", "jobs", "declared"])
+            gone = [name for name, task in stored.items() if name not in described and task.declared]
+            rows.filter(name__in=gone).update(declared=False)
+
+    def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
+        from .models import Task
+
+        rows = Task.objects.using(self.using).filter(declared=True)
+        if names is not None:
+            rows = rows.filter(name__in=list(names))
+        return {
+            name: TaskState(watermark, paused)
+            for name, watermark, paused in rows.values_list("name", "last_fired_at", "paused")
+        }
+
+    def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
+        from django.db import transaction
+
+        from .models import Occurrence, Task
+        from .queue import build_job, insert_many, notify
+
+        with transaction.atomic(using=self.using):
+            if not fence(self.using):
+                raise FencingLost()
+            tasks = Task.objects.using(self.using)
+            locked = {
+                row.name: row
+                for row in tasks.select_for_update()
+                .filter(name__in=list(plan.watermarks))
+                .only("pk", "name", "last_fired_at")
+            }
+            for name, (expected, _) in plan.watermarks.items():
+                row = locked.get(name)
+                if row is None or row.last_fired_at != expected:
+                    raise WatermarkMoved(name)
+            jobs = [
+                build_job(
+                    planned.job,
+                    planned.data,
+                    key=planned.key,
+                    run_at=None,
+                    queue=None,
+                    enqueued_by="scheduler",
+                    now=plan.now,
+                    task=fired.task,
+                    occurrence=fired.occurrence,
+                    catch_up=fired.catch_up,
+                )
+                for fired in plan.fired
+                for planned in fired.jobs
+            ]
+            enqueued = insert_many(jobs)
+            records = [
+                Occurrence(
+                    task=fired.task,
+                    outcome="fired",
+                    occurrence=fired.occurrence,
+                    last_occurrence=fired.occurrence,
+                    catch_up=fired.catch_up,
+                    jobs=[
+                        {"job": p.job.name, "key": p.key, "created": enqueued[p.key][1]}
+                        for p in fired.jobs
+                    ],
+                    recorded_at=plan.now,
+                    node=self.node_id,
+                )
+                for fired in plan.fired
+            ] + [
+                Occurrence(
+                    task=record.task,
+                    outcome=record.outcome,
+                    occurrence=record.span.first,
+                    last_occurrence=record.span.last,
+                    count=record.span.count,
+                    recorded_at=plan.now,
+                    node=self.node_id,
+                    detail=record.detail,
+                )
+                for record in plan.records
+            ]
+            Occurrence.objects.using(self.using).bulk_create(records)
+            for name, (_, new) in plan.watermarks.items():
+                locked[name].last_fired_at = new
+            tasks.bulk_update(list(locked.values()), ["last_fired_at"])
+            notify([job.queue for job in jobs], using=self.using)
+        return enqueued
+
+    def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
+        from .models import Node
+
+        now = self.clock()
+        due = (
+            self._last_heartbeat is None
+            or now - self._last_heartbeat >= self.heartbeat_interval
+            or is_leader != self._last_leader
+            or bool(error)
+        )
+        if not due:
+            return
+        skew = now - database_now(self.using)
+        skew_ms = int(skew.total_seconds() * 1000)
+        if abs(skew) > self.clock_skew_warning:
+            from .logs import emit
+
+            emit(
+                logger,
+                "jobs.scheduler.clock-skew",
+                logging.WARNING,
+                node=self.node_id,
+                skew_ms=skew_ms,
+                fix="run NTP (chrony, systemd-timesyncd) on this host and the database host; "
+                "occurrences are computed from this node's clock",
+            )
+        fields = {
+            "role": "scheduler",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "leader": self.leader,
+            "is_leader": is_leader,
+            "started_at": self._started_at,
+            "last_seen_at": now,
+            "last_error": error,
+            "clock_skew_ms": skew_ms,
+            "stopped_at": None,
+        }
+        if round_at is not None:
+            fields["last_round_at"] = round_at
+        Node.objects.using(self.using).update_or_create(node_id=self.node_id, defaults=fields)
+        self._last_heartbeat = now
+        self._last_leader = is_leader
+
+    def between_rounds(self) -> None:
+        from django.db import close_old_connections
+
+        close_old_connections()
+
+    def stopped(self) -> None:
+        from .models import Node
+
+        Node.objects.using(self.using).filter(node_id=self.node_id).update(
+            is_leader=False, stopped_at=self.clock()
+        )
+
+
+def _declaration(handle: TaskHandle) -> dict[str, Any]:
+    try:
+        jobs = [job.name for job, _ in handle.entries()]
+    except Exception:  # The admin shows the jobs of a task; a failing one shows none.
+        jobs = []
+    return {
+        "cron": handle.cron,
+        "tz": handle.tz,
+        "catch_up": handle.catch_up,
+        "max_catch_up": handle.max_catch_up,
+        "jobs": jobs,
+    }
+
+
+def database_now(using: str = "default") -> datetime:
+    """The database server's clock, the one leases and skew are judged by."""
+    from django.db import connections
+
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]  # type: ignore[index,no-any-return]
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        raw = cursor.fetchone()[0]  # type: ignore[index]
+    return datetime.fromisoformat(raw).replace(tzinfo=UTC)

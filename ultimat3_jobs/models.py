@@ -138,7 +138,7 @@ class Node(models.Model):
     last_seen_at = models.DateTimeField()
     last_round_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
-    clock_skew_ms = models.IntegerField(null=True, blank=True)
+    clock_skew_ms = models.BigIntegerField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

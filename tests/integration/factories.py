@@ -1,0 +1,36 @@
+"""Task handles built without registering them, for rounds over many tasks."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ultimat3_jobs.cron import parse
+from ultimat3_jobs.registry import JobHandle, TaskHandle, registry, resolve_zone
+
+
+def demo_ping() -> JobHandle:
+    handle = registry.get_job("demo.ping")
+    assert handle is not None
+    return handle
+
+
+def make_tasks(
+    count: int, cron: str = "* * * * *", tz: str = "UTC", catch_up: str = "skip", prefix: str = "n"
+) -> list[TaskHandle]:
+    ping = demo_ping()
+
+    def entries(occurrence: datetime) -> list[tuple[JobHandle, dict[str, Any]]]:
+        return [(ping, {"label": occurrence.isoformat()})]
+
+    return [
+        TaskHandle(
+            entries,
+            name=f"{prefix}.{i:05d}",
+            schedule=parse(cron),
+            zone=resolve_zone(tz, "bench"),
+            catch_up=catch_up,  # type: ignore[arg-type]
+            max_catch_up=10,
+        )
+        for i in range(count)
+    ]

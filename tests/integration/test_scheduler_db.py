@@ -1,0 +1,156 @@
+"""Rounds written to a real database: one transaction, constant statements, fenced."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.leaders import LeaseLeader, SoleLeader
+from ultimat3_jobs.models import Job, Occurrence, Task
+from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import DatabaseState
+
+from .factories import make_tasks
+
+T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
+
+
+def round_over(count: int, clock: FrozenClock, leader: object = None) -> tuple[Scheduler, DatabaseState]:
+    tasks = make_tasks(count)
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state, leader=leader or SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False  # type: ignore[arg-type]
+    )
+    state.sync(tasks)
+    scheduler.tick()  # arms every task
+    return scheduler, state
+
+
+@pytest.mark.django_db
+def test_round__all_due_writes_jobs_records_and_watermarks_in_one_go() -> None:
+    clock = FrozenClock(T0)
+    scheduler, _ = round_over(3, clock)
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    fired = scheduler.tick()
+    assert len(fired) == 3
+    assert Job.objects.count() == 3
+    assert set(Job.objects.values_list("enqueued_by", "task", "occurrence")) == {
+        ("scheduler", f"n.{i:05d}", datetime(2026, 6, 1, 0, 1, tzinfo=UTC)) for i in range(3)
+    }
+    assert Occurrence.objects.filter(outcome="fired").count() == 3
+    assert set(Task.objects.values_list("last_fired_at", flat=True)) == {clock()}
+
+
+def _queries_for_a_full_round(count: int) -> int:
+    clock = FrozenClock(T0)
+    scheduler, _ = round_over(count, clock)
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    with CaptureQueriesContext(connection) as queries:
+        fired = scheduler.tick()
+    assert len(fired) == count
+    return len(queries)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_round__queries_do_not_grow_with_the_number_of_tasks() -> None:
+    small = _queries_for_a_full_round(100)
+    Job.objects.all().delete()
+    Task.objects.all().delete()
+    large = _queries_for_a_full_round(1000)
+    assert small == large
+    assert small <= 16
+
+
+@pytest.mark.django_db
+def test_round__nothing_due_runs_no_task_query() -> None:
+    clock = FrozenClock(T0)
+    scheduler, _ = round_over(50, clock)
+    clock.advance(5)
+    with CaptureQueriesContext(connection) as queries:
+        assert scheduler.tick() == []
+    touching = [q["sql"] for q in queries if "ultimat3_jobs_task" in q["sql"]]
+    assert touching == []
+
+
+@pytest.mark.django_db
+def test_round__a_watermark_moved_by_another_node_writes_nothing() -> None:
+    clock = FrozenClock(T0)
+    scheduler, state = round_over(1, clock)
+    clock.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
+    # Another node dispatched the occurrence between our read and our write.
+    original_load = state.load
+
+    def load_then_race(names: object = None) -> object:
+        loaded = original_load(names)  # type: ignore[arg-type]
+        Task.objects.update(last_fired_at=clock())
+        return loaded
+
+    state.load = load_then_race  # type: ignore[assignment,method-assign]
+    assert scheduler.tick() == []
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
+    clock = FrozenClock(T0)
+    first, _ = round_over(1, clock)
+    clock.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
+    [fired] = first.tick()
+    # A second node that read the old watermark computes the same key; the insert is absorbed.
+    from ultimat3_jobs.queue import build_job, insert_many
+    from ultimat3_jobs.registry import registry
+
+    ping = registry.get_job("demo.ping")
+    assert ping is not None
+    duplicate = build_job(
+        ping, {"label": "x"}, key=fired.jobs[0].result.key, run_at=None, queue=None,
+        enqueued_by="scheduler", now=clock(),
+    )
+    assert insert_many([duplicate]) == {fired.jobs[0].result.key: (fired.jobs[0].result.job_id, False)}
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_lease__only_the_owner_renews_and_an_expired_lease_is_taken() -> None:
+    a = LeaseLeader(node_id="a", ttl=timedelta(seconds=30))
+    b = LeaseLeader(node_id="b", ttl=timedelta(seconds=30))
+    assert a.acquire()
+    assert not b.acquire()
+    assert a.acquire()  # renewal
+    from ultimat3_jobs.models import Lease
+
+    Lease.objects.update(expires_at=datetime(2001, 1, 1, tzinfo=UTC))
+    assert b.acquire()
+    assert not a.acquire()
+    assert not a.fence("default")
+    assert b.fence("default")
+    a.release()  # not the owner: changes nothing
+    assert Lease.objects.get().owner == "b"
+    b.release()
+    assert a.acquire()
+
+
+@pytest.mark.django_db
+def test_lease__fencing_stops_a_node_whose_lease_expired_mid_round() -> None:
+    clock = FrozenClock(T0)
+    leader = LeaseLeader(node_id="a", ttl=timedelta(seconds=30))
+    scheduler, state = round_over(1, clock, leader=leader)
+    clock.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
+    original_load = state.load
+
+    def load_then_expire(names: object = None) -> object:
+        from ultimat3_jobs.models import Lease
+
+        loaded = original_load(names)  # type: ignore[arg-type]
+        Lease.objects.update(owner="b")  # another node took over while we were paused
+        return loaded
+
+    state.load = load_then_expire  # type: ignore[assignment,method-assign]
+    assert scheduler.tick() == []
+    assert Job.objects.count() == 0
+    assert not scheduler.is_leader

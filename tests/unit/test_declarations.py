@@ -1,0 +1,240 @@
+"""@job / @task declarations: validation at import, naming rules, entries, describe."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from ultimat3_jobs import JobNameTakenError, UltimateError, job, task
+from ultimat3_jobs.errors import (
+    InvalidCatchUpError,
+    InvalidCronError,
+    InvalidJobInputError,
+    InvalidTimezoneError,
+    MissingTimezoneError,
+    TaskEntriesError,
+)
+from ultimat3_jobs.registry import Registry, TaskHandle
+
+pytestmark = pytest.mark.usefixtures("fresh_registry")
+
+
+def test_task__bogota_is_refused_with_a_fix_naming_full_zone_ids() -> None:
+    with pytest.raises(InvalidTimezoneError) as caught:
+
+        @task(cron="0 3 * * *", tz="Bogota")
+        def nightly(occurrence: datetime) -> list[object]:
+            return []
+
+    error = caught.value
+    assert isinstance(error, UltimateError)
+    assert error.code == "jobs.task.tz-invalid"
+    assert "Bogota" in error.message
+    assert "America/Bogota" in error.fix
+    assert "available_timezones" in error.fix
+
+
+def test_task__full_zone_id_is_accepted() -> None:
+    @task(cron="0 3 * * *", tz="America/Bogota")
+    def nightly(occurrence: datetime) -> list[object]:
+        return []
+
+    assert nightly.tz == "America/Bogota"
+
+
+@pytest.mark.parametrize("tz", [None, ""])
+def test_task__missing_tz_fails_with_a_fix(tz: str | None) -> None:
+    with pytest.raises(MissingTimezoneError) as caught:
+
+        @task(cron="0 3 * * *", tz=tz)
+        def nightly(occurrence: datetime) -> list[object]:
+            return []
+
+    assert caught.value.code == "jobs.task.tz-missing"
+    assert 'tz="UTC"' in caught.value.fix
+
+
+def test_task__bad_cron_fails_at_declaration() -> None:
+    with pytest.raises(InvalidCronError) as caught:
+
+        @task(cron="61 * * * *", tz="UTC")
+        def broken(occurrence: datetime) -> list[object]:
+            return []
+
+    assert "minute" in caught.value.message
+    assert caught.value.fix
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [({"catch_up": "always"}, "catch_up"), ({"max_catch_up": 0}, "max_catch_up")],
+)
+def test_task__bad_catch_up_fails_at_declaration(options: dict[str, object], needle: str) -> None:
+    with pytest.raises(InvalidCatchUpError) as caught:
+
+        @task(cron="0 3 * * *", tz="UTC", **options)  # type: ignore[arg-type]
+        def nightly(occurrence: datetime) -> list[object]:
+            return []
+
+    assert needle in caught.value.message
+    assert caught.value.code == "jobs.task.catch-up-invalid"
+
+
+def test_registry__different_task_under_a_taken_name_raises() -> None:
+    @task(cron="0 3 * * *", tz="UTC", name="shared.name")
+    def first(occurrence: datetime) -> list[object]:
+        return []
+
+    with pytest.raises(JobNameTakenError) as caught:
+
+        @task(cron="0 4 * * *", tz="UTC", name="shared.name")
+        def second(occurrence: datetime) -> list[object]:
+            return []
+
+    assert caught.value.code == "jobs.name-taken"
+    assert "shared.name" in caught.value.message
+
+
+def test_registry__same_declaration_twice_is_one_registration() -> None:
+    registry = Registry()
+
+    def nightly(occurrence: datetime) -> list[object]:
+        return []
+
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    def build() -> TaskHandle:
+        return TaskHandle(
+            nightly,
+            name="x.nightly",
+            schedule=parse("0 3 * * *"),
+            zone=resolve_zone("UTC", "x"),
+            catch_up="skip",
+            max_catch_up=10,
+        )
+
+    registry.register(build())
+    registry.register(build())  # a module imported twice
+    assert [t.name for t in registry.tasks()] == ["x.nightly"]
+
+
+def test_registry__one_declaration_under_two_names_is_refused() -> None:
+    def nightly(occurrence: datetime) -> list[object]:
+        return []
+
+    task(cron="0 3 * * *", tz="UTC", name="a.nightly")(nightly)
+    with pytest.raises(JobNameTakenError):
+        task(cron="0 3 * * *", tz="UTC", name="b.nightly")(nightly)
+
+
+def test_job__names_follow_the_same_rules() -> None:
+    @job(name="dup.job")
+    def one() -> None: ...
+
+    with pytest.raises(JobNameTakenError):
+
+        @job(name="dup.job")
+        def two() -> None: ...
+
+
+def test_job__input_must_be_a_json_dict_of_its_arguments() -> None:
+    @job
+    def send(day: str) -> None: ...
+
+    assert send.check_input({"day": "2026-03-08"}) == {"day": "2026-03-08"}
+    with pytest.raises(InvalidJobInputError) as not_dict:
+        send.check_input(["2026-03-08"])
+    assert not_dict.value.code == "jobs.job.input-invalid"
+    with pytest.raises(InvalidJobInputError) as not_json:
+        send.check_input({"day": datetime(2026, 3, 8, tzinfo=UTC)})
+    assert "isoformat" in not_json.value.fix
+    with pytest.raises(InvalidJobInputError) as wrong_args:
+        send.check_input({"date": "2026-03-08"})
+    assert "day" in wrong_args.value.fix
+
+
+def test_job__declared_key_template_and_plain_keys() -> None:
+    @job(key="digest:{day}")
+    def digest(day: str) -> None: ...
+
+    @job
+    def free(n: int) -> None: ...
+
+    assert digest.plain_key({"day": "2026-03-08"}) == "digest:2026-03-08"
+    assert free.plain_key({"n": 1}) != free.plain_key({"n": 1})  # no declared key: never dedupes
+    assert free.occurrence_part({"n": 1}) == free.occurrence_part({"n": 1})
+    assert free.occurrence_part({"n": 1}) != free.occurrence_part({"n": 2})
+
+
+def test_task__entries_get_the_occurrence_in_the_task_zone() -> None:
+    @job
+    def send(day: str) -> None: ...
+
+    @task(cron="0 20 * * *", tz="America/Los_Angeles")
+    def evening(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        return [(send, {"day": occurrence.date().isoformat()})]
+
+    # 2026-03-09T03:00Z is 20:00 on the 8th in Los Angeles: the payload is for the 8th.
+    entries = evening.entries(datetime(2026, 3, 9, 3, 0, tzinfo=UTC))
+    assert entries == [(send, {"day": "2026-03-08"})]
+
+
+def test_task__entries_that_raise_become_a_task_error_with_a_fix() -> None:
+    @task(cron="0 3 * * *", tz="UTC")
+    def broken(occurrence: datetime) -> list[object]:
+        raise RuntimeError("boom")
+
+    with pytest.raises(TaskEntriesError) as caught:
+        broken.entries(datetime(2026, 1, 1, 3, tzinfo=UTC))
+    assert "boom" in caught.value.message
+    assert caught.value.code == "jobs.task.entries-failed"
+    assert isinstance(caught.value.cause, RuntimeError)
+
+
+def test_task__describe_is_json_safe_with_jobs_in_declaration_order() -> None:
+    import json
+
+    @job(name="unit.b_second")
+    def b_second() -> None: ...
+
+    @job(name="unit.a_first")
+    def a_first() -> None: ...
+
+    @task(
+        cron="0 3 * * *", tz="Europe/Paris", catch_up="run-all", max_catch_up=5, name="unit.nightly"
+    )
+    def nightly(occurrence: datetime) -> list[tuple[object, dict[str, object]]]:
+        return [(b_second, {}), (a_first, {})]
+
+    described = nightly.describe()
+    assert json.loads(json.dumps(described)) == {
+        "kind": "task",
+        "name": "unit.nightly",
+        "cron": "0 3 * * *",
+        "tz": "Europe/Paris",
+        "catch_up": "run-all",
+        "max_catch_up": 5,
+        "jobs": ["unit.b_second", "unit.a_first"],
+    }
+
+
+def test_task__next_runs_follow_the_zone() -> None:
+    @task(cron="30 2 * * *", tz="America/New_York")
+    def early(occurrence: datetime) -> list[object]:
+        return []
+
+    runs = early.next_runs(2, after=datetime(2026, 3, 7, 12, tzinfo=UTC))
+    assert [r.isoformat() for r in runs] == [
+        "2026-03-08T07:00:00+00:00",
+        "2026-03-09T06:30:00+00:00",
+    ]
+
+
+def test_autodiscovery__demo_tasks_are_registered_under_app_label_names() -> None:
+    from ultimat3_jobs import registry
+
+    names = {t.name for t in registry.tasks()}
+    assert {"demo.nightly_digest", "demo.quarter_hour_ping"} <= names
+    assert registry.get_job("demo.send_digest") is not None

@@ -1,0 +1,372 @@
+"""The round logic with a frozen clock and in-memory state: no database, no timer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ultimat3_jobs import job, shutdown, task
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.registry import TaskHandle
+from ultimat3_jobs.scheduler import Scheduler, occurrence_key
+from ultimat3_jobs.state import MemoryState
+
+pytestmark = pytest.mark.usefixtures("fresh_registry")
+
+T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
+
+
+@job(name="unit.record")
+def record(label: str) -> None: ...
+
+
+def hourly(name: str, catch_up: str = "skip", max_catch_up: int = 10) -> TaskHandle:
+    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        return [(record, {"label": occurrence.isoformat()})]
+
+    entries.__qualname__ = f"hourly_{name}"
+    return task(cron="0 * * * *", tz="UTC", name=name, catch_up=catch_up, max_catch_up=max_catch_up)(  # type: ignore[arg-type]
+        entries
+    )
+
+
+def build(*tasks: TaskHandle, **options: object) -> tuple[Scheduler, MemoryState, FrozenClock]:
+    state = MemoryState()
+    clock = FrozenClock(T0)
+    scheduler = Scheduler(state=state, clock=clock, tasks=list(tasks), drain_on_shutdown=False, **options)  # type: ignore[arg-type]
+    state.sync(list(tasks))
+    return scheduler, state, clock
+
+
+def test_tick__first_sight_arms_and_fires_nothing() -> None:
+    handle = hourly("t.arm")
+    scheduler, state, _ = build(handle)
+    assert scheduler.tick() == []
+    assert state.tasks["t.arm"].watermark == datetime(2026, 6, 1, 1, tzinfo=UTC) - timedelta(
+        milliseconds=1
+    )
+    assert state.jobs == {}
+
+
+def test_tick__fires_an_occurrence_on_time_with_its_occurrence_key() -> None:
+    handle = hourly("t.on-time")
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 0, 400_000, tzinfo=UTC))
+    [fired] = scheduler.tick()
+    assert fired.task == "t.on-time"
+    assert fired.occurrence == datetime(2026, 6, 1, 1, tzinfo=UTC)
+    assert not fired.catch_up
+    [result] = fired.jobs
+    assert result.result.created
+    assert result.result.key.startswith("t.on-time:1780275600000:unit.record:")
+    assert scheduler.tick() == []  # dealt with: never again
+
+
+def test_tick__nothing_due_touches_no_task() -> None:
+    handle = hourly("t.idle")
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    loads = []
+    original = state.load
+    state.load = lambda names=None: loads.append(names) or original(names)  # type: ignore[method-assign]
+    clock.advance(600)
+    assert scheduler.tick() == []
+    assert loads == []
+    assert state.commits == 1  # only the arming round wrote
+
+
+def test_skip__fires_on_time_occurrences_and_drops_missed_ones() -> None:
+    handle = hourly("t.skip")
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 5, 0, 20, tzinfo=UTC))  # down from 01:00 to 05:00
+    fired = scheduler.tick()
+    assert [d.occurrence.hour for d in fired] == [5]
+    dropped = [r for r in state.records if r["outcome"] == "dropped"]
+    assert [(r["span"].first.hour, r["span"].last.hour, r["span"].count) for r in dropped] == [
+        (1, 4, 4)
+    ]
+
+
+def test_skip__late_beyond_grace_fires_nothing() -> None:
+    handle = hourly("t.skip-late")
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 1, 1, tzinfo=UTC))  # 61 s late, grace is 60 s
+    assert scheduler.tick() == []
+    assert state.tasks["t.skip-late"].watermark == datetime(2026, 6, 1, 1, 1, 1, tzinfo=UTC)
+
+
+def test_run_once__long_outage_fires_one_and_drops_the_rest_in_the_same_round() -> None:
+    handle = hourly("t.once", catch_up="run-once")
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 2, 0, 30, tzinfo=UTC))  # 24 occurrences missed
+    [fired] = scheduler.tick()
+    assert fired.occurrence == datetime(2026, 6, 1, 1, tzinfo=UTC)  # the earliest
+    assert fired.catch_up
+    assert state.tasks["t.once"].watermark == clock()
+    clock.advance(1)
+    assert scheduler.tick() == []  # never one per round
+    [dropped] = [r for r in state.records if r["outcome"] == "dropped"]
+    assert dropped["span"].count == 23
+    assert len(state.jobs) == 1
+
+
+def test_run_all__fires_the_most_recent_max_catch_up_in_order() -> None:
+    handle = hourly("t.all", catch_up="run-all", max_catch_up=10)
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 2, 0, 0, 5, tzinfo=UTC))  # 01:00 .. 00:00 next day = 24 due
+    fired = scheduler.tick()
+    assert [d.occurrence for d in fired] == [
+        datetime(2026, 6, 1, 15, tzinfo=UTC) + timedelta(hours=i) for i in range(10)
+    ]
+    assert all(d.catch_up for d in fired[:-1]) and not fired[-1].catch_up  # the last is on time
+    [dropped] = [r for r in state.records if r["outcome"] == "dropped"]
+    assert (dropped["span"].first.hour, dropped["span"].last.hour, dropped["span"].count) == (
+        1,
+        14,
+        14,
+    )
+    clock.advance(1)
+    assert scheduler.tick() == []
+
+
+def test_run_all__per_second_task_after_a_day_fires_only_the_latest() -> None:
+    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        return [(record, {"label": occurrence.isoformat()})]
+
+    handle = task(cron="* * * * * *", tz="UTC", name="t.sec", catch_up="run-all", max_catch_up=3)(
+        entries  # type: ignore[arg-type]
+    )
+    scheduler, _, clock = build(handle)
+    scheduler.tick()
+    clock.advance(timedelta(days=1))
+    fired = scheduler.tick()
+    assert [d.occurrence for d in fired] == [
+        clock().replace(microsecond=0) - timedelta(seconds=s) for s in (2, 1, 0)
+    ]
+
+
+def test_tick__a_failing_task_does_not_stop_the_others_and_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls = {"n": 0}
+
+    def flaky(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("database of digests is down")
+        return [(record, {"label": "flaky"})]
+
+    failing = task(cron="0 * * * *", tz="UTC", name="t.flaky")(flaky)  # type: ignore[arg-type]
+    healthy = hourly("t.healthy")
+    scheduler, state, clock = build(failing, healthy)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    with caplog.at_level(logging.ERROR, logger="ultimat3_jobs"):
+        first = scheduler.tick()
+    assert [d.task for d in first] == ["t.healthy"]
+    [failure] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-failed"]
+    assert failure.fields["code"] == "jobs.task.entries-failed"  # type: ignore[attr-defined]
+    assert failure.fields["fix"]  # type: ignore[attr-defined]
+    clock.advance(1)
+    second = scheduler.tick()
+    assert [(d.task, d.occurrence.hour) for d in second] == [("t.flaky", 1)]
+
+
+def test_tick__concurrent_calls_join_one_round() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        entered.set()
+        release.wait(5)
+        return [(record, {"label": "slow"})]
+
+    handle = task(cron="0 * * * *", tz="UTC", name="t.slow")(slow)  # type: ignore[arg-type]
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    results: list[object] = []
+    first = threading.Thread(target=lambda: results.append(scheduler.tick()))
+    first.start()
+    assert entered.wait(5)
+    second = threading.Thread(target=lambda: results.append(scheduler.tick()))
+    second.start()
+    time.sleep(0.05)
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert len(results) == 2 and results[0] is results[1]
+    assert state.commits == 2  # arming + ONE dispatch round
+
+
+def test_stop__between_tasks_stops_now_and_leaves_the_rest_for_later() -> None:
+    scheduler_ref: list[Scheduler] = []
+
+    def stopper(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        stopping = threading.Thread(target=scheduler_ref[0].stop, args=("test",))
+        stopping.start()
+        deadline = time.monotonic() + 5
+        while scheduler_ref[0].status != "draining" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return [(record, {"label": "a"})]
+
+    first = task(cron="0 * * * *", tz="UTC", name="t.a-first")(stopper)  # type: ignore[arg-type]
+    second = hourly("t.b-second")
+    scheduler, state, clock = build(first, second)
+    scheduler_ref.append(scheduler)
+    scheduler.tick()
+    armed = state.tasks["t.b-second"].watermark
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    fired = scheduler.tick()
+    assert [d.task for d in fired] == ["t.a-first"]
+    assert state.tasks["t.b-second"].watermark == armed
+    assert scheduler.wait(5) and scheduler.status == "stopped"
+    assert scheduler.tick() == []  # a stopped scheduler dispatches nothing
+
+
+def test_start_stop__restartable_with_one_shutdown_hook() -> None:
+    handle = hourly("t.restart")
+    state = MemoryState()
+    scheduler = Scheduler(
+        state=state, clock=FrozenClock(T0), tasks=[handle], tick_interval=timedelta(seconds=0.01)
+    )
+    for _ in range(2):
+        scheduler.start()
+        assert scheduler.status == "running"
+        assert shutdown.registered() == ["jobs.scheduler"]
+        scheduler.start()  # only from a standstill: no second hook
+        assert shutdown.registered() == ["jobs.scheduler"]
+        scheduler.stop("test")
+        assert scheduler.status == "stopped"
+        assert shutdown.registered() == []
+    assert state.tasks["t.restart"].watermark is not None
+
+
+def test_stop__concurrent_stops_join_one_teardown() -> None:
+    releases = []
+
+    class CountingLeader:
+        name = "counting"
+
+        def acquire(self) -> bool:
+            return True
+
+        def fence(self, using: str) -> bool:
+            return True
+
+        def release(self) -> None:
+            time.sleep(0.05)
+            releases.append(1)
+
+    scheduler = Scheduler(
+        state=MemoryState(),
+        leader=CountingLeader(),
+        clock=FrozenClock(T0),
+        tasks=[hourly("t.stops")],
+        drain_on_shutdown=False,
+    )
+    scheduler.tick()
+    threads = [threading.Thread(target=scheduler.stop, args=(f"s{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert releases == [1]
+    assert scheduler.status == "stopped"
+
+
+class ScriptedLeader:
+    name = "scripted"
+
+    def __init__(self, answers: list[bool], fence: bool = True) -> None:
+        self.answers = answers
+        self.fence_answer = fence
+        self.released = 0
+
+    def acquire(self) -> bool:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def fence(self, using: str) -> bool:
+        return self.fence_answer
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_leadership__lost_is_logged_and_stops_dispatching(caplog: pytest.LogCaptureFixture) -> None:
+    leader = ScriptedLeader([True, False])
+    handle = hourly("t.lost")
+    scheduler, state, clock = build(handle, leader=leader)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    with caplog.at_level(logging.WARNING, logger="ultimat3_jobs"):
+        assert scheduler.tick() == []
+    assert "jobs.scheduler.leadership-lost" in [getattr(r, "event", "") for r in caplog.records]
+    assert not scheduler.is_leader
+    assert state.jobs == {}
+    scheduler.stop()
+    assert leader.released == 0  # a lease we no longer hold is not ours to hand back
+
+
+def test_leadership__failed_election_concedes() -> None:
+    leader = ScriptedLeader([True, ConnectionError("db gone")])  # type: ignore[list-item]
+    scheduler, _, _ = build(hourly("t.concede"), leader=leader)
+    scheduler.tick()
+    assert scheduler.is_leader
+    with pytest.raises(ConnectionError):
+        scheduler.tick()
+    assert not scheduler.is_leader
+
+
+def test_leadership__fencing_failure_inside_the_transaction_writes_nothing() -> None:
+    leader = ScriptedLeader([True, True], fence=True)
+    handle = hourly("t.fenced")
+    scheduler, state, clock = build(handle, leader=leader)
+    scheduler.tick()
+    leader.fence_answer = False
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    assert scheduler.tick() == []
+    assert state.jobs == {}
+    assert not scheduler.is_leader
+
+
+def test_pause__occurrences_are_recorded_as_paused_not_fired() -> None:
+    handle = hourly("t.paused")
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    state.pause("t.paused")
+    clock.set(datetime(2026, 6, 1, 3, 0, 1, tzinfo=UTC))
+    assert scheduler.tick() == []
+    [paused] = [r for r in state.records if r["outcome"] == "paused"]
+    assert paused["span"].count == 3
+    state.pause("t.paused", False)
+    clock.set(datetime(2026, 6, 1, 4, 0, 1, tzinfo=UTC))
+    assert [d.occurrence.hour for d in scheduler.tick()] == [4]
+
+
+def test_occurrence_key__entries_of_one_occurrence_never_share_a_key() -> None:
+    def twice(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        return [(record, {"label": "same"}), (record, {"label": "same"}), (record, {"label": "x"})]
+
+    handle = task(cron="0 * * * *", tz="UTC", name="t.twice")(twice)  # type: ignore[arg-type]
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    [fired] = scheduler.tick()
+    keys = [j.result.key for j in fired.jobs]
+    assert len(set(keys)) == 3
+    assert keys[1] == keys[0] + "#2"
+    # The same occurrence computed elsewhere gives the same keys.
+    again = occurrence_key("t.twice", fired.occurrence, record.occurrence_part({"label": "x"}))
+    assert again == keys[2]

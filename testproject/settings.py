@@ -28,6 +28,10 @@ INSTALLED_APPS = [
     "testproject.demo",
 ]
 
+if env.bool("ULTIMAT3_ACCEPTANCE", default=False):
+    # Per-second tasks for the multi-process tests.
+    INSTALLED_APPS.append("testproject.acceptance")
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -185,6 +185,8 @@ class Scheduler:
             self.state.heartbeat(is_leader=False, round_at=None, error=self.last_error)
             return []
         handles = self._handles()
+        if not self.is_leader:
+            emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
         if not self.is_leader or self._due is None or handles is not self._due_for:
             self._rebuild(handles)
         self.is_leader = True

@@ -1,0 +1,1 @@
+"""Benchmarks, run by ``make bench``. They print tables; they assert nothing about time."""

@@ -1,0 +1,20 @@
+"""Django set up against $DATABASE_URL, with the schema migrated, for a benchmark process."""
+
+from __future__ import annotations
+
+import os
+
+
+def django_ready() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,203 @@
+"""Several ``run_scheduler`` processes on one PostgreSQL: kills, signals, lost connections.
+
+Each test runs a per-second run-all task and ends by checking the job table: every occurrence
+in the window exactly once, and no second missing, whatever was done to the leaders.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from django.db import close_old_connections, connection
+from django.db.models import Count
+
+from ultimat3_jobs.models import Job
+
+from .helpers import Process, processes, spawn, stop_all, wait_for
+
+__all__ = ["processes"]
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
+
+TASK = "acceptance.every_second"
+FAST = {"TICK_INTERVAL": 0.2, "LEASE_TTL": 2, "HEARTBEAT_INTERVAL": 1}
+
+
+def occurrences(task: str = TASK) -> list[datetime]:
+    close_old_connections()
+    return list(
+        Job.objects.filter(task=task).order_by("occurrence").values_list("occurrence", flat=True)
+    )
+
+
+def assert_every_occurrence_exactly_once(task: str = TASK) -> list[datetime]:
+    seen = occurrences(task)
+    assert seen, "nothing was dispatched"
+    duplicates = (
+        Job.objects.filter(task=task).values("occurrence").annotate(n=Count("id")).filter(n__gt=1)
+    )
+    assert list(duplicates) == []
+    expected = int((seen[-1] - seen[0]).total_seconds()) + 1
+    missing = expected - len(set(seen))
+    assert missing == 0, f"{missing} occurrences missing between {seen[0]} and {seen[-1]}"
+    return seen
+
+
+def current_leader(procs: list[Process]) -> Process | None:
+    """The live process whose latest leadership event is an acquisition."""
+    for process in procs:
+        if not process.alive():
+            continue
+        events = [
+            e["event"]
+            for e in process.events()
+            if e["event"] in ("jobs.scheduler.leadership-acquired", "jobs.scheduler.leadership-lost")
+        ]
+        if events and events[-1] == "jobs.scheduler.leadership-acquired":
+            return process
+    return None
+
+
+def progress_after(moment: float, seconds: int = 2) -> bool:
+    seen = occurrences()
+    return bool(seen) and seen[-1].timestamp() >= moment + seconds
+
+
+def start_schedulers(
+    tmp_path: Path, processes: list[Process], leader: str, count: int, **env: str
+) -> None:
+    for i in range(count):
+        processes.append(
+            spawn(
+                tmp_path,
+                f"{leader}-{len(processes)}",
+                "run_scheduler",
+                "--leader",
+                leader,
+                settings_overrides=FAST,
+                env=env,
+            )
+        )
+
+
+@pytest.mark.parametrize("leader", ["advisory", "lease"])
+def test_schedulers__leader_killed_repeatedly__every_occurrence_once(
+    tmp_path: Path, processes: list[Process], leader: str
+) -> None:
+    start_schedulers(tmp_path, processes, leader, 3)
+    wait_for(lambda: len(occurrences()) >= 2, 30, "the first dispatches")
+    for _ in range(3):
+        victim = wait_for(lambda: current_leader(processes), 15, "a leader")
+        killed_at = time.time()
+        victim.signal(signal.SIGKILL)
+        victim.wait(5)
+        # Keep three nodes: a replacement joins as the survivors take over.
+        start_schedulers(tmp_path, processes, leader, 1)
+        wait_for(lambda: progress_after(killed_at), 20, "dispatching to resume after a kill")
+    stop_all(processes)
+    assert all(p.popen.returncode in (0, -signal.SIGKILL) for p in processes)
+    seen = assert_every_occurrence_exactly_once()
+    assert len(seen) >= 8
+
+
+@pytest.mark.parametrize(("leader", "takeover_bound"), [("advisory", 0.2 + 1.5), ("lease", 2 + 1.5)])
+def test_schedulers__sigterm_mid_round_drains_exits_0_and_another_node_takes_over(
+    tmp_path: Path, processes: list[Process], leader: str, takeover_bound: float
+) -> None:
+    start_schedulers(tmp_path, processes, leader, 2, ULTIMAT3_ACCEPTANCE_SLOW="1.5")
+    victim = wait_for(lambda: current_leader(processes), 30, "a leader")
+    wait_for(lambda: victim.named("jobs.scheduler.dispatched"), 30, "a first round")
+    # Land the signal inside a round: right after a slow task's round began.
+    rounds = len(victim.named("jobs.scheduler.dispatched"))
+    wait_for(lambda: len(victim.named("jobs.scheduler.dispatched")) > rounds, 10, "next round")
+    time.sleep(0.5)
+    victim.signal(signal.SIGTERM)
+    assert victim.wait(20) == 0
+    events = [e["event"] for e in victim.events()]
+    draining = events.index("jobs.scheduler.draining")
+    assert victim.named("jobs.scheduler.draining")[0]["dispatching"] is True
+    # The round in flight finished, then the node stopped.
+    assert "jobs.scheduler.dispatched" in events[draining:]
+    assert events[-1] == "jobs.scheduler.stopped"
+    stopped_at = datetime.fromisoformat(victim.named("jobs.scheduler.stopped")[-1]["ts"])
+    [survivor] = [p for p in processes if p is not victim]
+    acquired = wait_for(
+        lambda: [
+            e
+            for e in survivor.named("jobs.scheduler.leadership-acquired")
+            if datetime.fromisoformat(e["ts"]) >= stopped_at
+        ],
+        15,
+        "the other node to take over",
+    )
+    took = (datetime.fromisoformat(acquired[0]["ts"]) - stopped_at).total_seconds()
+    assert took <= takeover_bound
+    stop_all(processes)
+    assert_every_occurrence_exactly_once()
+    assert_every_occurrence_exactly_once("acceptance.slow")
+
+
+def leader_backends() -> list[int]:
+    close_old_connections()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+            WHERE a.application_name = 'ultimat3_jobs scheduler leader'
+              AND l.locktype = 'advisory' AND l.granted
+            """
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_schedulers__terminated_leader_connection_never_double_dispatches(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    start_schedulers(tmp_path, processes, "advisory", 2)
+    wait_for(lambda: len(occurrences()) >= 2, 30, "the first dispatches")
+    for _ in range(3):
+        [backend] = wait_for(leader_backends, 15, "a lock holder")
+        cut_at = time.time()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+        wait_for(lambda: progress_after(cut_at), 20, "dispatching to resume after the cut")
+    noticed = [e for p in processes for e in p.named("jobs.leader.connection-lost")]
+    assert noticed, "no node noticed that its lock connection was gone"
+    stop_all(processes)
+    assert all(p.popen.returncode == 0 for p in processes)
+    assert_every_occurrence_exactly_once()
+
+
+def test_scheduler__postgres_restart_underneath__keeps_going_and_loses_nothing(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    data, options = os.environ.get("ULTIMAT3_TEST_PGDATA"), os.environ.get("ULTIMAT3_TEST_PGOPTIONS")
+    if not data or not options:
+        pytest.skip("restarting PostgreSQL needs the throwaway cluster `make test` starts")
+    start_schedulers(tmp_path, processes, "advisory", 2)
+    wait_for(lambda: len(occurrences()) >= 2, 30, "the first dispatches")
+    connection.close()
+    runner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    subprocess.run(
+        [*runner, "pg_ctl", "-D", data, "-o", options, "-m", "fast", "-w", "restart"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    restarted_at = time.time()
+    wait_for(lambda: progress_after(restarted_at, 3), 45, "dispatching to resume after restart")
+    assert all(p.alive() for p in processes), "a scheduler died with the database"
+    failures = [e for p in processes for e in p.named("jobs.scheduler.tick-failed")]
+    assert all("error" in e for e in failures)
+    stop_all(processes)
+    assert all(p.popen.returncode == 0 for p in processes)
+    assert_every_occurrence_exactly_once()

@@ -153,13 +153,21 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for n in args.sizes:
         out = subprocess.run(
-            [sys.executable, "-m", "bench.scheduler", "--one", str(n), "--repeats", str(args.repeats)],
+            [
+                sys.executable,
+                "-m",
+                "bench.scheduler",
+                "--one",
+                str(n),
+                "--repeats",
+                str(args.repeats),
+            ],
             check=True,
             capture_output=True,
             text=True,
         )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("\nScheduler round cost (median of %d runs; PostgreSQL)" % args.repeats)
+    print(f"\nScheduler round cost (median of {args.repeats} runs; PostgreSQL)")
     header = (
         f"{'tasks':>7} | {'all due':>9} | {'queries':>7} | {'floor':>9} | {'ours/floor':>10} | "
         f"{'nothing due':>11} | {'queries':>7} | {'peak RSS':>9}"

@@ -1,4 +1,7 @@
-"""Run a command against a throwaway PostgreSQL cluster: ``python scripts/throwaway_postgres.py -- CMD``.
+"""Run a command against a throwaway PostgreSQL cluster.
+
+    python scripts/throwaway_postgres.py -- COMMAND [ARGS...]
+
 
 The cluster lives in a temporary directory, listens on a free loopback port with trust auth, and
 is stopped and deleted when the command ends. ``DATABASE_URL`` is exported to the command. As
@@ -42,7 +45,10 @@ def main(argv: Sequence[str]) -> int:
     command = list(argv[argv.index("--") + 1 :])
     for tool in ("initdb", "pg_ctl"):
         if shutil.which(tool) is None:
-            print(f"{tool} not found: install PostgreSQL (apt-get install postgresql)", file=sys.stderr)
+            print(
+                f"{tool} not found: install PostgreSQL (apt-get install postgresql)",
+                file=sys.stderr,
+            )
             return 2
     root = tempfile.mkdtemp(prefix="ultimat3-pg-")
     os.chmod(root, 0o755)
@@ -55,7 +61,9 @@ def main(argv: Sequence[str]) -> int:
         check=True,
         **quiet,  # type: ignore[arg-type]
     )
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
+    options = (
+        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
+    )
     log = os.path.join(root, "server.log")
     subprocess.run(
         _as_server_user(["pg_ctl", "-D", data, "-l", log, "-o", options, "-w", "start"]),

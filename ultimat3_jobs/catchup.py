@@ -40,9 +40,7 @@ class Decision:
         return bool(self.fire) or self.dropped is not None
 
 
-def _span(
-    schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime
-) -> Span | None:
+def _span(schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime) -> Span | None:
     """The occurrences in ``(after, until]``, counted up to ``COUNT_LIMIT``."""
     first = last = None
     count = 0
@@ -110,17 +108,17 @@ def decide(
             watermark=now,
         )
     if policy == "run-all":
-        fire = _window(schedule, zone, watermark, now, max_catch_up)
-        late = [(o, now - o > misfire_grace) for o in fire]
-        dropped = _span(schedule, zone, watermark, fire[0] - timedelta(milliseconds=1))
+        recent = _window(schedule, zone, watermark, now, max_catch_up)
+        late = [(o, now - o > misfire_grace) for o in recent]
+        dropped = _span(schedule, zone, watermark, recent[0] - timedelta(milliseconds=1))
         return Decision(fire=late, dropped=dropped, watermark=now)
     # skip
     # An occurrence exactly ``misfire_grace`` old is still on time; instants are whole ms.
     on_time_after = max(watermark, now - misfire_grace - timedelta(milliseconds=1))
-    fire = []
+    on_time: list[tuple[datetime, bool]] = []
     at = on_time_after
     while (at := next_occurrence(schedule, zone, at)) <= now:
-        fire.append((at, False))
+        on_time.append((at, False))
     return Decision(
-        fire=fire, dropped=_span(schedule, zone, watermark, on_time_after), watermark=now
+        fire=on_time, dropped=_span(schedule, zone, watermark, on_time_after), watermark=now
     )

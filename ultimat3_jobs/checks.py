@@ -17,7 +17,9 @@ from .leaders import ADVISORY_NEEDS_POSTGRES_FIX
 
 
 @checks.register()
-def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     try:
         config = get_settings()
     except ConfigurationError as error:

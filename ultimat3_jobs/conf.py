@@ -105,7 +105,7 @@ def _positive_int(raw: dict[str, Any], key: str) -> int:
 
 def _leader(value: Any) -> str | None:
     if value is None or value in LEADERS:
-        return value  # type: ignore[no-any-return]
+        return value
     raise ConfigurationError(
         f'ULTIMAT3_JOBS["LEADER"] is {value!r}, not one of {", ".join(LEADERS)}',
         fix='set ULTIMAT3_JOBS["LEADER"] to "advisory" (PostgreSQL), "lease" or "sole", '

@@ -7,6 +7,7 @@ another node has taken over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -172,10 +173,8 @@ class AdvisoryLeader:
     def _drop(self) -> None:
         self._held = False
         if self._conn is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 self._conn.close()
-            except psycopg.Error:
-                pass
         self._conn = None
         self._pid = None
 
@@ -211,10 +210,9 @@ class AdvisoryLeader:
 
     def release(self) -> None:
         if self._conn is not None and self._held:
-            try:
+            # A dead connection has released it already.
+            with contextlib.suppress(psycopg.Error):
                 self._conn.execute("SELECT pg_advisory_unlock(%s)", [self.key])
-            except psycopg.Error:
-                pass  # A dead connection has released it already.
         self._drop()
 
 

@@ -106,7 +106,8 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise InvalidJobInputError(
-            f'input of job "{job_name}" is a {type(value).__name__}, not a dict of keyword arguments',
+            f'input of job "{job_name}" is a {type(value).__name__}, '
+            "not a dict of keyword arguments",
             fix=f'pass a dict with string keys, e.g. {job_name}.enqueue({{"day": "2026-03-08"}})',
             cause=value,
         )
@@ -119,7 +120,7 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             ".isoformat() and objects to their ids",
             cause=error,
         ) from error
-    return json.loads(text)  # type: ignore[no-any-return]
+    return json.loads(text)
 
 
 def input_digest(value: dict[str, Any]) -> str:
@@ -157,7 +158,7 @@ class JobHandle:
         return f"<job {self.name}>"
 
     def check_input(self, value: object) -> dict[str, Any]:
-        """The input as the worker will pass it, or ``InvalidJobInputError`` now, not at run time."""
+        """The input as the worker will pass it; ``InvalidJobInputError`` now, not at run time."""
         data = canonical_input(self.name, value)
         try:
             self.signature.bind(**data)
@@ -165,7 +166,7 @@ class JobHandle:
             params = ", ".join(self.signature.parameters) or "no arguments"
             raise InvalidJobInputError(
                 f'input {sorted(data)} does not fit job "{self.name}": {error}',
-                fix=f'pass the keyword arguments {self.name}() takes ({params})',
+                fix=f"pass the keyword arguments {self.name}() takes ({params})",
                 cause=error,
             ) from error
         return data
@@ -253,7 +254,7 @@ class TaskHandle:
         self.zone = zone
         self.catch_up = catch_up
         self.max_catch_up = max_catch_up
-        functools.update_wrapper(self, func)
+        self.__doc__ = func.__doc__
 
     @property
     def cron(self) -> str:
@@ -291,7 +292,8 @@ class TaskHandle:
             if not (isinstance(item, tuple | list) and len(item) == 2):
                 raise TaskEntriesError(
                     f'task "{self.name}" returned {item!r}, not a (job, input) pair',
-                    fix=f'make task "{self.name}" return a list like [(send_digest, {{"day": ...}})]',
+                    fix=f'make task "{self.name}" return a list like '
+                    '[(send_digest, {"day": ...})]',
                     cause=item,
                 )
             handle, data = item
@@ -396,10 +398,10 @@ class Registry:
             return sorted(self._by_kind["job"].values(), key=lambda j: j.name)
 
     def get_task(self, name: str) -> TaskHandle | None:
-        return self._by_kind["task"].get(name)  # type: ignore[no-any-return]
+        return self._by_kind["task"].get(name)
 
     def get_job(self, name: str) -> JobHandle | None:
-        return self._by_kind["job"].get(name)  # type: ignore[no-any-return]
+        return self._by_kind["job"].get(name)
 
     def unregister(self, handle: TaskHandle | JobHandle) -> None:
         with self._lock:

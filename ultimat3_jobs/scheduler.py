@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from . import clock as default_clock
 from . import shutdown
@@ -64,7 +64,9 @@ def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
     return key
 
 
-def plan_jobs(task: str, occurrence: datetime, entries: Sequence[tuple[JobHandle, dict]]) -> list[PlannedJob]:  # type: ignore[type-arg]
+def plan_jobs(
+    task: str, occurrence: datetime, entries: Sequence[tuple[JobHandle, dict[str, Any]]]
+) -> list[PlannedJob]:
     """Keys for one occurrence's entries. Two entries never share one: repeats get ``#n``."""
     seen: dict[str, int] = {}
     planned = []
@@ -258,8 +260,13 @@ class Scheduler:
             return self._resolve(handle, watermark)
         if paused:
             span = decide(
-                handle.schedule, handle.zone, policy="skip", max_catch_up=1,
-                watermark=watermark, now=now, misfire_grace=timedelta(0),
+                handle.schedule,
+                handle.zone,
+                policy="skip",
+                max_catch_up=1,
+                watermark=watermark,
+                now=now,
+                misfire_grace=timedelta(0),
             ).dropped
             if span is not None:
                 plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
@@ -306,13 +313,17 @@ class Scheduler:
             **fields,
         )
 
-    def _report(self, fired: PlannedOccurrence, enqueued: dict[str, tuple[int, bool]]) -> Dispatched:
+    def _report(
+        self, fired: PlannedOccurrence, enqueued: dict[str, tuple[int, bool]]
+    ) -> Dispatched:
         from .queue import EnqueueResult
 
         jobs = [
             TaskJobResult(
                 job=p.job.name,
-                result=EnqueueResult(created=enqueued[p.key][1], job_id=enqueued[p.key][0], key=p.key),
+                result=EnqueueResult(
+                    created=enqueued[p.key][1], job_id=enqueued[p.key][0], key=p.key
+                ),
             )
             for p in fired.jobs
         ]
@@ -364,6 +375,15 @@ class Scheduler:
         self._thread.start()
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
 
+    def run_once(self) -> list[Dispatched]:
+        """One round as a whole life: sync, start, tick, stop. For ``run_scheduler --once``."""
+        self.state.sync(self.tasks())
+        emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
+        try:
+            return self.tick()
+        finally:
+            self.stop("once")
+
     def _loop(self) -> None:
         failures = 0
         while self.status == "running":
@@ -375,13 +395,17 @@ class Scheduler:
                 failures += 1
                 fields = failure_fields(error)
                 self.last_error = str(fields["error"])
-                emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, failures=failures, **fields)
+                emit(
+                    logger, "jobs.scheduler.tick-failed", logging.ERROR, failures=failures, **fields
+                )
             try:
                 self.state.between_rounds()
             except Exception as error:  # pragma: no cover - closing a broken connection
                 emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
             # The GAP between rounds, never a fixed period; longer while the database is down.
-            wait = min(self.tick_interval * (2 ** min(failures, 5)), max(MAX_BACKOFF, self.tick_interval))
+            wait = min(
+                self.tick_interval * (2 ** min(failures, 5)), max(MAX_BACKOFF, self.tick_interval)
+            )
             self._wake.wait(wait.total_seconds())
 
     def stop(self, reason: str = "stop") -> None:
@@ -412,11 +436,9 @@ class Scheduler:
         try:
             # The round this stop races runs to the end first: releasing the lock under a live
             # dispatch would hand the next node an occurrence this one is still enqueueing.
+            # Settled, not awaited: a round that failed is its own caller's to see.
             if in_flight is not None:
-                try:
-                    in_flight.exception()
-                except BaseException:  # A failed round is its caller's to see.
-                    pass
+                in_flight.exception()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()
             if self.is_leader:

@@ -138,7 +138,9 @@ class MemoryState:
                             "catch_up": fired.catch_up,
                         }
                     enqueued[planned.key] = (self.jobs[planned.key]["id"], created)
-                self.records.append({"task": fired.task, "outcome": "fired", "at": fired.occurrence})
+                self.records.append(
+                    {"task": fired.task, "outcome": "fired", "at": fired.occurrence}
+                )
             for record in plan.records:
                 self.records.append(
                     {"task": record.task, "outcome": record.outcome, "span": record.span}
@@ -198,7 +200,11 @@ class DatabaseState:
             rows = Task.objects.using(self.using)
             stored = {task.name: task for task in rows.all()}
             rows.bulk_create(
-                [Task(name=name, **fields) for name, fields in described.items() if name not in stored],
+                [
+                    Task(name=name, **fields)
+                    for name, fields in described.items()
+                    if name not in stored
+                ],
                 ignore_conflicts=True,
             )
             changed = []
@@ -211,8 +217,12 @@ class DatabaseState:
                     for key, value in fields.items():
                         setattr(task, key, value)
                     changed.append(task)
-            rows.bulk_update(changed, ["cron", "tz", "catch_up", "max_catch_up", "jobs", "declared"])
-            gone = [name for name, task in stored.items() if name not in described and task.declared]
+            rows.bulk_update(
+                changed, ["cron", "tz", "catch_up", "max_catch_up", "jobs", "declared"]
+            )
+            gone = [
+                name for name, task in stored.items() if name not in described and task.declared
+            ]
             rows.filter(name__in=gone).update(declared=False)
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
@@ -377,7 +387,7 @@ def database_now(using: str = "default") -> datetime:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]  # type: ignore[index,no-any-return]
+            return cursor.fetchone()[0]
         cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
-        raw = cursor.fetchone()[0]  # type: ignore[index]
+        raw = cursor.fetchone()[0]
     return datetime.fromisoformat(raw).replace(tzinfo=UTC)

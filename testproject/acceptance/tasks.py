@@ -27,7 +27,9 @@ def every_second(occurrence: datetime) -> list[Entry]:
 
 if os.environ.get("ULTIMAT3_ACCEPTANCE_SLOW"):
 
-    @task(cron="* * * * * *", tz="UTC", name="acceptance.slow", catch_up="run-all", max_catch_up=1000)
+    @task(
+        cron="* * * * * *", tz="UTC", name="acceptance.slow", catch_up="run-all", max_catch_up=1000
+    )
     def slow(occurrence: datetime) -> list[Entry]:
         # A round that takes a while, so a signal lands on a round in flight.
         time.sleep(float(os.environ["ULTIMAT3_ACCEPTANCE_SLOW"]))

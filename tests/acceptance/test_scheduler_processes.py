@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -61,22 +62,28 @@ def current_leader(procs: list[Process]) -> Process | None:
         events = [
             e["event"]
             for e in process.events()
-            if e["event"] in ("jobs.scheduler.leadership-acquired", "jobs.scheduler.leadership-lost")
+            if e["event"]
+            in ("jobs.scheduler.leadership-acquired", "jobs.scheduler.leadership-lost")
         ]
         if events and events[-1] == "jobs.scheduler.leadership-acquired":
             return process
     return None
 
 
-def progress_after(moment: float, seconds: int = 2) -> bool:
-    seen = occurrences()
-    return bool(seen) and seen[-1].timestamp() >= moment + seconds
+def progress_after(moment: float, seconds: int = 2) -> Callable[[], bool]:
+    """A condition: dispatching reached ``seconds`` past ``moment``."""
+
+    def reached() -> bool:
+        seen = occurrences()
+        return bool(seen) and seen[-1].timestamp() >= moment + seconds
+
+    return reached
 
 
 def start_schedulers(
     tmp_path: Path, processes: list[Process], leader: str, count: int, **env: str
 ) -> None:
-    for i in range(count):
+    for _ in range(count):
         processes.append(
             spawn(
                 tmp_path,
@@ -103,14 +110,16 @@ def test_schedulers__leader_killed_repeatedly__every_occurrence_once(
         victim.wait(5)
         # Keep three nodes: a replacement joins as the survivors take over.
         start_schedulers(tmp_path, processes, leader, 1)
-        wait_for(lambda: progress_after(killed_at), 20, "dispatching to resume after a kill")
+        wait_for(progress_after(killed_at), 20, "dispatching to resume after a kill")
     stop_all(processes)
     assert all(p.popen.returncode in (0, -signal.SIGKILL) for p in processes)
     seen = assert_every_occurrence_exactly_once()
     assert len(seen) >= 8
 
 
-@pytest.mark.parametrize(("leader", "takeover_bound"), [("advisory", 0.2 + 1.5), ("lease", 2 + 1.5)])
+@pytest.mark.parametrize(
+    ("leader", "takeover_bound"), [("advisory", 0.2 + 1.5), ("lease", 2 + 1.5)]
+)
 def test_schedulers__sigterm_mid_round_drains_exits_0_and_another_node_takes_over(
     tmp_path: Path, processes: list[Process], leader: str, takeover_bound: float
 ) -> None:
@@ -170,7 +179,7 @@ def test_schedulers__terminated_leader_connection_never_double_dispatches(
         cut_at = time.time()
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
-        wait_for(lambda: progress_after(cut_at), 20, "dispatching to resume after the cut")
+        wait_for(progress_after(cut_at), 20, "dispatching to resume after the cut")
     noticed = [e for p in processes for e in p.named("jobs.leader.connection-lost")]
     assert noticed, "no node noticed that its lock connection was gone"
     stop_all(processes)
@@ -181,7 +190,10 @@ def test_schedulers__terminated_leader_connection_never_double_dispatches(
 def test_scheduler__postgres_restart_underneath__keeps_going_and_loses_nothing(
     tmp_path: Path, processes: list[Process]
 ) -> None:
-    data, options = os.environ.get("ULTIMAT3_TEST_PGDATA"), os.environ.get("ULTIMAT3_TEST_PGOPTIONS")
+    data, options = (
+        os.environ.get("ULTIMAT3_TEST_PGDATA"),
+        os.environ.get("ULTIMAT3_TEST_PGOPTIONS"),
+    )
     if not data or not options:
         pytest.skip("restarting PostgreSQL needs the throwaway cluster `make test` starts")
     start_schedulers(tmp_path, processes, "advisory", 2)
@@ -194,7 +206,7 @@ def test_scheduler__postgres_restart_underneath__keeps_going_and_loses_nothing(
         stdout=subprocess.DEVNULL,
     )
     restarted_at = time.time()
-    wait_for(lambda: progress_after(restarted_at, 3), 45, "dispatching to resume after restart")
+    wait_for(progress_after(restarted_at, 3), 45, "dispatching to resume after restart")
     assert all(p.alive() for p in processes), "a scheduler died with the database"
     failures = [e for p in processes for e in p.named("jobs.scheduler.tick-failed")]
     assert all("error" in e for e in failures)

@@ -19,11 +19,17 @@ from .factories import make_tasks
 T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
 
 
-def round_over(count: int, clock: FrozenClock, leader: object = None) -> tuple[Scheduler, DatabaseState]:
+def round_over(
+    count: int, clock: FrozenClock, leader: object = None
+) -> tuple[Scheduler, DatabaseState]:
     tasks = make_tasks(count)
     state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
     scheduler = Scheduler(
-        state=state, leader=leader or SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False  # type: ignore[arg-type]
+        state=state,
+        leader=leader or SoleLeader(),
+        clock=clock,
+        tasks=tasks,
+        drain_on_shutdown=False,  # type: ignore[arg-type]
     )
     state.sync(tasks)
     scheduler.tick()  # arms every task
@@ -108,10 +114,17 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
     ping = registry.get_job("demo.ping")
     assert ping is not None
     duplicate = build_job(
-        ping, {"label": "x"}, key=fired.jobs[0].result.key, run_at=None, queue=None,
-        enqueued_by="scheduler", now=clock(),
+        ping,
+        {"label": "x"},
+        key=fired.jobs[0].result.key,
+        run_at=None,
+        queue=None,
+        enqueued_by="scheduler",
+        now=clock(),
     )
-    assert insert_many([duplicate]) == {fired.jobs[0].result.key: (fired.jobs[0].result.job_id, False)}
+    assert insert_many([duplicate]) == {
+        fired.jobs[0].result.key: (fired.jobs[0].result.job_id, False)
+    }
     assert Job.objects.count() == 1
 
 

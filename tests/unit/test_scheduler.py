@@ -29,7 +29,9 @@ def hourly(name: str, catch_up: str = "skip", max_catch_up: int = 10) -> TaskHan
         return [(record, {"label": occurrence.isoformat()})]
 
     entries.__qualname__ = f"hourly_{name}"
-    return task(cron="0 * * * *", tz="UTC", name=name, catch_up=catch_up, max_catch_up=max_catch_up)(  # type: ignore[arg-type]
+    return task(
+        cron="0 * * * *", tz="UTC", name=name, catch_up=catch_up, max_catch_up=max_catch_up
+    )(  # type: ignore[arg-type]
         entries
     )
 
@@ -37,7 +39,9 @@ def hourly(name: str, catch_up: str = "skip", max_catch_up: int = 10) -> TaskHan
 def build(*tasks: TaskHandle, **options: object) -> tuple[Scheduler, MemoryState, FrozenClock]:
     state = MemoryState()
     clock = FrozenClock(T0)
-    scheduler = Scheduler(state=state, clock=clock, tasks=list(tasks), drain_on_shutdown=False, **options)  # type: ignore[arg-type]
+    scheduler = Scheduler(
+        state=state, clock=clock, tasks=list(tasks), drain_on_shutdown=False, **options
+    )  # type: ignore[arg-type]
     state.sync(list(tasks))
     return scheduler, state, clock
 
@@ -54,7 +58,7 @@ def test_tick__first_sight_arms_and_fires_nothing() -> None:
 
 def test_tick__fires_an_occurrence_on_time_with_its_occurrence_key() -> None:
     handle = hourly("t.on-time")
-    scheduler, state, clock = build(handle)
+    scheduler, _, clock = build(handle)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 1, 0, 0, 400_000, tzinfo=UTC))
     [fired] = scheduler.tick()
@@ -167,13 +171,15 @@ def test_tick__a_failing_task_does_not_stop_the_others_and_is_retried(
 
     failing = task(cron="0 * * * *", tz="UTC", name="t.flaky")(flaky)  # type: ignore[arg-type]
     healthy = hourly("t.healthy")
-    scheduler, state, clock = build(failing, healthy)
+    scheduler, _, clock = build(failing, healthy)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
     with caplog.at_level(logging.ERROR, logger="ultimat3_jobs"):
         first = scheduler.tick()
     assert [d.task for d in first] == ["t.healthy"]
-    [failure] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-failed"]
+    [failure] = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-failed"
+    ]
     assert failure.fields["code"] == "jobs.task.entries-failed"  # type: ignore[attr-defined]
     assert failure.fields["fix"]  # type: ignore[attr-defined]
     clock.advance(1)
@@ -360,7 +366,7 @@ def test_occurrence_key__entries_of_one_occurrence_never_share_a_key() -> None:
         return [(record, {"label": "same"}), (record, {"label": "same"}), (record, {"label": "x"})]
 
     handle = task(cron="0 * * * *", tz="UTC", name="t.twice")(twice)  # type: ignore[arg-type]
-    scheduler, state, clock = build(handle)
+    scheduler, _, clock = build(handle)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
     [fired] = scheduler.tick()

@@ -75,15 +75,13 @@ class Command(BaseCommand):
         scheduler = Scheduler(
             state=state,
             leader=election,
-            tick_interval=timedelta(seconds=tick_interval) if tick_interval else config.tick_interval,
+            tick_interval=timedelta(seconds=tick_interval)
+            if tick_interval
+            else config.tick_interval,
             misfire_grace=config.misfire_grace,
         )
         if once:
-            state.sync(scheduler.tasks())
-            try:
-                scheduler.tick()
-            finally:
-                scheduler.stop("once")
+            scheduler.run_once()
             return
         scheduler.start()
         scheduler.wait()

@@ -31,6 +31,11 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_SLOW"):
         cron="* * * * * *", tz="UTC", name="acceptance.slow", catch_up="run-all", max_catch_up=1000
     )
     def slow(occurrence: datetime) -> list[Entry]:
-        # A round that takes a while, so a signal lands on a round in flight.
+        # A round that takes a while, so a signal lands on a round in flight; the marker file
+        # tells the test when one has begun.
+        marker = os.environ.get("ULTIMAT3_ACCEPTANCE_MARKER")
+        if marker:
+            with open(marker, "a") as file:
+                file.write(f"{os.getpid()} {occurrence.isoformat()}\n")
         time.sleep(float(os.environ["ULTIMAT3_ACCEPTANCE_SLOW"]))
         return [(mark, {"occurrence": occurrence.isoformat()})]

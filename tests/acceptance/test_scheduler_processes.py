@@ -123,13 +123,25 @@ def test_schedulers__leader_killed_repeatedly__every_occurrence_once(
 def test_schedulers__sigterm_mid_round_drains_exits_0_and_another_node_takes_over(
     tmp_path: Path, processes: list[Process], leader: str, takeover_bound: float
 ) -> None:
-    start_schedulers(tmp_path, processes, leader, 2, ULTIMAT3_ACCEPTANCE_SLOW="1.5")
+    marker = tmp_path / "rounds.txt"
+    marker.touch()
+    start_schedulers(
+        tmp_path,
+        processes,
+        leader,
+        2,
+        ULTIMAT3_ACCEPTANCE_SLOW="0.6",
+        ULTIMAT3_ACCEPTANCE_MARKER=str(marker),
+    )
     victim = wait_for(lambda: current_leader(processes), 30, "a leader")
     wait_for(lambda: victim.named("jobs.scheduler.dispatched"), 30, "a first round")
-    # Land the signal inside a round: right after a slow task's round began.
-    rounds = len(victim.named("jobs.scheduler.dispatched"))
-    wait_for(lambda: len(victim.named("jobs.scheduler.dispatched")) > rounds, 10, "next round")
-    time.sleep(0.5)
+
+    def rounds_begun_by_victim() -> int:
+        return sum(line.split()[0] == str(victim.pid) for line in marker.read_text().splitlines())
+
+    # Land the signal inside a round: just after the leader began a slow task's entries.
+    begun = rounds_begun_by_victim()
+    wait_for(lambda: rounds_begun_by_victim() > begun, 10, "a round to begin", step=0.01)
     victim.signal(signal.SIGTERM)
     assert victim.wait(20) == 0
     events = [e["event"] for e in victim.events()]

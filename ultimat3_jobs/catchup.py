@@ -15,6 +15,7 @@ from .cron import CronSchedule, next_occurrence
 
 #: Dropped occurrences are counted up to this many; a longer run is recorded as "at least".
 COUNT_LIMIT = 10_000
+ONE_MS = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,12 @@ class Span:
 
 @dataclass(frozen=True)
 class Decision:
-    """``fire`` is ``[(occurrence, catch_up)]`` in order; ``watermark`` holds once all fire."""
+    """``fire`` is ``[(occurrence, catch_up)]`` in order; ``watermark`` holds once all fire.
 
+    ``next_due`` is the first occurrence after the round, so the caller need not compute it.
+    """
+
+    next_due: datetime
     fire: list[tuple[datetime, bool]] = field(default_factory=list)
     dropped: Span | None = None
     watermark: datetime | None = None
@@ -40,29 +45,42 @@ class Decision:
         return bool(self.fire) or self.dropped is not None
 
 
-def _span(schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime) -> Span | None:
-    """The occurrences in ``(after, until]``, counted up to ``COUNT_LIMIT``."""
+def span_between(
+    schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime
+) -> tuple[Span | None, datetime]:
+    """The occurrences in ``(after, until]`` counted up to ``COUNT_LIMIT``, and the next one."""
     first = last = None
     count = 0
-    at = after
-    while count < COUNT_LIMIT:
-        at = next_occurrence(schedule, zone, at)
-        if at > until:
-            break
+    at = next_occurrence(schedule, zone, after)
+    while at <= until:
+        if count == COUNT_LIMIT:
+            # Counting a week of a per-second task is no use to anyone; say "at least".
+            assert first is not None
+            return Span(first, until, count, at_least=True), next_occurrence(schedule, zone, until)
         first = first or at
         last = at
         count += 1
-    else:
-        if next_occurrence(schedule, zone, at) <= until:
-            return Span(first or at, until, count, at_least=True)
+        at = next_occurrence(schedule, zone, at)
     if first is None or last is None:
-        return None
-    return Span(first, last, count)
+        return None, at
+    return Span(first, last, count), at
+
+
+def _until(
+    schedule: CronSchedule, zone: ZoneInfo, first: datetime, until: datetime
+) -> tuple[list[datetime], datetime]:
+    """``first`` and the occurrences after it up to ``until``, and the next one after those."""
+    found = []
+    at = first
+    while at <= until:
+        found.append(at)
+        at = next_occurrence(schedule, zone, at)
+    return found, at
 
 
 def _window(
     schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime, keep: int
-) -> list[datetime]:
+) -> tuple[list[datetime], datetime]:
     """The last ``keep`` occurrences in ``(after, until]``, found without walking all of them.
 
     A per-second task down for a day owes 86,400 occurrences; run-all fires only the latest
@@ -72,11 +90,12 @@ def _window(
     while True:
         start = max(after, until - width)
         recent: deque[datetime] = deque(maxlen=keep)
-        at = start
-        while (at := next_occurrence(schedule, zone, at)) <= until:
+        at = next_occurrence(schedule, zone, start)
+        while at <= until:
             recent.append(at)
+            at = next_occurrence(schedule, zone, at)
         if len(recent) >= keep or start == after:
-            return list(recent)
+            return list(recent), at
         width *= 8
 
 
@@ -99,26 +118,31 @@ def decide(
     """
     first = next_occurrence(schedule, zone, watermark)
     if first > now:
-        return Decision()
+        return Decision(next_due=first)
     if policy == "run-once":
-        second = next_occurrence(schedule, zone, first)
+        dropped, next_due = span_between(schedule, zone, first, now)
         return Decision(
-            fire=[(first, second <= now)],
-            dropped=_span(schedule, zone, first, now),
+            next_due=next_due,
+            fire=[(first, dropped is not None)],
+            dropped=dropped,
             watermark=now,
         )
     if policy == "run-all":
-        recent = _window(schedule, zone, watermark, now, max_catch_up)
+        recent, next_due = _window(schedule, zone, watermark, now, max_catch_up)
         late = [(o, now - o > misfire_grace) for o in recent]
-        dropped = _span(schedule, zone, watermark, recent[0] - timedelta(milliseconds=1))
-        return Decision(fire=late, dropped=dropped, watermark=now)
-    # skip
-    # An occurrence exactly ``misfire_grace`` old is still on time; instants are whole ms.
-    on_time_after = max(watermark, now - misfire_grace - timedelta(milliseconds=1))
-    on_time: list[tuple[datetime, bool]] = []
-    at = on_time_after
-    while (at := next_occurrence(schedule, zone, at)) <= now:
-        on_time.append((at, False))
+        dropped = None
+        if recent[0] != first:
+            dropped, _ = span_between(schedule, zone, watermark, recent[0] - ONE_MS)
+        return Decision(next_due=next_due, fire=late, dropped=dropped, watermark=now)
+    # skip. An occurrence exactly ``misfire_grace`` old is still on time; instants are whole ms.
+    on_time_after = max(watermark, now - misfire_grace - ONE_MS)
+    dropped = None
+    if first <= on_time_after:
+        dropped, first = span_between(schedule, zone, watermark, on_time_after)
+    on_time, next_due = _until(schedule, zone, first, now)
     return Decision(
-        fire=on_time, dropped=_span(schedule, zone, watermark, on_time_after), watermark=now
+        next_due=next_due,
+        fire=[(o, False) for o in on_time],
+        dropped=dropped,
+        watermark=now,
     )

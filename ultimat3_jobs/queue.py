@@ -94,7 +94,7 @@ def enqueue(
     return EnqueueResult(created=True, job_id=job.pk, key=key)
 
 
-def insert_many(jobs: Sequence[Job]) -> dict[str, tuple[int, bool]]:
+def insert_many(jobs: Sequence[Job], using: str = "default") -> dict[str, tuple[int, bool]]:
     """Insert ``jobs``, skipping keys that exist; ``{key: (job_id, created)}`` for every one.
 
     Two statements whatever the count: one insert with ON CONFLICT DO NOTHING, one read of
@@ -103,7 +103,8 @@ def insert_many(jobs: Sequence[Job]) -> dict[str, tuple[int, bool]]:
     if not jobs:
         return {}
     keys = [job.key for job in jobs]
-    before = set(Job.objects.filter(key__in=keys).values_list("key", flat=True))
-    Job.objects.bulk_create(jobs, ignore_conflicts=True)
-    ids = dict(Job.objects.filter(key__in=keys).values_list("key", "pk"))
+    rows = Job.objects.using(using)
+    before = set(rows.filter(key__in=keys).values_list("key", flat=True))
+    rows.bulk_create(jobs, ignore_conflicts=True)
+    ids = dict(rows.filter(key__in=keys).values_list("key", "pk"))
     return {key: (ids[key], key not in before) for key in keys if key in ids}

@@ -112,7 +112,8 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             cause=value,
         )
     try:
-        text = json.dumps(value, sort_keys=True, allow_nan=False)
+        # Round-tripped so the job gets exactly what the worker will read back.
+        return json.loads(json.dumps(value, allow_nan=False))  # type: ignore[no-any-return]
     except (TypeError, ValueError) as error:
         raise InvalidJobInputError(
             f'input of job "{job_name}" is not JSON-serialisable: {error}',
@@ -120,7 +121,6 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             ".isoformat() and objects to their ids",
             cause=error,
         ) from error
-    return json.loads(text)
 
 
 def input_digest(value: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from . import clock as default_clock
 from . import shutdown
-from .catchup import decide
+from .catchup import decide, span_between
 from .cron import next_occurrence
 from .leaders import LeaderElection, SoleLeader
 from .logs import emit, failure_fields
@@ -247,6 +247,13 @@ class Scheduler:
     ) -> datetime:
         """Add one task's share to the round; return when it is next due."""
         name = handle.name
+        if paused:
+            # Nothing fires while paused; every occurrence that came due is recorded as skipped.
+            span, next_due = span_between(handle.schedule, handle.zone, watermark, now)
+            if span is not None:
+                plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
+                plan.watermarks[name] = (watermark, now)
+            return next_due
         decision = decide(
             handle.schedule,
             handle.zone,
@@ -257,21 +264,7 @@ class Scheduler:
             misfire_grace=self.misfire_grace,
         )
         if not decision.due or decision.watermark is None:
-            return self._resolve(handle, watermark)
-        if paused:
-            span = decide(
-                handle.schedule,
-                handle.zone,
-                policy="skip",
-                max_catch_up=1,
-                watermark=watermark,
-                now=now,
-                misfire_grace=timedelta(0),
-            ).dropped
-            if span is not None:
-                plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
-            plan.watermarks[name] = (watermark, now)
-            return self._resolve(handle, now)
+            return decision.next_due
         if decision.dropped is not None:
             plan.records.append(
                 PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
@@ -285,7 +278,6 @@ class Scheduler:
                 count=decision.dropped.count,
                 catch_up=handle.catch_up,
             )
-        new_watermark = decision.watermark
         for occurrence, catch_up in decision.fire:
             try:
                 entries = handle.entries(occurrence)
@@ -293,13 +285,13 @@ class Scheduler:
                 # One failing task must not stop the others; its occurrence is retried next
                 # round, everything before it stays decided.
                 self._task_failed(name, occurrence, error)
-                new_watermark = occurrence - ONE_MS
-                break
+                plan.watermarks[name] = (watermark, occurrence - ONE_MS)
+                return occurrence
             plan.fired.append(
                 PlannedOccurrence(name, occurrence, catch_up, plan_jobs(name, occurrence, entries))
             )
-        plan.watermarks[name] = (watermark, new_watermark)
-        return self._resolve(handle, new_watermark)
+        plan.watermarks[name] = (watermark, decision.watermark)
+        return decision.next_due
 
     def _task_failed(self, name: str, occurrence: datetime, error: Exception) -> None:
         fields = failure_fields(error)

@@ -229,83 +229,116 @@ class DatabaseState:
         from .models import Task
 
         rows = Task.objects.using(self.using).filter(declared=True)
-        if names is not None:
+        # A long IN list costs more to build and plan than reading every row does.
+        if names is not None and len(names) <= 500:
             rows = rows.filter(name__in=list(names))
+        wanted = None if names is None else set(names)
         return {
             name: TaskState(watermark, paused)
             for name, watermark, paused in rows.values_list("name", "last_fired_at", "paused")
+            if wanted is None or name in wanted
         }
 
     def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
-        from django.db import transaction
+        from django.db import connections, transaction
 
-        from .models import Occurrence, Task
-        from .queue import build_job, insert_many, notify
+        from .queue import notify
 
+        jobs = [
+            _job_row(fired, planned, plan.now) for fired in plan.fired for planned in fired.jobs
+        ]
+        postgres = connections[self.using].vendor == "postgresql"
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
-            tasks = Task.objects.using(self.using)
-            locked = {
-                row.name: row
-                for row in tasks.select_for_update()
-                .filter(name__in=list(plan.watermarks))
-                .only("pk", "name", "last_fired_at")
+            write = self._write_postgres if postgres else self._write_portable
+            enqueued = write(plan, jobs)
+            notify([job["queue"] for job in jobs], using=self.using)
+        return enqueued
+
+    def _records(self, plan: RoundPlan, enqueued: Enqueued) -> list[dict[str, Any]]:
+        fired = [
+            {
+                "task": f.task,
+                "outcome": "fired",
+                "occurrence": f.occurrence,
+                "last_occurrence": f.occurrence,
+                "count": 1,
+                "catch_up": f.catch_up,
+                "jobs": [
+                    {"job": p.job.name, "key": p.key, "created": enqueued[p.key][1]} for p in f.jobs
+                ],
+                "recorded_at": plan.now,
+                "node": self.node_id,
+                "detail": "",
             }
-            for name, (expected, _) in plan.watermarks.items():
-                row = locked.get(name)
-                if row is None or row.last_fired_at != expected:
-                    raise WatermarkMoved(name)
-            jobs = [
-                build_job(
-                    planned.job,
-                    planned.data,
-                    key=planned.key,
-                    run_at=None,
-                    queue=None,
-                    enqueued_by="scheduler",
-                    now=plan.now,
-                    task=fired.task,
-                    occurrence=fired.occurrence,
-                    catch_up=fired.catch_up,
-                )
-                for fired in plan.fired
-                for planned in fired.jobs
-            ]
-            enqueued = insert_many(jobs)
-            records = [
-                Occurrence(
-                    task=fired.task,
-                    outcome="fired",
-                    occurrence=fired.occurrence,
-                    last_occurrence=fired.occurrence,
-                    catch_up=fired.catch_up,
-                    jobs=[
-                        {"job": p.job.name, "key": p.key, "created": enqueued[p.key][1]}
-                        for p in fired.jobs
-                    ],
-                    recorded_at=plan.now,
-                    node=self.node_id,
-                )
-                for fired in plan.fired
-            ] + [
-                Occurrence(
-                    task=record.task,
-                    outcome=record.outcome,
-                    occurrence=record.span.first,
-                    last_occurrence=record.span.last,
-                    count=record.span.count,
-                    recorded_at=plan.now,
-                    node=self.node_id,
-                    detail=record.detail,
-                )
-                for record in plan.records
-            ]
-            Occurrence.objects.using(self.using).bulk_create(records)
-            for name, (_, new) in plan.watermarks.items():
-                locked[name].last_fired_at = new
-            tasks.bulk_update(list(locked.values()), ["last_fired_at"])
-            notify([job.queue for job in jobs], using=self.using)
+            for f in plan.fired
+        ]
+        decided = [
+            {
+                "task": r.task,
+                "outcome": r.outcome,
+                "occurrence": r.span.first,
+                "last_occurrence": r.span.last,
+                "count": r.span.count,
+                "catch_up": False,
+                "jobs": [],
+                "recorded_at": plan.now,
+                "node": self.node_id,
+                "detail": r.detail + (" (at least)" if r.span.at_least else ""),
+            }
+            for r in plan.records
+        ]
+        return fired + decided
+
+    def _write_postgres(self, plan: RoundPlan, jobs: list[dict[str, Any]]) -> Enqueued:
+        """A round in five statements, whatever its size (see ``sql.py``)."""
+        import json
+
+        from django.core.serializers.json import DjangoJSONEncoder
+        from django.db import connections
+
+        from . import sql
+
+        names = list(plan.watermarks)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.LOCK_WATERMARKS, [names])
+            _compare(plan, dict(cursor.fetchall()))
+            enqueued: Enqueued = {}
+            if jobs:
+                cursor.execute(sql.INSERT_JOBS, [json.dumps(jobs, cls=DjangoJSONEncoder)])
+                enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
+                existing = [job["key"] for job in jobs if job["key"] not in enqueued]
+                if existing:
+                    cursor.execute(sql.EXISTING_JOBS, [existing])
+                    enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
+            records = self._records(plan, enqueued)
+            if records:
+                cursor.execute(sql.INSERT_OCCURRENCES, [json.dumps(records, cls=DjangoJSONEncoder)])
+            cursor.execute(
+                sql.SET_WATERMARKS, [names, [new for _, new in plan.watermarks.values()]]
+            )
+        return enqueued
+
+    def _write_portable(self, plan: RoundPlan, jobs: list[dict[str, Any]]) -> Enqueued:
+        """The same round through the ORM, for SQLite and other databases."""
+        from .models import Job, Occurrence, Task
+        from .queue import insert_many
+
+        tasks = Task.objects.using(self.using)
+        locked = {
+            row.name: row
+            for row in tasks.select_for_update()
+            .filter(name__in=list(plan.watermarks))
+            .only("pk", "name", "last_fired_at")
+        }
+        _compare(plan, {name: row.last_fired_at for name, row in locked.items()})
+        enqueued = insert_many([Job(**job) for job in jobs], using=self.using)
+        records = [Occurrence(**record) for record in self._records(plan, enqueued)]
+        Occurrence.objects.using(self.using).bulk_create(records)
+        for name, (_, new) in plan.watermarks.items():
+            locked[name].last_fired_at = new
+        tasks.bulk_update(list(locked.values()), ["last_fired_at"])
         return enqueued
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
@@ -363,6 +396,32 @@ class DatabaseState:
         Node.objects.using(self.using).filter(node_id=self.node_id).update(
             is_leader=False, stopped_at=self.clock()
         )
+
+
+def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
+    """Compare-and-set: every watermark must still be the one the round planned from."""
+    for name, (expected, _) in plan.watermarks.items():
+        if name not in stored or stored[name] != expected:
+            raise WatermarkMoved(name)
+
+
+def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> dict[str, Any]:
+    from .conf import get_settings
+
+    config = get_settings()
+    return {
+        "name": planned.job.name,
+        "key": planned.key,
+        "input": planned.data,
+        "queue": planned.job.queue or config.default_queue,
+        "max_attempts": planned.job.max_attempts or config.max_attempts,
+        "run_at": now,
+        "created_at": now,
+        "task": fired.task,
+        "occurrence": fired.occurrence,
+        "catch_up": fired.catch_up,
+        "enqueued_by": "scheduler",
+    }
 
 
 def _declaration(handle: TaskHandle) -> dict[str, Any]:

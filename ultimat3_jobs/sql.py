@@ -1,0 +1,54 @@
+"""The PostgreSQL statements of a scheduler round, by name.
+
+Each takes its rows as one array or JSON parameter, so a round is the same handful of
+statements whether it carries ten tasks or ten thousand. Other databases go through the ORM.
+"""
+
+from __future__ import annotations
+
+from .models import Job, Occurrence, Task
+
+_TASK = Task._meta.db_table
+_JOB = Job._meta.db_table
+_OCCURRENCE = Occurrence._meta.db_table
+
+#: Lock the round's task rows and read their watermarks (compare-and-set happens in Python).
+LOCK_WATERMARKS = f"""
+SELECT name, last_fired_at FROM {_TASK} WHERE name = ANY(%s) FOR UPDATE
+"""
+
+#: Insert jobs from a JSON array; existing keys are left alone. Returns the created ones.
+INSERT_JOBS = f"""
+INSERT INTO {_JOB} (name, key, input, status, queue, attempts, max_attempts, run_at,
+                    created_at, last_error, task, occurrence, catch_up, enqueued_by, worker)
+SELECT r.name, r.key, r.input, 'queued', r.queue, 0, r.max_attempts, r.run_at,
+       r.created_at, '', r.task, r.occurrence, r.catch_up, r.enqueued_by, ''
+FROM jsonb_to_recordset(%s::jsonb) AS r(
+    name text, key text, input jsonb, queue text, max_attempts integer, run_at timestamptz,
+    created_at timestamptz, task text, occurrence timestamptz, catch_up boolean,
+    enqueued_by text)
+ON CONFLICT (key) DO NOTHING
+RETURNING key, id
+"""
+
+#: Ids of jobs whose keys already existed.
+EXISTING_JOBS = f"SELECT key, id FROM {_JOB} WHERE key = ANY(%s)"
+
+#: Occurrence records from a JSON array.
+INSERT_OCCURRENCES = f"""
+INSERT INTO {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,
+                           recorded_at, node, "user", detail)
+SELECT r.task, r.outcome, r.occurrence, r.last_occurrence, r.count, r.catch_up, r.jobs,
+       r.recorded_at, r.node, '', r.detail
+FROM jsonb_to_recordset(%s::jsonb) AS r(
+    task text, outcome text, occurrence timestamptz, last_occurrence timestamptz,
+    count integer, catch_up boolean, jobs jsonb, recorded_at timestamptz, node text,
+    detail text)
+"""
+
+#: Move many watermarks at once.
+SET_WATERMARKS = f"""
+UPDATE {_TASK} AS t SET last_fired_at = v.watermark
+FROM unnest(%s::text[], %s::timestamptz[]) AS v(name, watermark)
+WHERE t.name = v.name
+"""

@@ -20,7 +20,7 @@ from django.db import close_old_connections
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_database_url() -> str:
+def process_database_url() -> str:
     """The URL of the database pytest-django created, for the processes a test starts."""
     db = settings.DATABASES["default"]
     if db["ENGINE"] == "django.db.backends.sqlite3":
@@ -82,7 +82,7 @@ def spawn(
     log = log_path.open("wb")
     full_env = {
         **os.environ,
-        "DATABASE_URL": test_database_url(),
+        "DATABASE_URL": process_database_url(),
         "ULTIMAT3_ACCEPTANCE": "1",
         "ULTIMAT3_JOBS": json.dumps(settings_overrides or {}),
         "PYTHONUNBUFFERED": "1",

@@ -1,0 +1,54 @@
+"""``run_scheduler`` as an operator runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import ROOT, process_database_url
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+
+def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *argv],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": process_database_url(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.postgres
+def test_run_scheduler__once_json_prints_one_event_object_per_line() -> None:
+    result = run("run_scheduler", "--once", "--log-format", "json")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]  # every line is one JSON object
+    names = [e["event"] for e in events]
+    assert names[0] == "jobs.scheduler.started"
+    assert "jobs.scheduler.leadership-acquired" in names
+    assert names[-2:] == ["jobs.scheduler.draining", "jobs.scheduler.stopped"]
+    started = events[0]
+    assert started["leader"] == "advisory" and started["tasks"] >= 2
+
+
+def test_run_scheduler__bad_flag_value_is_refused_with_a_clear_message() -> None:
+    result = run("run_scheduler", "--once", "--tick-interval", "-1")
+    assert result.returncode != 0
+    assert "must be more than 0 seconds" in result.stderr
+
+
+@pytest.mark.postgres
+def test_run_scheduler__bad_setting_is_refused_with_the_fix_as_hint() -> None:
+    result = run("run_scheduler", "--once", ULTIMAT3_JOBS='{"LEADER": "raft"}')
+    assert result.returncode != 0
+    assert "ultimat3_jobs.E002" in result.stderr
+    assert 'HINT: set ULTIMAT3_JOBS["LEADER"] to "advisory"' in result.stderr

@@ -209,6 +209,7 @@ class Scheduler:
         states = self.state.load(names)
         plan = RoundPlan(now=now)
         reschedule: dict[str, datetime] = {}
+        armed: list[tuple[str, datetime]] = []
         for name in names:
             handle = handles[name]
             stored = states.get(name)
@@ -219,9 +220,10 @@ class Scheduler:
                 continue
             if stored.watermark is None:
                 # First sight: arm at the next occurrence, never fire retroactively.
-                armed = self._resolve(handle, now) - ONE_MS
-                plan.watermarks[name] = (None, armed)
-                reschedule[name] = armed + ONE_MS
+                first = self._resolve(handle, now)
+                plan.watermarks[name] = (None, first - ONE_MS)
+                reschedule[name] = first
+                armed.append((name, first))
                 continue
             reschedule[name] = self._plan_task(handle, stored.watermark, stored.paused, now, plan)
         try:
@@ -235,6 +237,8 @@ class Scheduler:
             return []
         for name, at in reschedule.items():
             self._set_due(name, at)
+        for name, first in armed:
+            emit(logger, "jobs.scheduler.armed", task=name, next=first)
         return [self._report(fired, enqueued) for fired in plan.fired]
 
     def _plan_task(

@@ -36,7 +36,7 @@ def descriptor_locale(language: str | None = None) -> str:
         return code
     prefix = code.split("_")[0].lower() + "_"
     for candidate in sorted(available):
-        # The region-less form of a language first ("fr_FR" for "fr"), then any region.
+        # A bare language means its home region first ("fr" -> "fr_FR"), then any region.
         if candidate.lower() == prefix + prefix[:-1]:
             return candidate
     same_language = sorted(c for c in available if c.lower().startswith(prefix))

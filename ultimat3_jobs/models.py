@@ -24,7 +24,7 @@ class Task(models.Model):
     paused_note = models.CharField(max_length=500, blank=True)
     paused_by = models.CharField(max_length=150, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
-    declared = models.BooleanField(default=True)
+    declared = models.BooleanField("declared in code", default=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
     synced_at = models.DateTimeField(auto_now=True)
 

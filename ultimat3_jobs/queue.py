@@ -77,10 +77,18 @@ def enqueue(
     run_at: datetime | None = None,
     queue: str | None = None,
     enqueued_by: str = "code",
+    task: str = "",
 ) -> EnqueueResult:
     """Insert one job, or return the one that already holds ``key``."""
     job = build_job(
-        handle, data, key=key, run_at=run_at, queue=queue, enqueued_by=enqueued_by, now=clock.now()
+        handle,
+        data,
+        key=key,
+        run_at=run_at,
+        queue=queue,
+        enqueued_by=enqueued_by,
+        now=clock.now(),
+        task=task,
     )
     try:
         with transaction.atomic():

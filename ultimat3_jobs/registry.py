@@ -202,8 +202,12 @@ class JobHandle:
         run_at: datetime | None = None,
         queue: str | None = None,
         enqueued_by: str = "code",
+        task: str = "",
     ) -> EnqueueResult:
-        """Enqueue one run. An existing ``key`` returns that job with ``created=False``."""
+        """Enqueue one run. An existing ``key`` returns that job with ``created=False``.
+
+        ``task`` names the task this run belongs to, for a manual run of a task.
+        """
         from .queue import enqueue
 
         data = self.check_input(input)
@@ -214,6 +218,7 @@ class JobHandle:
             run_at=run_at,
             queue=queue,
             enqueued_by=enqueued_by,
+            task=task,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -334,7 +339,9 @@ class TaskHandle:
             return [
                 TaskJobResult(
                     job=job.name,
-                    result=job.enqueue(data, run_at=run_at, queue=queue, enqueued_by=enqueued_by),
+                    result=job.enqueue(
+                        data, run_at=run_at, queue=queue, enqueued_by=enqueued_by, task=self.name
+                    ),
                 )
                 for job, data in entries
             ]

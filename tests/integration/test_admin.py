@@ -1,0 +1,844 @@
+"""The admin through Django's test client: permissions, CSRF, "Run now", pausing, jobs, status."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from html import unescape
+from typing import Any
+
+import pytest
+from django.contrib.admin.sites import site
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import constants
+from django.test import Client, RequestFactory, override_settings
+from django.urls import reverse
+from django.utils.html import strip_tags
+
+from ultimat3_jobs import clock
+from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
+from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence, Task
+from ultimat3_jobs.registry import Registry, job, registry, task
+from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.status import scheduler_status
+
+pytestmark = pytest.mark.django_db
+
+#: Noon in Paris on a Sunday; the next nightly digest is Monday 03:00 CET = 02:00 UTC.
+NOW = datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
+DIGEST = "demo.nightly_digest"
+TASKS_URL = "/admin/ultimat3_jobs/task/"
+JOBS_URL = "/admin/ultimat3_jobs/job/"
+
+
+@pytest.fixture(autouse=True)
+def frozen() -> Iterator[FrozenClock]:
+    frozen_clock = FrozenClock(NOW)
+    with clock.use(frozen_clock):
+        yield frozen_clock
+
+
+@pytest.fixture
+def tasks() -> dict[str, Task]:
+    """The demo declarations mirrored into the table, as a scheduler start does."""
+    DatabaseState(node_id="t", leader="sole").sync(
+        [t for t in registry.tasks() if t.name.startswith("demo.")]
+    )
+    return {t.name: t for t in Task.objects.all()}
+
+
+def _staff(username: str, *codenames: str) -> User:
+    user = User.objects.create_user(username, is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="ultimat3_jobs", codename__in=codenames)
+    )
+    return user
+
+
+def _client(user: User | None, *, csrf: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=csrf)
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def runner() -> User:
+    """Staff who may see tasks and jobs and run tasks now."""
+    return _staff("runner", "view_task", "change_task", "run_task", "view_job", "change_job")
+
+
+@pytest.fixture
+def viewer() -> User:
+    """Staff who may see and pause tasks, but not run them."""
+    return _staff("viewer", "view_task", "change_task", "view_job")
+
+
+def run_url(task_row: Task) -> str:
+    return reverse("admin:ultimat3_jobs_task_run_one", args=[task_row.pk])
+
+
+def _messages(response: Any) -> list[tuple[int, str]]:
+    return [(m.level, str(m)) for m in response.context["messages"]]
+
+
+def _nothing_enqueued() -> bool:
+    return not Job.objects.exists() and not Occurrence.objects.exists()
+
+
+def _csrf_token(html: str) -> str:
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+# -- "Run now": who may ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_run_now__anonymous_is_sent_to_login_and_nothing_runs(
+    tasks: dict[str, Task], method: str
+) -> None:
+    url = run_url(tasks[DIGEST])
+    response = getattr(Client(), method)(url)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+    assert _nothing_enqueued()
+
+
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_run_now__staff_without_run_task_gets_403(
+    tasks: dict[str, Task], viewer: User, method: str
+) -> None:
+    response = getattr(_client(viewer), method)(run_url(tasks[DIGEST]))
+
+    assert response.status_code == 403
+    assert _nothing_enqueued()
+
+
+def test_run_now__non_staff_with_run_task_is_not_let_in(tasks: dict[str, Task]) -> None:
+    user = _staff("outsider", "run_task")
+    user.is_staff = False
+    user.save()
+
+    response = _client(user).post(run_url(tasks[DIGEST]))
+
+    assert response.status_code == 302
+    assert _nothing_enqueued()
+
+
+def test_run_now__button_only_for_run_task(
+    tasks: dict[str, Task], viewer: User, runner: User
+) -> None:
+    change = reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
+    for page in (TASKS_URL, change):
+        assert run_url(tasks[DIGEST]) not in _client(viewer).get(page).content.decode()
+        assert run_url(tasks[DIGEST]) in _client(runner).get(page).content.decode()
+
+
+def test_run_now__action_only_for_run_task(
+    tasks: dict[str, Task], viewer: User, runner: User
+) -> None:
+    assert "run_selected" not in _client(viewer).get(TASKS_URL).content.decode()
+    assert "run_selected" in _client(runner).get(TASKS_URL).content.decode()
+
+
+# -- "Run now": GET confirms, POST runs ----------------------------------------------------
+
+
+def test_run_now__get_shows_confirmation_and_changes_nothing(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    watermark = datetime(2026, 3, 8, 2, 0, tzinfo=UTC)
+    Task.objects.filter(name=DIGEST).update(last_fired_at=watermark)
+
+    response = _client(runner).get(run_url(tasks[DIGEST]))
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert 'value="Yes, run now"' in html
+    assert "digest:2026-03-08" in html  # the key it would enqueue
+    assert _nothing_enqueued()
+    assert Task.objects.get(name=DIGEST).last_fired_at == watermark
+
+
+def test_run_now__post_without_csrf_token_is_refused(tasks: dict[str, Task], runner: User) -> None:
+    response = _client(runner, csrf=True).post(run_url(tasks[DIGEST]))
+
+    assert response.status_code == 403
+    assert b"CSRF" in response.content
+    assert _nothing_enqueued()
+
+
+def test_run_now__post_with_csrf_enqueues_and_records_a_manual_occurrence(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    watermark = datetime(2026, 3, 8, 2, 0, tzinfo=UTC)
+    Task.objects.filter(name=DIGEST).update(last_fired_at=watermark)
+    client = _client(runner, csrf=True)
+    token = _csrf_token(client.get(run_url(tasks[DIGEST])).content.decode())
+
+    response = client.post(run_url(tasks[DIGEST]), {"csrfmiddlewaretoken": token})
+
+    assert response.status_code == 302
+    assert response["Location"] == TASKS_URL
+    job_row = Job.objects.get()
+    assert (job_row.name, job_row.key, job_row.enqueued_by) == (
+        "demo.send_digest",
+        "digest:2026-03-08",
+        "admin:runner",
+    )
+    assert job_row.occurrence is None  # a plain key, not an occurrence's
+    assert job_row.task == DIGEST  # so filtering jobs by task finds manual runs
+    record = Occurrence.objects.get()
+    assert (record.task, record.outcome, record.user, record.occurrence) == (
+        DIGEST,
+        "manual",
+        "runner",
+        NOW,
+    )
+    assert record.jobs == [{"job": "demo.send_digest", "key": "digest:2026-03-08", "created": True}]
+    assert Task.objects.get(name=DIGEST).last_fired_at == watermark
+
+
+def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner: User) -> None:
+    response = _client(runner).post(run_url(tasks[DIGEST]), follow=True)
+
+    job_id = Job.objects.get().pk
+    [(level, text)] = _messages(response)
+    assert level == constants.SUCCESS
+    assert strip_tags(text) == (
+        f"Ran demo.nightly_digest now: demo.send_digest #{job_id} (key digest:2026-03-08) created."
+    )
+    assert f'href="{reverse("admin:ultimat3_jobs_job_change", args=[job_id])}"' in text
+
+
+def test_run_now__second_run_says_already_present(tasks: dict[str, Task], runner: User) -> None:
+    client = _client(runner)
+    client.post(run_url(tasks[DIGEST]), follow=True)  # shows, and so consumes, its message
+
+    response = client.post(run_url(tasks[DIGEST]), follow=True)
+
+    job_id = Job.objects.get().pk
+    [(level, text)] = _messages(response)
+    assert level == constants.WARNING
+    assert strip_tags(text) == (
+        f"Ran demo.nightly_digest now, nothing new: demo.send_digest #{job_id} "
+        "(key digest:2026-03-08) already present, not enqueued again."
+    )
+    assert Occurrence.objects.filter(outcome="manual").count() == 2
+    assert Occurrence.objects.first().jobs[0]["created"] is False  # type: ignore[union-attr]
+
+
+def test_run_now__next_returns_to_the_change_page(tasks: dict[str, Task], runner: User) -> None:
+    change = reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
+
+    response = _client(runner).post(run_url(tasks[DIGEST]), {"next": change})
+    offsite = _client(runner).post(run_url(tasks[DIGEST]), {"next": "https://evil.example/"})
+
+    assert response["Location"] == change
+    assert offsite["Location"] == TASKS_URL
+
+
+def test_run_now__task_error_is_shown_and_nothing_is_enqueued(
+    fresh_registry: Registry, runner: User
+) -> None:
+    @job(name="admintest.noop")
+    def noop() -> None:
+        return None
+
+    @task(cron="0 * * * *", tz="UTC", name="admintest.broken")
+    def broken(occurrence: datetime) -> list[Any]:
+        raise RuntimeError("the ledger is locked")
+
+    DatabaseState(node_id="t", leader="sole").sync([broken])
+    row = Task.objects.get(name="admintest.broken")
+
+    page = _client(runner).get(run_url(row)).content.decode()
+    response = _client(runner).post(run_url(row), follow=True)
+
+    assert "the ledger is locked" in page
+    assert 'value="Yes, run now"' not in page
+    [(level, text)] = _messages(response)
+    assert level == constants.ERROR
+    assert "Could not run admintest.broken:" in text
+    assert "RuntimeError: the ledger is locked" in text
+    assert 'Fix: fix the function of task "admintest.broken"' in unescape(strip_tags(text))
+    assert _nothing_enqueued()
+
+
+def test_run_now__task_without_entries_says_nothing_was_enqueued(
+    fresh_registry: Registry, runner: User
+) -> None:
+    @task(cron="0 * * * *", tz="UTC", name="admintest.idle")
+    def idle(occurrence: datetime) -> list[Any]:
+        return []
+
+    DatabaseState(node_id="t", leader="sole").sync([idle])
+    row = Task.objects.get(name="admintest.idle")
+
+    response = _client(runner).post(run_url(row), follow=True)
+
+    assert _messages(response) == [
+        (
+            constants.WARNING,
+            "Ran admintest.idle now, but it returned no jobs: nothing was enqueued.",
+        )
+    ]
+    assert not Job.objects.exists()
+    assert Occurrence.objects.get().jobs == []
+
+
+def test_run_now__removed_task_has_no_button_and_does_not_run(runner: User) -> None:
+    row = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
+
+    listing = _client(runner).get(TASKS_URL).content.decode()
+    response = _client(runner).post(run_url(row), follow=True)
+
+    assert run_url(row) not in listing
+    [(level, text)] = _messages(response)
+    assert level == constants.ERROR
+    assert "Could not run gone.task: it is no longer declared in code." in text
+    assert _nothing_enqueued()
+
+
+def test_run_selected__confirms_then_runs_each_task(tasks: dict[str, Task], runner: User) -> None:
+    client = _client(runner)
+    ids = [tasks[DIGEST].pk, tasks["demo.quarter_hour_ping"].pk]
+
+    chosen = client.post(TASKS_URL, {"action": "run_selected", "_selected_action": ids})
+    assert chosen.status_code == 302
+    assert _nothing_enqueued()  # the action only leads to the confirmation
+    confirmation = client.get(chosen["Location"])
+    assert confirmation.status_code == 200
+    assert DIGEST in confirmation.content.decode()
+    assert "demo.quarter_hour_ping" in confirmation.content.decode()
+    assert _nothing_enqueued()
+
+    response = client.post(reverse("admin:ultimat3_jobs_task_run"), {"ids": ids}, follow=True)
+
+    assert sorted(Job.objects.values_list("name", flat=True)) == ["demo.ping", "demo.send_digest"]
+    texts = sorted(strip_tags(text) for _, text in _messages(response))
+    assert texts[0].startswith("Ran demo.nightly_digest now: demo.send_digest")
+    assert texts[1].startswith("Ran demo.quarter_hour_ping now: demo.ping")
+
+
+def test_run_selected__staff_without_run_task_cannot_trigger_it(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    response = _client(viewer).post(
+        TASKS_URL, {"action": "run_selected", "_selected_action": [tasks[DIGEST].pk]}
+    )
+    confirm = _client(viewer).post(reverse("admin:ultimat3_jobs_task_run"), {"ids": [1, 2]})
+
+    assert response.status_code == 200  # the admin answers "no action selected"
+    assert confirm.status_code == 403
+    assert _nothing_enqueued()
+
+
+# -- the tasks list and page ---------------------------------------------------------------
+
+
+def test_task_list__shows_next_run_in_task_zone_and_utc(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    html = _client(viewer).get(TASKS_URL).content.decode()
+
+    row = html[html.index(">demo.nightly_digest<") :].split("</tr>")[0]
+    assert "2026-03-09 03:00 CET" in row
+    assert "2026-03-09 02:00 UTC" in row
+    assert "in 14 h" in row
+    assert "0 3 * * *" in row
+    assert "At 03:00" in row
+    assert "run-once" in row
+
+
+def test_task_list__filters_and_search(tasks: dict[str, Task], viewer: User) -> None:
+    Task.objects.filter(name=DIGEST).update(paused=True, paused_note="ledger migration")
+    client = _client(viewer)
+
+    def names(query: str) -> list[str]:
+        response = client.get(TASKS_URL + query)
+        return [t.name for t in response.context["cl"].result_list]
+
+    assert names("?paused__exact=1") == [DIGEST]
+    assert names("?tz=America/New_York") == ["demo.quarter_hour_ping"]
+    assert names("?q=ledger") == [DIGEST]
+    assert names("?catch_up=run-once") == [DIGEST]
+
+
+def test_task_list__paused_and_removed_tasks_say_they_will_not_run(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    Task.objects.filter(name=DIGEST).update(paused=True, paused_note="ledger", paused_by="bob")
+    Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
+
+    html = _client(viewer).get(TASKS_URL).content.decode()
+
+    paused = html.split(">demo.nightly_digest<")[1].split("</tr>")[0]
+    assert "paused: will be skipped" in paused
+    assert ">paused</span>" in paused
+    assert "ledger (bob)" in paused
+    gone = html.split(">gone.task<")[1].split("</tr>")[0]
+    assert "removed from code: will not run" in gone
+    assert ">removed from code</span>" in gone
+    active = html.split(">demo.quarter_hour_ping<")[1].split("</tr>")[0]
+    assert ">active</span>" in active
+    assert "2026-03-09 03:00 UTC" in gone  # from the stored cron and zone
+
+
+def test_task_change__previews_ten_runs_marking_a_dst_gap(
+    fresh_registry: Registry, viewer: User, frozen: FrozenClock
+) -> None:
+    @job(name="admintest.noop")
+    def noop() -> None:
+        return None
+
+    @task(cron="30 2 * * *", tz="Europe/Paris", name="admintest.half_past_two")
+    def half_past_two(occurrence: datetime) -> list[Any]:
+        return [(noop, {})]
+
+    DatabaseState(node_id="t", leader="sole").sync([half_past_two])
+    frozen.set(datetime(2026, 3, 25, 12, 0, tzinfo=UTC))
+    row = Task.objects.get(name="admintest.half_past_two")
+
+    response = _client(viewer).get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
+
+    runs = response.context["next_runs"]
+    assert len(runs) == 10
+    assert [r["kind"] for r in runs].count("gap-shifted") == 1
+    shifted = next(r for r in runs if r["kind"] == "gap-shifted")
+    assert (shifted["local"], shifted["utc"]) == ("2026-03-29 03:00 CEST", "2026-03-29 01:00 UTC")
+    html = response.content.decode()
+    assert "DST gap: this slot does not exist, so it runs when the gap ends" in html
+    assert "Wall-clock schedule" in html
+
+
+def test_task_change__marks_a_repeated_hour(
+    fresh_registry: Registry, viewer: User, frozen: FrozenClock
+) -> None:
+    @job(name="admintest.noop")
+    def noop() -> None:
+        return None
+
+    @task(cron="30 * * * *", tz="Europe/Paris", name="admintest.hourly")
+    def hourly(occurrence: datetime) -> list[Any]:
+        return [(noop, {})]
+
+    DatabaseState(node_id="t", leader="sole").sync([hourly])
+    # Clocks go back at 03:00 CEST on 2026-10-25: 02:30 happens twice, and an hour field of
+    # "*" makes the schedule real-time, so it runs on both passes.
+    frozen.set(datetime(2026, 10, 24, 23, 15, tzinfo=UTC))
+    row = Task.objects.get(name="admintest.hourly")
+
+    response = _client(viewer).get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
+
+    kinds = [(r["local"], r["kind"]) for r in response.context["next_runs"]]
+    assert kinds[:4] == [
+        ("2026-10-25 01:30 CEST", "normal"),
+        ("2026-10-25 02:30 CEST", "repeated-first"),
+        ("2026-10-25 02:30 CET", "repeated"),
+        ("2026-10-25 03:30 CET", "normal"),
+    ]
+    assert "Repeated hour: second pass" in response.content.decode()
+    assert "Repeated hour: first pass" in response.content.decode()
+
+
+def test_task_change__history_lists_each_outcome_with_its_jobs(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    existing = Job.objects.create(
+        name="demo.send_digest", key="digest:2026-03-07", run_at=NOW, created_at=NOW
+    )
+    at = datetime(2026, 3, 7, 2, 0, tzinfo=UTC)
+    common = {"task": DIGEST, "recorded_at": NOW}
+    Occurrence.objects.create(
+        outcome="fired",
+        occurrence=at,
+        last_occurrence=at,
+        node="node-a",
+        jobs=[{"job": "demo.send_digest", "key": existing.key, "created": True}],
+        **common,
+    )
+    Occurrence.objects.create(
+        outcome="dropped",
+        occurrence=at - timedelta(days=3),
+        last_occurrence=at - timedelta(days=1),
+        count=3,
+        **common,
+    )
+    Occurrence.objects.create(outcome="paused", occurrence=at, last_occurrence=at, **common)
+    Occurrence.objects.create(
+        outcome="manual",
+        occurrence=NOW,
+        user="alice",
+        jobs=[{"job": "demo.send_digest", "key": existing.key, "created": False}],
+        **common,
+    )
+
+    response = _client(viewer).get(
+        reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
+    )
+
+    history = response.context["history"]
+    assert [h["outcome_label"] for h in history] == [
+        "manual",
+        "skipped (paused)",
+        "dropped",
+        "fired",
+    ]
+    assert history[0]["by"] == "alice"
+    assert history[2]["count"] == 3
+    assert history[2]["first"] == "2026-03-04 03:00 CET"
+    assert history[2]["last"] == "2026-03-06 03:00 CET"
+    assert history[3]["jobs"] == [
+        {"job": "demo.send_digest", "key": existing.key, "created": True, "id": existing.pk}
+    ]
+    html = response.content.decode()
+    assert reverse("admin:ultimat3_jobs_job_change", args=[existing.pk]) in html
+    assert "already present" in html
+
+
+# -- pausing is the only edit --------------------------------------------------------------
+
+
+def _change(client: Client, row: Task, **data: Any) -> Any:
+    url = reverse("admin:ultimat3_jobs_task_change", args=[row.pk])
+    return client.post(url, {"paused_note": "", **data})
+
+
+def test_task_pause__records_who_and_when(tasks: dict[str, Task], viewer: User) -> None:
+    response = _change(_client(viewer), tasks[DIGEST], paused="on", paused_note="ledger migration")
+
+    assert response.status_code == 302
+    row = Task.objects.get(name=DIGEST)
+    assert (row.paused, row.paused_note, row.paused_by, row.paused_at) == (
+        True,
+        "ledger migration",
+        "viewer",
+        NOW,
+    )
+
+
+def test_task_pause__needs_a_note(tasks: dict[str, Task], viewer: User) -> None:
+    response = _change(_client(viewer), tasks[DIGEST], paused="on")
+
+    assert response.status_code == 200
+    assert "Say why the task is paused." in response.content.decode()
+    assert not Task.objects.get(name=DIGEST).paused
+
+
+def test_task_resume__clears_the_pause(tasks: dict[str, Task], viewer: User) -> None:
+    Task.objects.filter(name=DIGEST).update(
+        paused=True, paused_note="x", paused_by="bob", paused_at=NOW
+    )
+
+    _change(_client(viewer), tasks[DIGEST])
+
+    row = Task.objects.get(name=DIGEST)
+    assert (row.paused, row.paused_note, row.paused_by, row.paused_at) == (False, "", "", None)
+
+
+def test_task_change__declaration_fields_are_read_only(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    client = _client(viewer)
+    _change(client, tasks[DIGEST], cron="* * * * *", tz="UTC", name="x", catch_up="skip")
+
+    row = Task.objects.get(name=DIGEST)
+    assert (row.cron, row.tz, row.catch_up) == ("0 3 * * *", "Europe/Paris", "run-once")
+    assert client.get(TASKS_URL + "add/").status_code == 403
+
+
+def test_task_pause__never_writes_back_a_watermark_the_scheduler_moved(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    stale = Task.objects.get(name=DIGEST)  # as the admin loaded it
+    moved = datetime(2026, 3, 8, 2, 0, tzinfo=UTC)
+    Task.objects.filter(pk=stale.pk).update(last_fired_at=moved)  # the scheduler, meanwhile
+    form = TaskPauseForm({"paused": "on", "paused_note": "n"}, instance=stale)
+    assert form.is_valid()
+    request = RequestFactory().post("/")
+    request.user = viewer
+
+    TaskAdmin(Task, site).save_model(request, form.save(commit=False), form, change=True)
+
+    assert Task.objects.get(pk=stale.pk).last_fired_at == moved
+    assert Task.objects.get(pk=stale.pk).paused
+
+
+def test_task_delete__only_for_tasks_removed_from_code(tasks: dict[str, Task]) -> None:
+    admin_user = User.objects.create_superuser("root")
+    gone = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
+    client = _client(admin_user)
+
+    declared = client.get(reverse("admin:ultimat3_jobs_task_delete", args=[tasks[DIGEST].pk]))
+    removed = client.post(
+        reverse("admin:ultimat3_jobs_task_delete", args=[gone.pk]), {"post": "yes"}
+    )
+
+    assert declared.status_code == 403
+    assert removed.status_code == 302
+    assert not Task.objects.filter(name="gone.task").exists()
+    assert "delete_selected" not in client.get(TASKS_URL).content.decode()
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def _job(key: str, status: str = JobStatus.QUEUED, **fields: Any) -> Job:
+    return Job.objects.create(
+        name=fields.pop("name", "demo.ping"),
+        key=key,
+        status=status,
+        run_at=NOW,
+        created_at=NOW,
+        **fields,
+    )
+
+
+def test_job_list__filters_by_status_task_and_queue(viewer: User) -> None:
+    _job("a", JobStatus.FAILED, task=DIGEST, queue="mail")
+    _job("b", JobStatus.QUEUED, task=DIGEST)
+    _job("c", JobStatus.FAILED, queue="mail")
+    client = _client(viewer)
+
+    def keys(query: str) -> list[str]:
+        return sorted(j.key for j in client.get(JOBS_URL + query).context["cl"].result_list)
+
+    assert keys("?status__exact=failed") == ["a", "c"]
+    assert keys(f"?task={DIGEST}") == ["a", "b"]
+    assert keys("?queue=mail&status__exact=failed") == ["a", "c"]
+
+
+def test_job_list__search_finds_key_input_and_error(viewer: User) -> None:
+    _job("digest:2026-03-08", name="demo.send_digest", input={"day": "2026-03-08"})
+    _job("p1", input={"label": "quarter-hour zebra"})
+    _job("p2", JobStatus.FAILED, last_error="SMTPServerDisconnected: the relay hung up")
+    client = _client(viewer)
+
+    def keys(q: str) -> list[str]:
+        response = client.get(JOBS_URL, {"q": q})
+        return sorted(j.key for j in response.context["cl"].result_list)
+
+    assert keys("digest:2026") == ["digest:2026-03-08"]
+    assert keys("zebra") == ["p1"]
+    assert keys("relay hung up") == ["p2"]
+
+
+def test_job_retry__requeues_failed_jobs_with_fresh_attempts(
+    runner: User, frozen: FrozenClock
+) -> None:
+    failed = _job(
+        "f", JobStatus.FAILED, attempts=3, finished_at=NOW, worker="w1", last_error="boom"
+    )
+    running = _job("r", JobStatus.RUNNING, attempts=1)
+    frozen.advance(60)
+
+    response = _client(runner).post(
+        JOBS_URL,
+        {"action": "retry_failed", "_selected_action": [failed.pk, running.pk]},
+        follow=True,
+    )
+
+    failed.refresh_from_db()
+    assert (failed.status, failed.attempts, failed.finished_at, failed.worker) == (
+        "queued",
+        0,
+        None,
+        "",
+    )
+    assert failed.run_at == NOW + timedelta(seconds=60)
+    assert failed.last_error == "boom"
+    assert Job.objects.get(pk=running.pk).status == "running"
+    [(level, text)] = _messages(response)
+    assert (level, text) == (
+        constants.WARNING,
+        "Requeued 1 failed job. Left 1 alone: not failed (any more).",
+    )
+
+
+def test_job_cancel__cancels_queued_jobs_only(runner: User) -> None:
+    queued = _job("q")
+    running = _job("r", JobStatus.RUNNING)
+
+    response = _client(runner).post(
+        JOBS_URL,
+        {"action": "cancel_queued", "_selected_action": [queued.pk, running.pk]},
+        follow=True,
+    )
+
+    assert Job.objects.get(pk=queued.pk).status == "cancelled"
+    assert Job.objects.get(pk=queued.pk).finished_at == NOW
+    assert Job.objects.get(pk=running.pk).status == "running"
+    assert "Cancelled 1 queued job." in _messages(response)[0][1]
+
+
+def test_job_actions__need_change_permission(viewer: User) -> None:
+    failed = _job("f", JobStatus.FAILED)
+    queued = _job("q")
+    client = _client(viewer)
+
+    listing = client.get(JOBS_URL).content.decode()
+    for action in ("retry_failed", "cancel_queued"):
+        client.post(JOBS_URL, {"action": action, "_selected_action": [failed.pk, queued.pk]})
+
+    assert "retry_failed" not in listing
+    assert "cancel_queued" not in listing
+    assert Job.objects.get(pk=failed.pk).status == "failed"
+    assert Job.objects.get(pk=queued.pk).status == "queued"
+
+
+def test_job_change__is_read_only_even_with_change_permission(runner: User) -> None:
+    row = _job("q", input={"label": "x"})
+    client = _client(runner)
+    url = reverse("admin:ultimat3_jobs_job_change", args=[row.pk])
+
+    page = client.get(url)
+    saved = client.post(url, {"key": "other", "status": "succeeded"})
+
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert saved.status_code == 403
+    assert (Job.objects.get(pk=row.pk).key, Job.objects.get(pk=row.pk).status) == ("q", "queued")
+    assert client.get(JOBS_URL + "add/").status_code == 403
+
+
+def test_history_and_node_admins__show_rows_read_only() -> None:
+    root = User.objects.create_superuser("root")
+    Occurrence.objects.create(task=DIGEST, outcome="paused", occurrence=NOW, recorded_at=NOW)
+    Node.objects.create(
+        node_id="n1", role="scheduler", host="h", pid=1, started_at=NOW, last_seen_at=NOW
+    )
+    client = _client(root)
+
+    occurrences = client.get("/admin/ultimat3_jobs/occurrence/")
+    nodes = client.get("/admin/ultimat3_jobs/node/")
+
+    assert "skipped (paused)" in occurrences.content.decode()
+    assert occurrences.context["cl"].result_count == 1
+    assert nodes.context["cl"].result_count == 1
+    assert client.get("/admin/ultimat3_jobs/occurrence/add/").status_code == 403
+    assert 'name="_save"' not in client.get("/admin/ultimat3_jobs/node/n1/change/").content.decode()
+
+
+# -- scheduler status ----------------------------------------------------------------------
+
+
+def _node(node_id: str, **fields: Any) -> Node:
+    defaults: dict[str, Any] = {
+        "role": "scheduler",
+        "host": f"{node_id}.internal",
+        "pid": 100,
+        "leader": "lease",
+        "started_at": NOW - timedelta(hours=1),
+        "last_seen_at": NOW - timedelta(seconds=2),
+    }
+    return Node.objects.create(node_id=node_id, **{**defaults, **fields})
+
+
+def test_scheduler_status__names_the_live_leader_and_its_last_round() -> None:
+    _node("old", is_leader=True, last_seen_at=NOW - timedelta(hours=1))  # crashed
+    _node("a", is_leader=True, last_round_at=NOW - timedelta(seconds=3), clock_skew_ms=20)
+    _node("b", is_leader=False)
+    _node("w", role="worker")
+
+    status = scheduler_status(NOW)
+
+    assert status.leader is not None and status.leader.node_id == "a"
+    assert [n.node_id for n in status.schedulers] == ["a", "b"]
+    assert [n.node_id for n in status.workers] == ["w"]
+    assert status.last_round_at == NOW - timedelta(seconds=3)
+    assert status.warnings == []
+
+
+@override_settings(ULTIMAT3_JOBS={"STALE_ROUND_WARNING": 60})
+def test_scheduler_status__warns_when_rounds_stopped() -> None:
+    _node("a", is_leader=True, last_round_at=NOW - timedelta(seconds=61))
+
+    [warning] = scheduler_status(NOW).warnings
+
+    assert warning.message == (
+        "No scheduler round for 61 s (warning after 60 s): tasks are not being dispatched."
+    )
+    assert "run_scheduler" in warning.fix
+
+
+def test_scheduler_status__warns_when_no_scheduler_ever_ran() -> None:
+    [warning] = scheduler_status(NOW).warnings
+
+    assert warning.message == "No scheduler has run against this database yet."
+
+
+@override_settings(ULTIMAT3_JOBS={"CLOCK_SKEW_WARNING": 1.0})
+def test_scheduler_status__warns_about_a_skewed_clock() -> None:
+    _node("a", is_leader=True, last_round_at=NOW, clock_skew_ms=-2500, host="db1", pid=7)
+    _node("b", clock_skew_ms=900)
+
+    [warning] = scheduler_status(NOW).warnings
+
+    assert warning.message == (
+        "The clock of scheduler db1:7 is 2.5 s behind the database (warning above 1 s)."
+    )
+    assert "NTP" in warning.fix
+
+
+def test_scheduler_status__stopped_leader_does_not_lead() -> None:
+    _node("a", is_leader=True, last_round_at=NOW, stopped_at=NOW - timedelta(seconds=1))
+
+    assert scheduler_status(NOW).leader is None
+
+
+def test_task_list__shows_scheduler_status(tasks: dict[str, Task], viewer: User) -> None:
+    _node("a", is_leader=True, last_round_at=NOW - timedelta(minutes=5), host="sched1", pid=42)
+
+    html = _client(viewer).get(TASKS_URL).content.decode()
+
+    status = html[html.index('id="scheduler-status"') : html.index("</section>")]
+    assert "sched1:42" in status
+    assert "2026-03-08 11:55:00 UTC (5 min ago)" in status
+    assert "No scheduler round for 5 min" in status
+    assert "needs attention" in status
+
+
+# -- words ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "words"),
+    [
+        ("0 3 * * *", "At 03:00"),
+        ("*/15 * * * *", "Every 15 minutes"),
+        ("0 9 * * 1-5", "At 09:00, Monday through Friday"),
+        ("*/5 * * * * *", "Every 5 seconds"),
+        ("0 0 L 2 *", "At 00:00, on the last day of the month, only in February"),
+    ],
+    ids=["daily", "step", "weekdays", "seconds_field", "last_day"],
+)
+def test_describe_cron__says_it_in_words(expr: str, words: str) -> None:
+    assert describe_cron(expr, "en-us") == words
+
+
+def test_describe_cron__follows_the_language() -> None:
+    assert descriptor_locale("fr") == "fr_FR"
+    assert descriptor_locale("xx") == "en_US"
+    assert describe_cron("0 3 * * *", "de") != describe_cron("0 3 * * *", "en-us")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (45, "45 s"),
+        (119, "119 s"),
+        (720, "12 min"),
+        (3 * 3600, "3 h"),
+        (3 * 3600 + 300, "3 h 5 min"),
+        (2 * 86400 + 4 * 3600, "2 d 4 h"),
+    ],
+)
+def test_duration__is_short(seconds: int, text: str) -> None:
+    assert duration(timedelta(seconds=seconds)) == text

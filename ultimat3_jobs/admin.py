@@ -1,0 +1,812 @@
+"""The admin: tasks with their next runs, "Run now" and pausing; jobs with retry and cancel.
+
+Declarations are read-only here because code is their source of truth; the scheduler mirrors
+them into the ``Task`` table when it starts. Pausing is the one edit, and it writes only the
+pause columns so it can never put back a watermark the scheduler has moved since the page
+was loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString, mark_safe
+
+from . import clock
+from .cron import CronSchedule, describe_occurrence, next_occurrence, parse
+from .errors import UltimateError
+from .humanize import OCCURRENCE_NOTES, describe_cron, dst_rule, duration
+from .manual import ManualRun, run_now
+from .models import Job, JobStatus, Node, Occurrence, Outcome, Task
+from .queue import notify
+from .registry import TaskHandle, registry
+from .status import scheduler_status
+
+UTC_ZONE = ZoneInfo("UTC")
+
+#: How many upcoming runs the task page previews, and how many past records it lists.
+NEXT_RUNS = 10
+HISTORY = 20
+
+OUTCOME_LABELS = {
+    Outcome.FIRED.value: "fired",
+    Outcome.DROPPED.value: "dropped",
+    Outcome.PAUSED.value: "skipped (paused)",
+    Outcome.MANUAL.value: "manual",
+}
+
+
+def _outcome_label(outcome: str) -> str:
+    return OUTCOME_LABELS.get(outcome, outcome)
+
+
+# -- time formatting --------------------------------------------------------------------------
+
+
+def _zone_label(local: datetime) -> str:
+    name = local.tzname() or ""
+    # Zones without an abbreviation (America/Bogota) report "-05"; say it as an offset.
+    return f"UTC{name}" if name[:1] in "+-" else name
+
+
+def _stamp(at: datetime, zone: ZoneInfo, seconds: bool = False) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
+    local = at.astimezone(zone)
+    return f"{local.strftime(fmt)} {_zone_label(local)}"
+
+
+def _utc(at: datetime | None) -> str:
+    """A stored instant as the admin prints every instant: ISO-like, in UTC."""
+    return "-" if at is None else _stamp(at, UTC_ZONE, seconds=True)
+
+
+def _last_round(at: datetime | None, age: timedelta | None) -> str:
+    if at is None or age is None:
+        return ""
+    ago = "just now" if age < timedelta(seconds=1) else f"{duration(age)} ago"
+    return f"{_utc(at)} ({ago})"
+
+
+def _utc_column(field: str, description: str) -> Callable[[Any, Any], str]:
+    """A list or detail column showing the instant in ``field`` the way ``_utc`` does."""
+
+    @admin.display(description=description, ordering=field)
+    def column(admin_: Any, obj: Any) -> str:
+        return _utc(getattr(obj, field))
+
+    return column
+
+
+def _both_zones(
+    at: datetime, zone: ZoneInfo, *, seconds: bool = False, note: str = ""
+) -> SafeString:
+    """An instant in the task's zone, with UTC and the distance from now under it."""
+    now = clock.now()
+    distance = f"in {duration(at - now)}" if at >= now else f"{duration(now - at)} ago"
+    return format_html(
+        '<span class="u3j-when">{}</span><span class="u3j-sub u3j-when">{}</span>'
+        '<span class="u3j-sub">{}</span>{}',
+        _stamp(at, zone, seconds),
+        _stamp(at, UTC_ZONE, seconds),
+        distance,
+        format_html('<span class="u3j-sub u3j-note">{}</span>', note) if note else "",
+    )
+
+
+# -- what a Task row means now ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """The schedule of a task: the live declaration, else the one stored when it was removed."""
+
+    handle: TaskHandle | None
+    schedule: CronSchedule
+    zone: ZoneInfo
+
+    def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
+        if self.handle is not None:
+            return self.handle.next_runs(n, after)
+        runs: list[datetime] = []
+        at = after or clock.now()
+        for _ in range(n):
+            at = next_occurrence(self.schedule, self.zone, at)
+            runs.append(at)
+        return runs
+
+
+def _schedule_of(task: Task) -> _Schedule | None:
+    handle = registry.get_task(task.name)
+    if handle is not None:
+        return _Schedule(handle, handle.schedule, handle.zone)
+    try:
+        return _Schedule(None, parse(task.cron), ZoneInfo(task.tz))
+    except (UltimateError, ZoneInfoNotFoundError, ValueError):
+        # A removed task whose stored cron or zone this version no longer accepts.
+        return None
+
+
+def _live_handle(task: Task) -> TaskHandle | None:
+    """The declaration "Run now" would call: none for a task removed from code."""
+    return registry.get_task(task.name) if task.declared else None
+
+
+def _job_link(job_id: int | None, text: str) -> SafeString:
+    if job_id is None:
+        return format_html("{}", text)
+    url = reverse("admin:ultimat3_jobs_job_change", args=[job_id])
+    return format_html('<a href="{}">{}</a>', url, text)
+
+
+# -- tasks --------------------------------------------------------------------------------------
+
+
+class TaskPauseForm(forms.ModelForm):
+    """The one edit: pause or resume, with a note saying why."""
+
+    class Meta:
+        model = Task
+        fields = ["paused", "paused_note"]
+        widgets = {"paused_note": forms.TextInput(attrs={"size": 80})}
+        help_texts = {
+            "paused": "While paused, the scheduler records each occurrence as skipped instead "
+            "of enqueueing its jobs. Resuming does not replay them.",
+            "paused_note": "Why it is paused, so the next person knows when to resume it.",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("paused") and not (data.get("paused_note") or "").strip():
+            self.add_error("paused_note", "Say why the task is paused.")
+        return data
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    """Tasks as declared in code, their next runs and history; pause and "Run now"."""
+
+    form = TaskPauseForm
+    list_display = [
+        "name",
+        "schedule_column",
+        "tz",
+        "next_run_column",
+        "last_fired_column",
+        "catch_up_column",
+        "jobs_column",
+        "state_column",
+    ]
+    list_filter = ["paused", "declared", "catch_up", "tz"]
+    search_fields = ["name", "cron", "tz", "paused_note"]
+    actions = ["run_selected"]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "name",
+                    "schedule_column",
+                    "dst_column",
+                    "tz",
+                    "catch_up_column",
+                    "jobs_column",
+                    "declared_column",
+                ]
+            },
+        ),
+        ("Watermark", {"fields": ["last_fired_column", "first_seen_column", "synced_column"]}),
+        ("Pause", {"fields": ["paused", "paused_note", "paused_by", "paused_at_column"]}),
+    ]
+    readonly_fields = [
+        "name",
+        "schedule_column",
+        "dst_column",
+        "tz",
+        "catch_up_column",
+        "jobs_column",
+        "declared_column",
+        "last_fired_column",
+        "first_seen_column",
+        "synced_column",
+        "paused_by",
+        "paused_at_column",
+    ]
+
+    first_seen_column = _utc_column("first_seen_at", "First seen")
+    synced_column = _utc_column("synced_at", "Synced")
+    paused_at_column = _utc_column("paused_at", "Paused at")
+
+    # -- columns --
+
+    @admin.display(description="Schedule", ordering="cron")
+    def schedule_column(self, task: Task) -> SafeString:
+        words = describe_cron(task.cron)
+        return format_html(
+            '<code class="u3j-cron">{}</code>{}',
+            task.cron,
+            format_html('<span class="u3j-sub">{}</span>', words) if words else "",
+        )
+
+    @admin.display(description="DST")
+    def dst_column(self, task: Task) -> str:
+        return dst_rule(task.cron)
+
+    @admin.display(description="Next run")
+    def next_run_column(self, task: Task) -> SafeString | str:
+        schedule = _schedule_of(task)
+        if schedule is None:
+            return "-"
+        at = schedule.next_runs(1)[0]
+        if not task.declared:
+            note = "removed from code: will not run"
+        elif task.paused:
+            note = "paused: will be skipped"
+        else:
+            note = ""
+        return _both_zones(at, schedule.zone, seconds=schedule.schedule.has_seconds, note=note)
+
+    @admin.display(description="Last fired", ordering="last_fired_at")
+    def last_fired_column(self, task: Task) -> SafeString | str:
+        if task.last_fired_at is None:
+            return "never"
+        schedule = _schedule_of(task)
+        zone = schedule.zone if schedule is not None else UTC_ZONE
+        return _both_zones(task.last_fired_at, zone, seconds=True)
+
+    @admin.display(description="Catch-up", ordering="catch_up")
+    def catch_up_column(self, task: Task) -> str:
+        if task.catch_up == "run-all":
+            return f"run-all (at most {task.max_catch_up})"
+        return task.catch_up
+
+    @admin.display(description="Jobs")
+    def jobs_column(self, task: Task) -> SafeString | str:
+        if not task.jobs:
+            return "-"
+        names = format_html_join(mark_safe("<br>"), "<code>{}</code>", ((n,) for n in task.jobs))
+        return format_html('<span class="u3j-jobs">{}</span>', names)
+
+    @admin.display(description="State", ordering="paused")
+    def state_column(self, task: Task) -> SafeString:
+        # One column for "paused" and "removed from code": two boolean columns of mostly
+        # red crosses read as errors on a healthy list.
+        if not task.declared:
+            return mark_safe('<span class="u3j-badge u3j-dropped">removed from code</span>')
+        if task.paused:
+            return format_html(
+                '<span class="u3j-badge u3j-paused" title="{}">paused</span>'
+                '<span class="u3j-sub">{}</span>',
+                task.paused_note,
+                f"{task.paused_note} ({task.paused_by})" if task.paused_by else task.paused_note,
+            )
+        return mark_safe('<span class="u3j-badge u3j-fired">active</span>')
+
+    @admin.display(description="In code", boolean=True, ordering="declared")
+    def declared_column(self, task: Task) -> bool:
+        return task.declared
+
+    @admin.display(description="")
+    def run_now_column(self, task: Task) -> SafeString | str:
+        if _live_handle(task) is None:
+            return ""
+        url = reverse("admin:ultimat3_jobs_task_run_one", args=[task.pk])
+        return format_html('<a class="button u3j-run" href="{}">Run now</a>', url)
+
+    # -- permissions --
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # Tasks are declared in code.
+
+    def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
+        # Only a task removed from code may go: a declared one would come back at the next
+        # scheduler start with no watermark.
+        if obj is not None and obj.declared:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def has_run_task_permission(self, request: HttpRequest) -> bool:
+        """Staff with ``ultimat3_jobs.run_task`` may run tasks now (the admin checks staff)."""
+        return request.user.has_perm(f"{self.opts.app_label}.run_task")
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        # The bulk delete would not ask has_delete_permission about each declared task.
+        actions.pop("delete_selected", None)
+        return actions
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns: list[Any] = list(super().get_list_display(request))
+        if self.has_run_task_permission(request):
+            columns.append("run_now_column")
+        return columns
+
+    # -- pausing --
+
+    def save_model(
+        self, request: HttpRequest, obj: Task, form: forms.ModelForm, change: bool
+    ) -> None:
+        if "paused" in form.changed_data:
+            if obj.paused:
+                obj.paused_by, obj.paused_at = request.user.get_username(), clock.now()
+            else:
+                obj.paused_note, obj.paused_by, obj.paused_at = "", "", None
+        # Only the pause columns: a full save would write back the watermark as it was when
+        # the page loaded, and the scheduler may have advanced it since.
+        obj.save(update_fields=["paused", "paused_note", "paused_by", "paused_at"])
+
+    # -- pages --
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        status = scheduler_status()
+        age = status.last_round_age
+        context = {
+            "title": "Scheduled tasks",
+            "scheduler_status": status,
+            "scheduler_last_round": _last_round(status.last_round_at, age),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra_context=context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        task = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if task is not None:
+            context.update(
+                next_runs=self._next_runs_preview(task),
+                history=self._history(task),
+                can_run_now=self.has_run_task_permission(request)
+                and _live_handle(task) is not None,
+                run_now_url=reverse("admin:ultimat3_jobs_task_run_one", args=[task.pk])
+                + "?"
+                + urlencode({"next": request.path}),
+                jobs_url=reverse("admin:ultimat3_jobs_job_changelist")
+                + "?"
+                + urlencode({"task": task.name}),
+                occurrences_url=reverse("admin:ultimat3_jobs_occurrence_changelist")
+                + "?"
+                + urlencode({"task": task.name}),
+            )
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    def _next_runs_preview(self, task: Task) -> list[dict[str, Any]]:
+        schedule = _schedule_of(task)
+        if schedule is None:
+            return []
+        rows = []
+        utc = UTC_ZONE
+        seconds = schedule.schedule.has_seconds
+        for at in schedule.next_runs(NEXT_RUNS):
+            kind = describe_occurrence(schedule.schedule, schedule.zone, at)
+            rows.append(
+                {
+                    "local": _stamp(at, schedule.zone, seconds),
+                    "utc": _stamp(at, utc, seconds),
+                    "kind": kind,
+                    "note": OCCURRENCE_NOTES[kind],
+                }
+            )
+        return rows
+
+    def _history(self, task: Task) -> list[dict[str, Any]]:
+        records = list(Occurrence.objects.filter(task=task.name)[:HISTORY])
+        keys = {entry.get("key") for record in records for entry in record.jobs}
+        ids = dict(Job.objects.filter(key__in=[k for k in keys if k]).values_list("key", "pk"))
+        schedule = _schedule_of(task)
+        zone = schedule.zone if schedule is not None else UTC_ZONE
+        rows = []
+        for record in records:
+            jobs = [
+                {
+                    "job": entry.get("job", ""),
+                    "key": entry.get("key", ""),
+                    "created": bool(entry.get("created")),
+                    "id": ids.get(entry.get("key", "")),
+                }
+                for entry in record.jobs
+            ]
+            first, last = record.occurrence, record.last_occurrence
+            rows.append(
+                {
+                    "recorded": _stamp(record.recorded_at, UTC_ZONE, seconds=True),
+                    "outcome": record.outcome,
+                    "outcome_label": _outcome_label(record.outcome),
+                    "first": _stamp(first, zone) if first else "",
+                    "last": _stamp(last, zone) if last and last != first else "",
+                    "count": record.count,
+                    "catch_up": record.catch_up,
+                    "jobs": jobs,
+                    "by": record.user or record.node,
+                    "detail": record.detail,
+                }
+            )
+        return rows
+
+    # -- "Run now" --
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.run_view)
+        # Ahead of the default patterns, whose "<path:object_id>/" would swallow "run/".
+        return [
+            path("run/", view, name="ultimat3_jobs_task_run"),
+            path("<path:object_id>/run/", view, name="ultimat3_jobs_task_run_one"),
+            *super().get_urls(),
+        ]
+
+    @admin.action(permissions=["run_task"], description="Run selected tasks now")
+    def run_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse:
+        # Actions are POSTs that act at once; this one only leads to the confirmation page.
+        query = urlencode([("ids", pk) for pk in queryset.values_list("pk", flat=True)])
+        return HttpResponseRedirect(f"{reverse('admin:ultimat3_jobs_task_run')}?{query}")
+
+    def run_view(self, request: HttpRequest, object_id: str | None = None) -> HttpResponse:
+        """GET: what would be enqueued, and a confirm button. POST: run the tasks now."""
+        if not self.has_run_task_permission(request):
+            raise PermissionDenied
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        changelist = reverse("admin:ultimat3_jobs_task_changelist")
+        source = request.POST if request.method == "POST" else request.GET
+        raw = [object_id] if object_id is not None else source.getlist("ids")
+        ids = [int(value) for value in raw if value.isdigit()]
+        tasks = list(Task.objects.filter(pk__in=ids).order_by("name"))
+        if not tasks:
+            messages.warning(request, "No task to run: it may have been deleted.")
+            return HttpResponseRedirect(changelist)
+        next_url = source.get("next", "")
+        if not url_has_allowed_host_and_scheme(
+            next_url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            next_url = changelist
+        if request.method == "POST":
+            for task in tasks:
+                self._run_one(request, task)
+            return HttpResponseRedirect(next_url)
+        previews = [self._preview(task) for task in tasks]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Run tasks now?" if len(tasks) > 1 else f"Run {tasks[0].name} now?",
+            "previews": previews,
+            "runnable": any(p["runnable"] for p in previews),
+            "ids": [task.pk for task in tasks],
+            "next_url": next_url,
+            "cancel_url": next_url,
+        }
+        return TemplateResponse(request, "admin/ultimat3_jobs/task/run_now.html", context)
+
+    def _preview(self, task: Task) -> dict[str, Any]:
+        """What running ``task`` now would enqueue, and which of those jobs already exist.
+
+        Calls the task's function, which only returns entries: nothing is written.
+        """
+        handle = _live_handle(task)
+        preview: dict[str, Any] = {"task": task, "runnable": handle is not None, "entries": []}
+        if handle is None:
+            preview["problem"] = "It is no longer declared in code, so it cannot run."
+            return preview
+        try:
+            entries = handle.entries()
+            keys = [(job, job.declared_key(data)) for job, data in entries]
+        except UltimateError as error:
+            preview["problem"] = f"{error.message}. Fix: {error.fix}."
+            preview["runnable"] = False
+            return preview
+        except Exception as error:  # A key callable that raised: show it rather than a 500.
+            preview["problem"] = f"{type(error).__name__}: {error}"
+            preview["runnable"] = False
+            return preview
+        present = dict(
+            Job.objects.filter(key__in=[k for _, k in keys if k]).values_list("key", "pk")
+        )
+        preview["entries"] = [
+            {
+                "job": job.name,
+                "key": key or "a new key for each run",
+                "present_id": present.get(key) if key else None,
+            }
+            for job, key in keys
+        ]
+        return preview
+
+    def _run_one(self, request: HttpRequest, task: Task) -> None:
+        handle = _live_handle(task)
+        if handle is None:
+            messages.error(request, f"Could not run {task.name}: it is no longer declared in code.")
+            return
+        try:
+            run = run_now(handle, user=request.user.get_username())
+        except UltimateError as error:
+            messages.error(
+                request,
+                format_html(
+                    "Could not run {}: {}. Fix: {}. Nothing was enqueued.",
+                    task.name,
+                    error.message,
+                    error.fix,
+                ),
+            )
+            return
+        level, text = _run_message(run)
+        messages.add_message(request, level, text)
+
+
+def _run_message(run: ManualRun) -> tuple[int, SafeString]:
+    """The message after "Run now": each job, linked, as created or already present."""
+    if not run.results:
+        return messages.WARNING, format_html(
+            "Ran {} now, but it returned no jobs: nothing was enqueued.", run.task
+        )
+    parts = format_html_join(
+        "; ",
+        "{} {} (key {}) {}",
+        (
+            (
+                r.job,
+                _job_link(r.result.job_id, f"#{r.result.job_id}"),
+                r.result.key,
+                "created" if r.result.created else "already present, not enqueued again",
+            )
+            for r in run.results
+        ),
+    )
+    if run.created:
+        return messages.SUCCESS, format_html("Ran {} now: {}.", run.task, parts)
+    return messages.WARNING, format_html("Ran {} now, nothing new: {}.", run.task, parts)
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs: filter, search, and retry failed or cancel queued ones.
+
+    Rows are written by the queue and the workers; the admin only moves a job between
+    statuses, with conditional updates so a worker that claimed it meanwhile wins.
+    """
+
+    list_display = [
+        "id",
+        "name",
+        "status_column",
+        "queue",
+        "task",
+        "key_column",
+        "attempts_column",
+        "run_at_column",
+        "finished_column",
+        "enqueued_by",
+    ]
+    list_display_links = ["id", "name"]
+    list_filter = ["status", "task", "queue", "enqueued_by", "catch_up"]
+    search_fields = ["key", "name", "input", "last_error"]
+    actions = ["retry_failed", "cancel_queued"]
+    fieldsets = [
+        (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
+        ("Origin", {"fields": ["task_column", "occurrence_column", "catch_up", "enqueued_by"]}),
+        (
+            "Runs",
+            {
+                "fields": [
+                    "attempts_column",
+                    "run_at_column",
+                    "created_column",
+                    "started_column",
+                    "finished_column",
+                    "worker",
+                    "error_column",
+                ]
+            },
+        ),
+    ]
+    readonly_fields = [
+        "name",
+        "key",
+        "status_column",
+        "queue",
+        "input_column",
+        "task_column",
+        "occurrence_column",
+        "catch_up",
+        "enqueued_by",
+        "attempts_column",
+        "run_at_column",
+        "created_column",
+        "started_column",
+        "finished_column",
+        "worker",
+        "error_column",
+    ]
+
+    occurrence_column = _utc_column("occurrence", "Occurrence")
+    run_at_column = _utc_column("run_at", "Run at")
+    created_column = _utc_column("created_at", "Created")
+    started_column = _utc_column("started_at", "Started")
+    finished_column = _utc_column("finished_at", "Finished")
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().changelist_view(
+            request, extra_context={"title": "Jobs", **(extra_context or {})}
+        )
+
+    @admin.display(description="Key", ordering="key")
+    def key_column(self, job: Job) -> SafeString:
+        return format_html('<span class="u3j-key" title="{}">{}</span>', job.key, job.key)
+
+    @admin.display(description="Status", ordering="status")
+    def status_column(self, job: Job) -> SafeString:
+        return format_html('<span class="u3j-badge u3j-{}">{}</span>', job.status, job.status)
+
+    @admin.display(description="Attempts", ordering="attempts")
+    def attempts_column(self, job: Job) -> str:
+        return f"{job.attempts} / {job.max_attempts}"
+
+    @admin.display(description="Input")
+    def input_column(self, job: Job) -> SafeString:
+        return format_html('<pre class="u3j-pre">{}</pre>', json.dumps(job.input, indent=2))
+
+    @admin.display(description="Last error")
+    def error_column(self, job: Job) -> SafeString | str:
+        if not job.last_error:
+            return "-"
+        return format_html('<pre class="u3j-pre">{}</pre>', job.last_error)
+
+    @admin.display(description="Task")
+    def task_column(self, job: Job) -> SafeString | str:
+        if not job.task:
+            return "-"
+        pk = Task.objects.filter(name=job.task).values_list("pk", flat=True).first()
+        if pk is None:
+            return job.task
+        url = reverse("admin:ultimat3_jobs_task_change", args=[pk])
+        return format_html('<a href="{}">{}</a>', url, job.task)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # Jobs are enqueued by code, the scheduler or "Run now".
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # "change" gates the list's actions; a job's own page stays read-only, because saving
+        # it would write back every column as loaded over what a worker wrote meanwhile.
+        return obj is None and super().has_change_permission(request, obj)
+
+    @admin.action(permissions=["change"], description="Retry selected failed jobs")
+    def retry_failed(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Failed -> queued, due now, with a fresh set of attempts.
+
+        ``attempts`` goes back to 0, so the job gets its full ``max_attempts`` again and the
+        first retry is not delayed by the backoff of the failures before it. ``last_error``
+        stays until the next attempt writes its own, so the reason is still in view.
+        """
+        failed = queryset.filter(status=JobStatus.FAILED)
+        queues = list(failed.values_list("queue", flat=True).distinct())
+        count = failed.update(
+            status=JobStatus.QUEUED,
+            attempts=0,
+            run_at=clock.now(),
+            started_at=None,
+            finished_at=None,
+            worker="",
+        )
+        notify(queues)
+        self._report(request, count, queryset.count(), "requeued", "failed")
+
+    @admin.action(permissions=["change"], description="Cancel selected queued jobs")
+    def cancel_queued(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Queued -> cancelled. A job a worker already claimed is running and is left alone."""
+        count = queryset.filter(status=JobStatus.QUEUED).update(
+            status=JobStatus.CANCELLED, finished_at=clock.now()
+        )
+        self._report(request, count, queryset.count(), "cancelled", "queued")
+
+    def _report(
+        self, request: HttpRequest, done: int, selected: int, verb: str, status: str
+    ) -> None:
+        plural = "job" if done == 1 else "jobs"
+        text = f"{verb.capitalize()} {done} {status} {plural}."
+        skipped = selected - done
+        if skipped:
+            text += f" Left {skipped} alone: not {status} (any more)."
+        level = messages.SUCCESS if done and not skipped else messages.WARNING
+        self.message_user(request, text, level)
+
+
+# -- read-only history and nodes ----------------------------------------------------------------
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the scheduler writes; the admin only shows them."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Occurrence)
+class OccurrenceAdmin(_ReadOnlyAdmin):
+    """What the scheduler (or a person) did with each occurrence of each task."""
+
+    list_display = [
+        "recorded_column",
+        "task",
+        "outcome_column",
+        "first_column",
+        "last_column",
+        "count",
+        "catch_up",
+        "jobs_column",
+        "node",
+        "user",
+        "detail",
+    ]
+    list_filter = ["outcome", "task", "catch_up"]
+    search_fields = ["task", "detail", "user"]
+    recorded_column = _utc_column("recorded_at", "Recorded")
+    first_column = _utc_column("occurrence", "Occurrence")
+    last_column = _utc_column("last_occurrence", "Last occurrence")
+
+    @admin.display(description="Outcome", ordering="outcome")
+    def outcome_column(self, record: Occurrence) -> SafeString:
+        label = _outcome_label(record.outcome)
+        return format_html('<span class="u3j-badge u3j-{}">{}</span>', record.outcome, label)
+
+    @admin.display(description="Jobs")
+    def jobs_column(self, record: Occurrence) -> SafeString | str:
+        if not record.jobs:
+            return "-"
+        return format_html_join(
+            mark_safe("<br>"),
+            "{} [{}] {}",
+            (
+                (e.get("job", ""), e.get("key", ""), "created" if e.get("created") else "present")
+                for e in record.jobs
+            ),
+        )
+
+
+@admin.register(Node)
+class NodeAdmin(_ReadOnlyAdmin):
+    """Scheduler and worker processes, as their heartbeats last described them."""
+
+    list_display = [
+        "node_id",
+        "role",
+        "host",
+        "pid",
+        "leader",
+        "is_leader",
+        "last_seen_at",
+        "last_round_at",
+        "clock_skew_ms",
+        "stopped_at",
+    ]
+    list_filter = ["role", "is_leader"]

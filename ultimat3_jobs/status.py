@@ -1,0 +1,129 @@
+"""The scheduler's health as the ``Node`` table tells it: who leads, when the last round ran.
+
+Read-only and computed at a given instant, so the admin's status box and its tests agree on
+what "stale" means without a clock of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from . import clock
+from .conf import get_settings
+from .humanize import duration
+from .models import Node
+
+START_FIX = "start one with `python manage.py run_scheduler` (`make run` in this repository)"
+STALE_FIX = (
+    "check that a `manage.py run_scheduler` process is running and can reach the database; "
+    "its log says why rounds stopped"
+)
+SKEW_FIX = (
+    "run NTP (chrony, systemd-timesyncd) on that host and on the database host; occurrences "
+    "are computed from the leader's clock"
+)
+
+
+@dataclass(frozen=True)
+class StatusWarning:
+    """One problem with the scheduler, and what to do about it."""
+
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class SchedulerStatus:
+    """What the admin shows above the tasks list."""
+
+    now: datetime
+    #: The live scheduler node holding leadership, if any.
+    leader: Node | None
+    #: Live scheduler nodes, leader first.
+    schedulers: list[Node]
+    #: Live worker nodes.
+    workers: list[Node]
+    #: The latest round any scheduler node ran.
+    last_round_at: datetime | None
+    warnings: list[StatusWarning] = field(default_factory=list)
+
+    @property
+    def last_round_age(self) -> timedelta | None:
+        return None if self.last_round_at is None else self.now - self.last_round_at
+
+    @property
+    def healthy(self) -> bool:
+        return not self.warnings
+
+
+def _skew_text(skew_ms: int) -> str:
+    side = "ahead of" if skew_ms > 0 else "behind"
+    return f"{abs(skew_ms) / 1000:.1f} s {side}"
+
+
+def scheduler_status(now: datetime | None = None, using: str = "default") -> SchedulerStatus:
+    """The scheduler's status at ``now`` (default: the app clock), from one read of ``Node``.
+
+    A node counts as live when it has not stopped and was seen within the stale-round
+    threshold (or three heartbeats, whichever is longer); a crashed node keeps its row, and
+    its old ``is_leader`` must not pass for a leader.
+    """
+    config = get_settings()
+    now = now or clock.now()
+    stale_after = config.stale_round_warning
+    silent_after = max(stale_after, config.heartbeat_interval * 3)
+    nodes = list(Node.objects.using(using).all())
+
+    def live(node: Node) -> bool:
+        return node.stopped_at is None and now - node.last_seen_at <= silent_after
+
+    schedulers = [n for n in nodes if n.role == "scheduler"]
+    live_schedulers = sorted(
+        (n for n in schedulers if live(n)),
+        key=lambda n: (not n.is_leader, -n.last_seen_at.timestamp()),
+    )
+    leader = next((n for n in live_schedulers if n.is_leader), None)
+    workers = [n for n in nodes if n.role == "worker" and live(n)]
+    rounds = [n.last_round_at for n in schedulers if n.last_round_at is not None]
+    last_round_at = max(rounds) if rounds else None
+
+    warnings: list[StatusWarning] = []
+    if not schedulers:
+        warnings.append(StatusWarning("No scheduler has run against this database yet.", START_FIX))
+    elif last_round_at is None:
+        warnings.append(StatusWarning("No scheduler round has run yet.", STALE_FIX))
+    elif now - last_round_at > stale_after:
+        warnings.append(
+            StatusWarning(
+                f"No scheduler round for {duration(now - last_round_at)} "
+                f"(warning after {duration(stale_after)}): tasks are not being dispatched.",
+                STALE_FIX if live_schedulers else START_FIX,
+            )
+        )
+    threshold_ms = config.clock_skew_warning.total_seconds() * 1000
+    for node in live_schedulers + workers:
+        if node.clock_skew_ms is not None and abs(node.clock_skew_ms) > threshold_ms:
+            warnings.append(
+                StatusWarning(
+                    f"The clock of {node.role} {node.host}:{node.pid} is "
+                    f"{_skew_text(node.clock_skew_ms)} the database "
+                    f"(warning above {config.clock_skew_warning.total_seconds():g} s).",
+                    SKEW_FIX,
+                )
+            )
+    if leader is not None and leader.last_error:
+        warnings.append(
+            StatusWarning(
+                f"The leader reports an error: {leader.last_error}",
+                "see the scheduler's log for the event and its fix",
+            )
+        )
+    return SchedulerStatus(
+        now=now,
+        leader=leader,
+        schedulers=live_schedulers,
+        workers=workers,
+        last_round_at=last_round_at,
+        warnings=warnings,
+    )

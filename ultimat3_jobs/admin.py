@@ -447,7 +447,15 @@ class TaskAdmin(admin.ModelAdmin):
     # -- "Run now" --
 
     def get_urls(self) -> list[URLPattern]:
-        view = self.admin_site.admin_view(self.run_view)
+        guarded = self.admin_site.admin_view(self.run_view)
+
+        def view(request: HttpRequest, object_id: str | None = None) -> HttpResponse:
+            # An action URL: anyone who may not run tasks gets 403, never a login page that
+            # would replay the request after logging in.
+            if not self.admin_site.has_permission(request):
+                raise PermissionDenied
+            return guarded(request, object_id=object_id)
+
         # Ahead of the default patterns, whose "<path:object_id>/" would swallow "run/".
         return [
             path("run/", view, name="ultimat3_jobs_task_run"),

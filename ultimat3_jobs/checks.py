@@ -11,7 +11,7 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError, connections
 
-from .conf import DEFAULTS, default_leader, get_settings
+from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
 from .leaders import ADVISORY_NEEDS_POSTGRES_FIX
 
@@ -55,6 +55,9 @@ def check_settings(
                 id="ultimat3_jobs.W001",
             )
         )
+    stale = stale_after_problem(config.worker_stale_after, config.heartbeat_interval)
+    if stale is not None:
+        messages.append(checks.Error(stale.message, hint=stale.fix, id="ultimat3_jobs.E004"))
     for key in config.unknown:
         messages.append(
             checks.Warning(

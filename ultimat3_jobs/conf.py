@@ -166,3 +166,18 @@ def _clear_cache(*, setting: str, **kwargs: Any) -> None:
 def default_leader(vendor: str) -> str:
     """The leader an unset ``LEADER`` means on a database of this vendor."""
     return "advisory" if vendor == "postgresql" else "lease"
+
+
+def stale_after_problem(
+    stale_after: timedelta, heartbeat_interval: timedelta
+) -> ConfigurationError | None:
+    """A worker judged dead after too few missed heartbeats would have its jobs run twice."""
+    if stale_after > heartbeat_interval * 2:
+        return None
+    return ConfigurationError(
+        f"WORKER_STALE_AFTER ({stale_after.total_seconds():g}s) is not more than "
+        f"twice HEARTBEAT_INTERVAL ({heartbeat_interval.total_seconds():g}s): a live worker's "
+        "jobs could be recovered and run a second time",
+        fix='set ULTIMAT3_JOBS["WORKER_STALE_AFTER"] to several heartbeat intervals, '
+        "e.g. 60 with the default HEARTBEAT_INTERVAL of 5",
+    )

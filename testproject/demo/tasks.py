@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import datetime
 
 from ultimat3_jobs import Entry, job, task
@@ -29,3 +31,32 @@ def nightly_digest(occurrence: datetime) -> list[Entry]:
 @task(cron="*/15 * * * *", tz="America/New_York")
 def quarter_hour_ping(occurrence: datetime) -> list[Entry]:
     return [(ping, {"label": f"quarter-hour {occurrence.isoformat()}"})]
+
+
+# -- Jobs the worker tests and the benchmark run ---------------------------------------------
+
+
+@job(max_attempts=3)
+def always_fail(label: str) -> None:
+    """Raise every time, so a test can watch the retries run out."""
+    raise RuntimeError(f"demo failure: {label}")
+
+
+@job
+def slow_ping(label: str, seconds: float) -> None:
+    """Sleep, then leave a row: a job that is still in flight when a test signals its worker."""
+    time.sleep(seconds)
+    Ping.objects.create(label=label)
+
+
+@job
+def noop() -> None:
+    """Do nothing: what the benchmark measures is the worker's own cost per job."""
+
+
+if os.environ.get("ULTIMAT3_DEMO_PER_SECOND"):
+    # Only when asked for: a task firing every second would flood a real project's job table.
+
+    @task(cron="* * * * * *", tz="UTC", name="demo.every_second")
+    def every_second(occurrence: datetime) -> list[Entry]:
+        return [(ping, {"label": f"every-second {occurrence.isoformat()}"})]

@@ -1,0 +1,598 @@
+"""The worker against a real database: claims, outcomes, retries, recovery, drain, pruning."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.utils import timezone
+
+from testproject.demo.models import Ping
+from testproject.demo.tasks import always_fail, ping, slow_ping
+from ultimat3_jobs import clock
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.errors import ConfigurationError
+from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
+from ultimat3_jobs.registry import Registry, job, registry
+from ultimat3_jobs.retention import prune
+from ultimat3_jobs.worker import (
+    ABANDONED_EXIT,
+    CLEAN_EXIT,
+    Worker,
+    format_error,
+    retry_delay,
+)
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+QUICK: dict[str, Any] = {
+    "poll_interval": timedelta(seconds=0.05),
+    "heartbeat_interval": timedelta(seconds=0.2),
+    "backoff_max": timedelta(seconds=0.05),
+    "drain_on_shutdown": False,
+}
+
+
+def quick_worker(**options: Any) -> Worker:
+    """A worker that polls, heartbeats and backs off in fractions of a second."""
+    return Worker(**{**QUICK, **options})
+
+
+def make_job(
+    name: str = "demo.ping",
+    *,
+    data: dict[str, Any] | None = None,
+    run_at: datetime | None = None,
+    queue: str = "default",
+    status: str = JobStatus.QUEUED,
+    attempts: int = 0,
+    max_attempts: int = 3,
+    worker: str = "",
+    created_at: datetime | None = None,
+    finished_at: datetime | None = None,
+) -> Job:
+    now = clock.now()  # The worker's clock, which keeps milliseconds only.
+    return Job.objects.create(
+        name=name,
+        key=f"{name}:{uuid.uuid4().hex}",
+        input={"label": uuid.uuid4().hex} if data is None else data,
+        queue=queue,
+        run_at=run_at or now,
+        created_at=created_at or now,
+        status=status,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        worker=worker,
+        finished_at=finished_at,
+    )
+
+
+def make_node(node_id: str, *, seen_ago: timedelta, stopped: bool = False) -> Node:
+    now = timezone.now()
+    return Node.objects.create(
+        node_id=node_id,
+        role="worker",
+        host="elsewhere",
+        pid=1,
+        started_at=now - timedelta(hours=1),
+        last_seen_at=now - seen_ago,
+        stopped_at=now if stopped else None,
+    )
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10, what: str = "it") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def recorded(fresh_registry: Registry) -> Iterator[list[dict[str, Any]]]:
+    """A job ``test.record`` that appends its input here: what ran, with which arguments."""
+    calls: list[dict[str, Any]] = []
+
+    @job(name="test.record")
+    def record(**kwargs: Any) -> None:
+        calls.append(kwargs)
+
+    yield calls
+
+
+@pytest.fixture
+def quiet_logger() -> Iterator[None]:
+    """``run_worker`` reconfigures the app's logger; put it back for the tests after us."""
+    root = logging.getLogger("ultimat3_jobs")
+    saved = (list(root.handlers), root.level, root.propagate)
+    try:
+        yield
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
+
+
+# -- backoff and error text ---------------------------------------------------------------------
+
+
+def test_retry_delay__grows_as_base_to_the_attempts_up_to_the_cap() -> None:
+    cap = timedelta(seconds=60)
+    delays = [retry_delay(n, base=2, cap=cap, rand=lambda: 1.0) for n in (1, 2, 3, 6, 7, 500)]
+    assert [d.total_seconds() for d in delays] == [2, 4, 8, 60, 60, 60]
+
+
+def test_retry_delay__full_jitter_spans_zero_to_the_ceiling() -> None:
+    cap = timedelta(hours=1)
+    assert retry_delay(3, base=2, cap=cap, rand=lambda: 0.0) == timedelta(0)
+    assert retry_delay(3, base=2, cap=cap, rand=lambda: 0.25) == timedelta(seconds=2)
+    spread = {retry_delay(4, base=2, cap=cap) for _ in range(50)}
+    assert len(spread) > 1
+    assert all(timedelta(0) <= d <= timedelta(seconds=16) for d in spread)
+
+
+def test_format_error__keeps_the_raise_site_and_drops_nul_bytes() -> None:
+    try:
+        raise ValueError("bad\x00value")
+    except ValueError as error:
+        text = format_error(error)
+    assert "ValueError: bad\\x00value" in text
+    assert "\x00" not in text
+    assert "test_format_error__keeps_the_raise_site" in text
+
+
+# -- claiming ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_claim__takes_due_jobs_oldest_first_and_counts_the_attempt() -> None:
+    clock = FrozenClock(T0)
+    later = make_job(run_at=T0 - timedelta(seconds=1))
+    older = make_job(run_at=T0 - timedelta(seconds=5))
+    worker = Worker(node_id="w1", clock=clock, drain_on_shutdown=False)
+    claimed = worker.claim(10)
+    assert [j.pk for j in claimed] == [older.pk, later.pk]
+    rows = Job.objects.filter(pk__in=[older.pk, later.pk])
+    assert set(rows.values_list("status", "attempts", "worker", "started_at")) == {
+        (JobStatus.RUNNING, 1, "w1", T0)
+    }
+    assert claimed[0].input == older.input  # JSON comes back decoded.
+
+
+@pytest.mark.django_db
+def test_claim__leaves_future_jobs_other_queues_and_running_ones() -> None:
+    clock = FrozenClock(T0)
+    due = make_job(run_at=T0, queue="emails")
+    make_job(run_at=T0 + timedelta(seconds=1), queue="emails")
+    make_job(run_at=T0, queue="reports")
+    make_job(run_at=T0, queue="emails", status=JobStatus.RUNNING, worker="other")
+    worker = Worker(queues=["emails"], node_id="w1", clock=clock, drain_on_shutdown=False)
+    assert [j.pk for j in worker.claim(10)] == [due.pk]
+    assert worker.claim(10) == []
+
+
+@pytest.mark.django_db
+def test_claim__respects_the_limit_and_never_hands_a_job_out_twice() -> None:
+    jobs = [make_job() for _ in range(5)]
+    first = Worker(node_id="w1", drain_on_shutdown=False).claim(3)
+    second = Worker(node_id="w2", drain_on_shutdown=False).claim(3)
+    assert len(first) == 3
+    assert len(second) == 2
+    assert sorted(j.pk for j in first + second) == [j.pk for j in jobs]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_claim__concurrent_claimers_split_the_jobs_without_overlap() -> None:
+    Job.objects.bulk_create(
+        [Job(name="demo.ping", key=f"k{i}", input={}, run_at=T0, created_at=T0) for i in range(300)]
+    )
+    got: dict[str, list[int]] = {}
+    start = threading.Barrier(4)
+
+    def claimer(name: str) -> None:
+        try:
+            worker = Worker(node_id=name, drain_on_shutdown=False)
+            start.wait()
+            mine: list[int] = []
+            while batch := worker.claim(7):
+                mine += [j.pk for j in batch]
+            got[name] = mine
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(f"w{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    everything = [pk for ids in got.values() for pk in ids]
+    assert len(everything) == 300
+    assert len(set(everything)) == 300
+    assert sum(1 for ids in got.values() if ids) > 1, "one claimer took everything"
+
+
+# -- running and recording ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_execute__passes_the_input_as_keyword_arguments_and_records_success(
+    recorded: list[dict[str, Any]],
+) -> None:
+    make_job("test.record", data={"day": "2026-06-01", "n": 3})
+    worker = Worker(node_id="w1", drain_on_shutdown=False)
+    (claimed,) = worker.claim(1)
+    assert worker.execute(claimed) == "succeeded"
+    assert recorded == [{"day": "2026-06-01", "n": 3}]
+    row = Job.objects.get(pk=claimed.pk)
+    assert row.status == JobStatus.SUCCEEDED
+    assert row.started_at is not None and row.finished_at is not None
+    assert row.started_at <= row.finished_at
+    assert row.last_error == ""
+
+
+@pytest.mark.django_db
+def test_execute__failure_is_requeued_with_backoff_and_its_traceback() -> None:
+    clock = FrozenClock(T0)
+    made = make_job("demo.always_fail", data={"label": "x"}, run_at=T0)
+    worker = Worker(
+        node_id="w1",
+        clock=clock,
+        backoff_base=2,
+        backoff_max=timedelta(hours=1),
+        rand=lambda: 0.5,
+        drain_on_shutdown=False,
+    )
+    (claimed,) = worker.claim(1)
+    assert worker.execute(claimed) == "retrying"
+    row = Job.objects.get(pk=made.pk)
+    assert row.status == JobStatus.QUEUED
+    assert row.attempts == 1
+    assert row.run_at == T0 + timedelta(seconds=1)  # 2 ** 1 seconds, half of it by the jitter.
+    assert row.worker == ""
+    assert row.finished_at is None
+    assert "RuntimeError: demo failure: x" in row.last_error
+    assert "Traceback" in row.last_error
+    assert worker.claim(1) == []  # Not due before its backoff ends.
+    clock.advance(1)
+    assert [j.pk for j in worker.claim(1)] == [made.pk]
+
+
+@pytest.mark.django_db
+def test_execute__the_last_attempt_ends_failed_with_its_error() -> None:
+    made = make_job("demo.always_fail", data={"label": "y"}, attempts=2, max_attempts=3)
+    worker = Worker(node_id="w1", drain_on_shutdown=False)
+    (claimed,) = worker.claim(1)
+    assert claimed.attempts == 3
+    assert worker.execute(claimed) == "failed"
+    row = Job.objects.get(pk=made.pk)
+    assert (row.status, row.attempts) == (JobStatus.FAILED, 3)
+    assert row.finished_at is not None
+    assert "demo failure: y" in row.last_error
+
+
+@pytest.mark.django_db
+def test_execute__a_job_this_worker_does_not_know_fails_at_once() -> None:
+    made = make_job("nowhere.gone", data={}, max_attempts=5)
+    worker = Worker(node_id="w1", drain_on_shutdown=False)
+    (claimed,) = worker.claim(1)
+    assert worker.execute(claimed) == "failed"
+    row = Job.objects.get(pk=made.pk)
+    assert (row.status, row.attempts) == (JobStatus.FAILED, 1)
+    assert 'job "nowhere.gone" is not registered in this worker' in row.last_error
+    assert "fix:" in row.last_error
+
+
+@pytest.mark.django_db
+def test_execute__input_that_does_not_fit_the_function_is_a_failure() -> None:
+    made = make_job("demo.ping", data={"wrong": 1}, max_attempts=1)
+    worker = Worker(node_id="w1", drain_on_shutdown=False)
+    (claimed,) = worker.claim(1)
+    assert worker.execute(claimed) == "failed"
+    assert "TypeError" in Job.objects.get(pk=made.pk).last_error
+
+
+@pytest.mark.django_db
+def test_execute__a_job_cancelled_while_running_stays_cancelled() -> None:
+    made = make_job()
+    worker = Worker(node_id="w1", drain_on_shutdown=False)
+    (claimed,) = worker.claim(1)
+    Job.objects.filter(pk=made.pk).update(status=JobStatus.CANCELLED)
+    assert worker.execute(claimed) == "lost"
+    assert Job.objects.get(pk=made.pk).status == JobStatus.CANCELLED
+
+
+# -- heartbeats and recovery --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_heartbeat__creates_the_node_row_then_refreshes_it() -> None:
+    worker = Worker(node_id="w1", drain_on_shutdown=False)
+    worker.heartbeat()
+    first = Node.objects.get(node_id="w1")
+    assert first.role == "worker"
+    assert first.stopped_at is None
+    Node.objects.filter(node_id="w1").update(last_seen_at=T0)
+    worker.heartbeat()
+    assert Node.objects.get(node_id="w1").last_seen_at > T0
+
+
+@pytest.mark.django_db
+def test_recover__requeues_a_dead_workers_jobs_keeping_their_attempts() -> None:
+    make_node("dead", seen_ago=timedelta(minutes=5))
+    orphan = make_job(status=JobStatus.RUNNING, worker="dead", attempts=1)
+    never_seen = make_job(status=JobStatus.RUNNING, worker="ghost", attempts=2)
+    result = Worker(node_id="w1", stale_after=timedelta(seconds=60)).recover()
+    assert (result.requeued, result.failed) == (2, 0)
+    rows = Job.objects.filter(pk__in=[orphan.pk, never_seen.pk]).order_by("pk")
+    assert list(rows.values_list("status", "attempts", "worker")) == [
+        (JobStatus.QUEUED, 1, ""),
+        (JobStatus.QUEUED, 2, ""),
+    ]
+    assert "worker dead stopped heartbeating" in rows[0].last_error
+
+
+@pytest.mark.django_db
+def test_recover__a_job_that_kept_killing_its_worker_ends_failed() -> None:
+    make_node("dead", seen_ago=timedelta(minutes=5))
+    killer = make_job(status=JobStatus.RUNNING, worker="dead", attempts=3, max_attempts=3)
+    result = Worker(node_id="w1", stale_after=timedelta(seconds=60)).recover()
+    assert (result.requeued, result.failed) == (0, 1)
+    row = Job.objects.get(pk=killer.pk)
+    assert (row.status, row.attempts) == (JobStatus.FAILED, 3)
+    assert row.finished_at is not None
+    assert "kept killing its worker" in row.last_error
+
+
+@pytest.mark.django_db
+def test_recover__leaves_live_workers_alone_but_not_stopped_ones() -> None:
+    make_node("alive", seen_ago=timedelta(seconds=1))
+    make_node("stopped", seen_ago=timedelta(seconds=1), stopped=True)
+    busy = make_job(status=JobStatus.RUNNING, worker="alive", attempts=1)
+    left = make_job(status=JobStatus.RUNNING, worker="stopped", attempts=1)
+    result = Worker(node_id="w1", stale_after=timedelta(seconds=60)).recover()
+    assert (result.requeued, result.failed) == (1, 0)
+    assert Job.objects.get(pk=busy.pk).status == JobStatus.RUNNING
+    assert Job.objects.get(pk=left.pk).status == JobStatus.QUEUED
+
+
+def test_worker__refuses_a_stale_limit_a_live_worker_could_cross() -> None:
+    with pytest.raises(ConfigurationError, match="WORKER_STALE_AFTER") as raised:
+        Worker(heartbeat_interval=timedelta(seconds=5), stale_after=timedelta(seconds=10))
+    assert "HEARTBEAT_INTERVAL" in raised.value.message
+
+
+# -- the loop -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__burst_runs_everything_due_then_returns_clean() -> None:
+    labels = [f"burst-{n}" for n in range(12)]
+    for label in labels:
+        ping.enqueue({"label": label})
+    ping.enqueue({"label": "later"}, run_at=timezone.now() + timedelta(hours=1))
+    worker = quick_worker(burst=True, concurrency=3)
+    assert worker.run() == CLEAN_EXIT
+    assert sorted(Ping.objects.values_list("label", flat=True)) == sorted(labels)
+    assert worker.outcomes["succeeded"] == 12
+    assert Job.objects.filter(status=JobStatus.QUEUED).count() == 1
+    assert Node.objects.get(node_id=worker.node_id).stopped_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__max_jobs_stops_after_that_many() -> None:
+    for n in range(5):
+        ping.enqueue({"label": f"max-{n}"})
+    worker = quick_worker(max_jobs=2, concurrency=2)
+    assert worker.run() == CLEAN_EXIT
+    assert Ping.objects.count() == 2
+    assert Job.objects.filter(status=JobStatus.QUEUED).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__retries_a_failing_job_until_it_ends_failed() -> None:
+    made = always_fail.enqueue({"label": "again"})
+    worker = quick_worker(listen=False)
+    worker.start()
+    try:
+        wait_until(
+            lambda: Job.objects.filter(pk=made.job_id, status=JobStatus.FAILED).exists(),
+            what="the job to run out of attempts",
+        )
+    finally:
+        worker.stop()
+    row = Job.objects.get(pk=made.job_id)
+    assert row.attempts == 3
+    assert "demo failure: again" in row.last_error
+    assert worker.outcomes["retrying"] == 2
+    assert worker.exit_code == CLEAN_EXIT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop__waits_for_the_job_in_flight_and_claims_nothing_more() -> None:
+    made = slow_ping.enqueue({"label": "in flight", "seconds": 0.5})
+    worker = quick_worker(listen=False, drain_grace=timedelta(seconds=10))
+    worker.start()
+    wait_until(lambda: worker.in_flight() == [made.job_id], what="the job to start")
+    waiting = ping.enqueue({"label": "never claimed"})
+    worker.stop("test")
+    assert worker.exit_code == CLEAN_EXIT
+    assert Job.objects.get(pk=made.job_id).status == JobStatus.SUCCEEDED
+    assert Job.objects.get(pk=waiting.job_id).status == JobStatus.QUEUED
+    assert list(Ping.objects.values_list("label", flat=True)) == ["in flight"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop__past_the_grace_gives_the_job_back_to_the_queue() -> None:
+    made = slow_ping.enqueue({"label": "too slow", "seconds": 1.5})
+    worker = quick_worker(listen=False, drain_grace=timedelta(seconds=0.2))
+    worker.start()
+    wait_until(lambda: worker.in_flight() == [made.job_id], what="the job to start")
+    worker.stop("test")
+    assert worker.exit_code == ABANDONED_EXIT
+    row = Job.objects.get(pk=made.job_id)
+    assert (row.status, row.attempts, row.worker) == (JobStatus.QUEUED, 1, "")
+    assert "stopped before this attempt finished" in row.last_error
+    assert worker.join(timeout=5)  # The abandoned attempt ends; its outcome is not written.
+    assert Job.objects.get(pk=made.job_id).status == JobStatus.QUEUED
+    assert worker.outcomes["lost"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__recovers_a_dead_workers_job_and_runs_it() -> None:
+    make_node("dead", seen_ago=timedelta(minutes=5))
+    orphan = make_job(status=JobStatus.RUNNING, worker="dead", attempts=1, data={"label": "saved"})
+    worker = quick_worker(burst=True, stale_after=timedelta(seconds=60))
+    assert worker.run() == CLEAN_EXIT
+    row = Job.objects.get(pk=orphan.pk)
+    assert (row.status, row.attempts, row.worker) == (JobStatus.SUCCEEDED, 2, worker.node_id)
+    assert list(Ping.objects.values_list("label", flat=True)) == ["saved"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_run__notify_wakes_the_worker_long_before_the_next_poll() -> None:
+    worker = Worker(
+        poll_interval=timedelta(seconds=30),
+        heartbeat_interval=timedelta(seconds=20),
+        drain_on_shutdown=False,
+    )
+    worker.start()
+    try:
+        wait_until(lambda: worker.listening, what="LISTEN")
+        time.sleep(0.1)  # Let the dispatcher settle into its long wait.
+        started = time.monotonic()
+        ping.enqueue({"label": "woken"})
+        wait_until(lambda: Ping.objects.filter(label="woken").exists(), timeout=5, what="run")
+        assert time.monotonic() - started < 2
+    finally:
+        worker.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__polling_finds_jobs_without_listen() -> None:
+    worker = quick_worker(listen=False)
+    worker.start()
+    try:
+        time.sleep(0.1)
+        ping.enqueue({"label": "polled"})
+        wait_until(lambda: Ping.objects.filter(label="polled").exists(), timeout=5, what="run")
+    finally:
+        assert not worker.listening
+        worker.stop()
+
+
+# -- pruning ------------------------------------------------------------------------------------
+
+
+def _old_and_new_rows() -> dict[str, Job]:
+    now = timezone.now()
+    old = now - timedelta(days=20)
+    fresh = now - timedelta(days=1)
+    for when in (old, fresh):
+        Occurrence.objects.create(task="t", outcome="fired", occurrence=when, recorded_at=when)
+    make_node("gone", seen_ago=timedelta(days=20))
+    return {
+        "old_succeeded": make_job(status=JobStatus.SUCCEEDED, finished_at=old, created_at=old),
+        "old_failed": make_job(status=JobStatus.FAILED, finished_at=old, created_at=old),
+        "old_cancelled": make_job(status=JobStatus.CANCELLED, created_at=old),
+        "old_queued": make_job(status=JobStatus.QUEUED, created_at=old, run_at=old),
+        "old_running": make_job(status=JobStatus.RUNNING, created_at=old, worker="w"),
+        "new_succeeded": make_job(status=JobStatus.SUCCEEDED, finished_at=fresh),
+    }
+
+
+@pytest.mark.django_db
+def test_prune__deletes_finished_jobs_and_records_past_retention_only() -> None:
+    jobs = _old_and_new_rows()
+    result = prune(older_than=timedelta(days=14), batch_size=2)
+    assert (result.jobs, result.occurrences, result.nodes) == (3, 1, 1)
+    left = set(Job.objects.values_list("pk", flat=True))
+    assert left == {jobs[k].pk for k in ("old_queued", "old_running", "new_succeeded")}
+    assert Occurrence.objects.count() == 1
+    assert not Node.objects.filter(node_id="gone").exists()
+
+
+@pytest.mark.django_db
+def test_prune__dry_run_counts_and_deletes_nothing() -> None:
+    _old_and_new_rows()
+    result = prune(older_than=timedelta(days=14), dry_run=True)
+    assert (result.jobs, result.occurrences, result.nodes) == (3, 1, 1)
+    assert Job.objects.count() == 6
+    assert Occurrence.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_prune__defaults_to_the_retention_setting(settings: Any) -> None:
+    _old_and_new_rows()
+    settings.ULTIMAT3_JOBS = {"RETENTION_DAYS": 30}
+    assert prune().jobs == 0
+    settings.ULTIMAT3_JOBS = {"RETENTION_DAYS": 7}
+    assert prune().jobs == 3
+
+
+@pytest.mark.django_db
+def test_prune_jobs_command__reports_what_it_deleted(capsys: pytest.CaptureFixture[str]) -> None:
+    _old_and_new_rows()
+    call_command("prune_jobs", "--days", "14", "--dry-run")
+    assert "Would delete 3 finished job(s), 1 occurrence record(s)" in capsys.readouterr().out
+    call_command("prune_jobs", "--days", "14")
+    assert "Deleted 3 finished job(s)" in capsys.readouterr().out
+    assert Job.objects.count() == 3
+    with pytest.raises(CommandError, match="must be 1 day or more"):
+        call_command("prune_jobs", "--days", "0")
+
+
+def test_builtin_prune_task__is_declared_nightly_in_utc_and_enqueues_the_prune_job() -> None:
+    nightly = registry.get_task("ultimat3_jobs.prune")
+    prune_job = registry.get_job("ultimat3_jobs.prune")
+    assert nightly is not None and prune_job is not None
+    assert (nightly.cron, nightly.tz) == ("17 3 * * *", "UTC")
+    assert nightly.entries(T0) == [(prune_job, {})]
+    assert nightly.next_runs(1, after=T0) == [datetime(2026, 6, 2, 3, 17, tzinfo=UTC)]
+
+
+@pytest.mark.django_db
+def test_builtin_prune_job__prunes_when_a_worker_runs_it() -> None:
+    _old_and_new_rows()
+    make_job("ultimat3_jobs.prune", data={"days": 14}, queue="maintenance")
+    worker = Worker(queues=["maintenance"], node_id="w1", drain_on_shutdown=False)
+    (claimed,) = worker.claim(1)
+    assert worker.execute(claimed) == "succeeded"
+    assert Occurrence.objects.count() == 1
+    assert not Job.objects.filter(status=JobStatus.FAILED).exists()
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--concurrency", "0"], "must be 1 or more"),
+        (["--max-jobs", "many"], "is not a whole number"),
+        (["--queues", "default,"], "comma-separated list of queue names"),
+        (["--poll-interval", "-1"], "must be more than 0 seconds"),
+    ],
+    ids=["concurrency_zero", "max_jobs_text", "queues_empty_name", "poll_negative"],
+)
+def test_run_worker_command__rejects_bad_flags(argv: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("run_worker", *argv)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_worker_command__burst_runs_the_named_queues(quiet_logger: None) -> None:
+    ping.enqueue({"label": "mine"}, queue="emails")
+    ping.enqueue({"label": "theirs"}, queue="reports")
+    call_command("run_worker", "--burst", "--queues", "emails", "--concurrency", "2")
+    assert list(Ping.objects.values_list("label", flat=True)) == ["mine"]
+    assert Job.objects.get(queue="reports").status == JobStatus.QUEUED

@@ -1,0 +1,56 @@
+"""``manage.py prune_jobs``: delete finished jobs and occurrence records past retention."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.retention import prune
+
+
+def positive_days(value: str) -> int:
+    try:
+        days = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of days") from None
+    if days < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 1 day or more")
+    return days
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished jobs, occurrence records and silent nodes older than the retention "
+        "period. Queued and running jobs are never touched."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--days",
+            type=positive_days,
+            help="Keep this many days (default: the RETENTION_DAYS setting).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would go; delete nothing."
+        )
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(self, *, days: int | None, dry_run: bool, database: str, **options: Any) -> None:
+        try:
+            result = prune(
+                older_than=None if days is None else timedelta(days=days),
+                dry_run=dry_run,
+                using=database,
+            )
+        except UltimateError as error:
+            raise CommandError(f"{error.message}\nfix: {error.fix}") from error
+        verb = "Would delete" if dry_run else "Deleted"
+        self.stdout.write(
+            f"{verb} {result.jobs} finished job(s), {result.occurrences} occurrence record(s) "
+            f"and {result.nodes} silent node(s) older than {result.cutoff.isoformat()}."
+        )

@@ -1,0 +1,122 @@
+"""``manage.py run_worker``: parse the flags, build a Worker, run it until drained."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from ultimat3_jobs import logs
+from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.worker import CLEAN_EXIT, Worker
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 seconds")
+    return seconds
+
+
+def queue_names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of queue names, e.g. default,emails"
+        )
+    return names
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the jobs the scheduler enqueues. The first SIGTERM/SIGINT stops claiming and "
+        "waits for the jobs in flight; the second exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            help="Jobs run at once, each in a thread of its own (default 1).",
+        )
+        parser.add_argument(
+            "--queues",
+            type=queue_names,
+            action="extend",
+            help="Comma-separated queues to run (repeatable; default: every queue).",
+        )
+        parser.add_argument("--burst", action="store_true", help="Run what is due now, then exit.")
+        parser.add_argument(
+            "--max-jobs", type=positive_int, help="Exit after running this many jobs."
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=positive_seconds,
+            help="Seconds between polls for due jobs (default: WORKER_POLL_INTERVAL).",
+        )
+        parser.add_argument(
+            "--drain-grace",
+            type=positive_seconds,
+            help="Seconds a SIGTERM waits for jobs in flight (default: WORKER_DRAIN_GRACE).",
+        )
+        parser.add_argument(
+            "--no-listen",
+            action="store_true",
+            help="Poll only; do not LISTEN for enqueues (e.g. behind a transaction pooler).",
+        )
+        parser.add_argument("--log-format", choices=("text", "json"), default="text")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(
+        self,
+        *,
+        concurrency: int,
+        queues: list[str] | None,
+        burst: bool,
+        max_jobs: int | None,
+        poll_interval: float | None,
+        drain_grace: float | None,
+        no_listen: bool,
+        log_format: str,
+        database: str,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        logs.configure(log_format, logging.DEBUG if verbosity > 1 else logging.INFO)
+        try:
+            worker = Worker(
+                queues=queues,
+                concurrency=concurrency,
+                burst=burst,
+                max_jobs=max_jobs,
+                poll_interval=timedelta(seconds=poll_interval) if poll_interval else None,
+                drain_grace=timedelta(seconds=drain_grace) if drain_grace else None,
+                listen=not no_listen,
+                using=database,
+            )
+        except UltimateError as error:
+            raise CommandError(f"{error.message}\nfix: {error.fix}") from error
+        exit_code = worker.run()
+        if exit_code != CLEAN_EXIT:
+            raise CommandError(
+                "the drain grace ran out; the jobs still in flight went back to the queue",
+                returncode=exit_code,
+            )

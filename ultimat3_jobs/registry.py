@@ -113,7 +113,7 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
         )
     try:
         # Round-tripped so the job gets exactly what the worker will read back.
-        return json.loads(json.dumps(value, allow_nan=False))  # type: ignore[no-any-return]
+        return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as error:
         raise InvalidJobInputError(
             f'input of job "{job_name}" is not JSON-serialisable: {error}',

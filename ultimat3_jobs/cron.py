@@ -23,7 +23,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Final, Literal
 from zoneinfo import ZoneInfo
@@ -44,7 +44,6 @@ __all__ = [
 
 OccurrenceKind = Literal["normal", "gap-shifted", "repeated-first", "repeated"]
 
-_UTC: Final = timezone.utc
 _SECOND: Final = timedelta(seconds=1)
 _MINUTE: Final = timedelta(minutes=1)
 _DAY: Final = timedelta(days=1)
@@ -99,8 +98,7 @@ _DOM_FIELD: Final = _Field(
     1,
     31,
     "1-31",
-    'use a day of month between 1 and 31, e.g. "0 3 1 * *" runs at 03:00 on the 1st of '
-    "every month",
+    'use a day of month between 1 and 31, e.g. "0 3 1 * *" runs at 03:00 on the 1st of every month',
 )
 _MONTH_FIELD: Final = _Field(
     "month",
@@ -293,11 +291,7 @@ def parse(expr: str) -> CronSchedule:
     Cached: the scheduler asks for the same few expressions on every round.
     """
     if not isinstance(expr, str):
-        raise InvalidCronError(
-            f"cron must be a string, got {type(expr).__name__} {expr!r}",
-            fix='pass the expression as a string, e.g. cron="0 3 * * *"',
-            cause=expr,
-        )
+        raise _not_a_string(expr)
     return _parse_cached(expr)
 
 
@@ -306,13 +300,17 @@ def _parse_cached(expr: str) -> CronSchedule:
     return CronSchedule(expr)
 
 
+def _not_a_string(expr: object) -> InvalidCronError:
+    return InvalidCronError(
+        f"cron must be a string, got {type(expr).__name__} {expr!r}",
+        fix='pass the expression as a string, e.g. cron="0 3 * * *"',
+        cause=expr,
+    )
+
+
 def _validate(expr: object) -> tuple[bool, list[str], list[list[int | str]]]:
     if not isinstance(expr, str):
-        raise InvalidCronError(
-            f"cron must be a string, got {type(expr).__name__} {expr!r}",
-            fix='pass the expression as a string, e.g. cron="0 3 * * *"',
-            cause=expr,
-        )
+        raise _not_a_string(expr)
     fields: list[str] = _FIELD_TOKEN.findall(expr)
     if not fields:
         raise InvalidCronError("cron is empty", fix=_FIELD_COUNT_FIX, cause=expr)
@@ -354,12 +352,18 @@ def _validate(expr: object) -> tuple[bool, list[str], list[list[int | str]]]:
             max_years_between_matches=_MATCH_HORIZON_YEARS,
         ).get_next(datetime)
     except CroniterBadDateError as exc:
-        dom, month = fields[-3], fields[-2]
+        dom, month, dow = fields[-3:]
+        days = "" if dow in ("*", "?") else f' on day-of-week "{dow}"'
         raise InvalidCronError(
-            f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month "{month}"',
+            f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month '
+            f'"{month}"{days}',
             fix='use a day that exists in that month, e.g. "0 0 28 2 *", or "0 0 L 2 *" for the '
             "last day of February",
             cause=exc,
+        ) from exc
+    except CroniterError as exc:
+        raise InvalidCronError(
+            f'cron "{expr}" is not a valid expression: {exc}', fix=_FIELD_COUNT_FIX, cause=exc
         ) from exc
     return has_seconds, fields, [list(values) for values in expanded]
 
@@ -448,6 +452,8 @@ def between(
         raise TypeError(f"limit must be an int or None, got {limit!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must not be negative, got {limit}")
+    if keep not in ("earliest", "latest"):
+        raise ValueError(f'keep must be "earliest" or "latest", got {keep!r}')
     if limit == 0 or end <= start:
         return []
     if limit is None:
@@ -459,8 +465,6 @@ def between(
             if len(found) == limit:
                 break
         return found
-    if keep != "latest":
-        raise ValueError(f'keep must be "earliest" or "latest", got {keep!r}')
     # Widen a window back from the end until it holds `limit` occurrences or reaches the start.
     window = schedule._matcher.unit * limit
     while True:
@@ -489,7 +493,7 @@ def describe_occurrence(
     instant = _as_utc(occurrence, "occurrence")
     if _next(schedule, zone, instant - _MICROSECOND) != instant:
         raise ValueError(
-            f"{instant.isoformat()} is not an occurrence of cron {schedule.expr!r} in {zone.key}"
+            f"{instant.isoformat()} is not an occurrence of cron {schedule.expr!r} in {zone}"
         )
     local = instant.astimezone(zone)
     if local.fold:
@@ -521,7 +525,7 @@ def _as_utc(value: datetime, name: str) -> datetime:
             f"{name} must be an aware datetime, got naive {value.isoformat()}; "
             "e.g. datetime.now(timezone.utc)"
         )
-    return value.astimezone(_UTC)
+    return value.astimezone(UTC)
 
 
 def _iterate(
@@ -545,8 +549,8 @@ def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> 
     # before after's local wall time maps at or before `after`: start the walk just past it.
     wall = matcher.first_after(after.astimezone(zone).replace(tzinfo=None))
     while True:
-        first = wall.replace(tzinfo=zone).astimezone(_UTC)
-        second = wall.replace(tzinfo=zone, fold=1).astimezone(_UTC)
+        first = wall.replace(tzinfo=zone).astimezone(UTC)
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
         if first == second:
             instant = first
         elif first < second:
@@ -580,7 +584,7 @@ def _next_real_time(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> d
     while True:
         local = _wall(start, offset)
         wall = matcher.first_at_or_after(local) if inclusive else matcher.first_after(local)
-        candidate = (wall - offset).replace(tzinfo=_UTC)
+        candidate = (wall - offset).replace(tzinfo=UTC)
         change = _next_offset_change(zone, start, offset, candidate)
         if change is None:
             return candidate

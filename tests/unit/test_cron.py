@@ -1,0 +1,542 @@
+"""``ultimat3_jobs.cron``: parsing, validation errors and the zone-free basics (UTC).
+
+DST behaviour lives in ``test_cron_dst.py``; random expressions in ``test_cron_properties.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from croniter import CroniterError
+
+from ultimat3_jobs.cron import (
+    CronSchedule,
+    between,
+    next_occurrence,
+    occurrences,
+    parse,
+)
+from ultimat3_jobs.errors import InvalidCronError
+
+
+def utc(text: str) -> datetime:
+    """A literal instant: ``"2026-03-08T07:00:00"`` read as UTC."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def iso(values: list[datetime]) -> list[str]:
+    return [value.strftime("%Y-%m-%dT%H:%M:%SZ") for value in values]
+
+
+def first(expr: str, after: str, count: int, tz: str = "UTC") -> list[str]:
+    found = []
+    for occurrence in occurrences(expr, tz, utc(after)):
+        found.append(occurrence)
+        if len(found) == count:
+            break
+    return iso(found)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+def test_parse__five_fields() -> None:
+    schedule = parse("0 3 * * *")
+    assert schedule == CronSchedule("0 3 * * *")
+    assert (schedule.expr, schedule.has_seconds, schedule.wall_clock) == ("0 3 * * *", False, True)
+
+
+def test_parse__six_fields_take_a_leading_seconds_field() -> None:
+    schedule = parse("30 0 3 * * *")
+    assert schedule.has_seconds is True
+    assert first("30 0 3 * * *", "2026-05-01T00:00:00", 2) == [
+        "2026-05-01T03:00:30Z",
+        "2026-05-02T03:00:30Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("expr", "wall_clock"),
+    [
+        pytest.param("0 * * * *", False, id="star"),
+        pytest.param("0 */2 * * *", False, id="star_step"),
+        pytest.param("0 3 * * *", True, id="number"),
+        pytest.param("0 1,2 * * *", True, id="list"),
+        pytest.param("0 0-23 * * *", True, id="range_of_every_hour"),
+        pytest.param("0 1-23/2 * * *", True, id="range_step"),
+        pytest.param("* * * * * *", False, id="seconds_star"),
+        pytest.param("0 0 3 * * *", True, id="seconds_number"),
+        pytest.param("* 3 * * * *", False, id="seconds_star_is_not_the_hour"),
+    ],
+)
+def test_parse__hour_field_decides_the_dst_class(expr: str, wall_clock: bool) -> None:
+    assert parse(expr).wall_clock is wall_clock
+
+
+def test_parse__is_cached() -> None:
+    assert parse("17 4 * * *") is parse("17 4 * * *")
+
+
+def test_parse__accepts_names_and_question_mark() -> None:
+    assert first("0 9 * jan mon", "2026-01-01T00:00:00", 5) == [
+        "2026-01-05T09:00:00Z",
+        "2026-01-12T09:00:00Z",
+        "2026-01-19T09:00:00Z",
+        "2026-01-26T09:00:00Z",
+        "2027-01-04T09:00:00Z",
+    ]
+    assert first("0 9 ? * SAT-SUN", "2026-02-01T12:00:00", 3) == [
+        "2026-02-07T09:00:00Z",
+        "2026-02-08T09:00:00Z",
+        "2026-02-14T09:00:00Z",
+    ]
+
+
+def test_parse__seven_means_sunday() -> None:
+    assert first("0 9 * * 7", "2026-02-02T00:00:00", 2) == [
+        "2026-02-08T09:00:00Z",
+        "2026-02-15T09:00:00Z",
+    ]
+
+
+# --- validation errors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "message", "fix_start"),
+    [
+        pytest.param(
+            "61 * * * *",
+            'cron "61 * * * *": minute field "61" is out of range 0-59',
+            "use a minute between 0 and 59",
+            id="minute_61",
+        ),
+        pytest.param(
+            "0 24 * * *",
+            'cron "0 24 * * *": hour field "24" is out of range 0-23',
+            "use an hour between 0 and 23",
+            id="hour_24",
+        ),
+        pytest.param(
+            "0 0 0 * *",
+            'cron "0 0 0 * *": day-of-month field "0" is out of range 1-31',
+            "use a day of month between 1 and 31",
+            id="dom_0",
+        ),
+        pytest.param(
+            "0 0 32 * *",
+            'cron "0 0 32 * *": day-of-month field "32" is out of range 1-31',
+            "use a day of month between 1 and 31",
+            id="dom_32",
+        ),
+        pytest.param(
+            "0 0 * 13 *",
+            'cron "0 0 * 13 *": month field "13" is out of range 1-12',
+            "use a month between 1 and 12",
+            id="month_13",
+        ),
+        pytest.param(
+            "0 0 * * 8",
+            'cron "0 0 * * 8": day-of-week field "8" is out of range 0-7',
+            "use a day of week between 0 and 7",
+            id="dow_8",
+        ),
+        pytest.param(
+            "60 0 3 * * *",
+            'cron "60 0 3 * * *": second field "60" is out of range 0-59',
+            "use a second between 0 and 59",
+            id="second_60",
+        ),
+        pytest.param(
+            "0 60 3 * * *",
+            'cron "0 60 3 * * *": minute field "60" is out of range 0-59',
+            "use a minute between 0 and 59",
+            id="six_field_minute_60",
+        ),
+        pytest.param(
+            "1,61 * * * *",
+            'cron "1,61 * * * *": minute field "1,61" has 61, out of range 0-59',
+            "use a minute between 0 and 59",
+            id="minute_list",
+        ),
+        pytest.param(
+            "0 20-25 * * *",
+            'cron "0 20-25 * * *": hour field "20-25" has 25, out of range 0-23',
+            "use an hour between 0 and 23",
+            id="hour_range",
+        ),
+        pytest.param(
+            "*/0 * * * *",
+            'cron "*/0 * * * *": minute field "*/0" has step "0"; a step must be a whole '
+            "number of at least 1",
+            "use a minute between 0 and 59",
+            id="step_0",
+        ),
+        pytest.param(
+            "abc * * * *",
+            'cron "abc * * * *": minute field "abc" is not valid (allowed: 0-59, *, lists like '
+            "1,5, ranges like 1-5, steps like */15)",
+            "use a minute between 0 and 59",
+            id="minute_word",
+        ),
+        pytest.param(
+            "0 0 * foo *",
+            'cron "0 0 * foo *": month field "foo" is not valid (allowed: 1-12 or jan-dec, *, '
+            "lists like 1,5, ranges like 1-5, steps like */15)",
+            "use a month between 1 and 12 or jan-dec",
+            id="month_word",
+        ),
+        pytest.param(
+            "0 0 * * funday",
+            'cron "0 0 * * funday": day-of-week field "funday" is not valid (allowed: 0-7 or '
+            "sun-sat, 0 and 7 both Sunday, *, lists like 1,5, ranges like 1-5, steps like */15)",
+            "use a day of week between 0 and 7",
+            id="dow_word",
+        ),
+    ],
+)
+def test_parse__field_errors_name_field_value_and_range(
+    expr: str, message: str, fix_start: str
+) -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse(expr)
+    error = caught.value
+    assert error.message == message
+    assert error.code == "jobs.task.cron-invalid"
+    assert error.fix.startswith(fix_start)
+    assert '"0 3 * * *"' in error.fix or '"30 0 3 * * *"' in error.fix or "e.g." in error.fix
+    assert isinstance(error.cause, CroniterError)
+
+
+def test_parse__error_fix_gives_a_working_example() -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse("61 * * * *")
+    assert caught.value.fix == (
+        'use a minute between 0 and 59, e.g. "0 3 * * *" runs at 03:00 every day'
+    )
+
+
+@pytest.mark.parametrize(
+    ("expr", "count"),
+    [
+        pytest.param("* * * *", "4 fields", id="four"),
+        pytest.param("* * * * * * *", "7 fields", id="seven_with_year"),
+        pytest.param("daily", "1 field", id="one_word"),
+    ],
+)
+def test_parse__wrong_field_count(expr: str, count: str) -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse(expr)
+    assert caught.value.message == f'cron "{expr}" has {count}; 5 or 6 fields expected'
+    assert "5 fields" in caught.value.fix
+    assert "6 with a leading seconds field" in caught.value.fix
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [pytest.param("", id="empty"), pytest.param("   ", id="blank")],
+)
+def test_parse__empty_is_refused(expr: str) -> None:
+    with pytest.raises(InvalidCronError, match="cron is empty"):
+        parse(expr)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [pytest.param(None, id="none"), pytest.param(5, id="int"), pytest.param(["0"], id="list")],
+)
+def test_parse__non_string_is_refused(expr: object) -> None:
+    with pytest.raises(InvalidCronError, match="cron must be a string"):
+        parse(expr)  # type: ignore[arg-type]
+    with pytest.raises(InvalidCronError, match="cron must be a string"):
+        next_occurrence(expr, "UTC", utc("2026-01-01T00:00:00"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        pytest.param("0 0 30 2 *", id="feb_30"),
+        pytest.param("0 0 31 4,6,9,11 *", id="31st_of_short_months"),
+        pytest.param("0 0 0 31 2 *", id="six_field_feb_31"),
+    ],
+)
+def test_parse__expression_that_never_matches_is_refused(expr: str) -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse(expr)
+    assert "can never match" in caught.value.message
+    assert "e.g." in caught.value.fix
+    assert caught.value.cause is not None
+
+
+def test_parse__rare_but_possible_dates_are_accepted() -> None:
+    assert first("0 0 29 2 *", "2026-01-01T00:00:00", 2) == [
+        "2028-02-29T00:00:00Z",
+        "2032-02-29T00:00:00Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("expr", "instead"),
+    [
+        pytest.param("@daily", "0 0 * * *", id="daily"),
+        pytest.param("@hourly", "0 * * * *", id="hourly"),
+        pytest.param("@weekly", "0 0 * * 0", id="weekly"),
+    ],
+)
+def test_parse__nicknames_are_refused_with_their_fields(expr: str, instead: str) -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse(expr)
+    assert caught.value.fix == f'write the fields out: "{instead}" instead of "{expr}"'
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        pytest.param("H * * * *", id="hashed"),
+        pytest.param("0 H(0-5) * * *", id="hashed_range"),
+        pytest.param("R 3 * * *", id="random"),
+    ],
+)
+def test_parse__hashed_and_random_values_are_refused(expr: str) -> None:
+    # A random minute would differ per node, and the leader can change between rounds.
+    with pytest.raises(InvalidCronError, match=r"hashed \(H\) or random \(R\)"):
+        parse(expr)
+
+
+def test_cron_schedule__constructor_validates() -> None:
+    with pytest.raises(InvalidCronError):
+        CronSchedule("61 * * * *")
+
+
+# --- day-of-month / day-of-week (Vixie cron) -------------------------------------------------
+
+
+def test_next_occurrence__dom_and_dow_both_restricted_match_either() -> None:
+    # April 13 2026 is a Monday: it matches by day of month alone.
+    assert first("0 9 13 * 5", "2026-03-21T00:00:00", 5) == [
+        "2026-03-27T09:00:00Z",
+        "2026-04-03T09:00:00Z",
+        "2026-04-10T09:00:00Z",
+        "2026-04-13T09:00:00Z",
+        "2026-04-17T09:00:00Z",
+    ]
+
+
+def test_next_occurrence__only_dow_restricted() -> None:
+    assert first("0 9 * * 5", "2026-04-08T00:00:00", 2) == [
+        "2026-04-10T09:00:00Z",
+        "2026-04-17T09:00:00Z",
+    ]
+
+
+def test_next_occurrence__only_dom_restricted() -> None:
+    assert first("0 9 13 * *", "2026-03-21T00:00:00", 2) == [
+        "2026-04-13T09:00:00Z",
+        "2026-05-13T09:00:00Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        pytest.param(
+            "0 0 L * *",
+            ["2026-01-31T00:00:00Z", "2026-02-28T00:00:00Z", "2026-03-31T00:00:00Z"],
+            id="last_day",
+        ),
+        pytest.param(
+            "0 0 * * 5#2",
+            ["2026-01-09T00:00:00Z", "2026-02-13T00:00:00Z", "2026-03-13T00:00:00Z"],
+            id="second_friday",
+        ),
+        pytest.param(
+            "0 0 * * L5",
+            ["2026-01-30T00:00:00Z", "2026-02-27T00:00:00Z", "2026-03-27T00:00:00Z"],
+            id="last_friday",
+        ),
+        pytest.param(
+            "0 0 15W * *",
+            ["2026-01-15T00:00:00Z", "2026-02-16T00:00:00Z", "2026-03-16T00:00:00Z"],
+            id="nearest_weekday",
+        ),
+        pytest.param(
+            "30 0 0 L * *",
+            ["2026-01-31T00:00:30Z", "2026-02-28T00:00:30Z", "2026-03-31T00:00:30Z"],
+            id="last_day_with_seconds",
+        ),
+    ],
+)
+def test_next_occurrence__month_shaped_syntax(expr: str, expected: list[str]) -> None:
+    assert first(expr, "2026-01-01T00:00:00", 3) == expected
+
+
+# --- next_occurrence basics ------------------------------------------------------------------
+
+
+def test_next_occurrence__is_strictly_after() -> None:
+    assert iso([next_occurrence("*/5 * * * *", "UTC", utc("2026-05-03T10:02:03"))]) == [
+        "2026-05-03T10:05:00Z"
+    ]
+    assert iso([next_occurrence("*/5 * * * *", "UTC", utc("2026-05-03T10:05:00"))]) == [
+        "2026-05-03T10:10:00Z"
+    ]
+    just_before = utc("2026-05-03T10:04:59.999999")
+    assert iso([next_occurrence("*/5 * * * *", "UTC", just_before)]) == ["2026-05-03T10:05:00Z"]
+
+
+def test_next_occurrence__seconds_are_strictly_after_too() -> None:
+    after = utc("2026-05-03T10:00:15")
+    assert iso([next_occurrence("*/15 * * * * *", "UTC", after)]) == ["2026-05-03T10:00:30Z"]
+    after = utc("2026-05-03T10:00:14.5")
+    assert iso([next_occurrence("*/15 * * * * *", "UTC", after)]) == ["2026-05-03T10:00:15Z"]
+
+
+def test_next_occurrence__returns_aware_utc_at_whole_seconds() -> None:
+    result = next_occurrence("0 3 * * *", "Europe/Paris", utc("2026-05-03T10:02:03.123456"))
+    assert result.tzinfo is UTC
+    assert result.microsecond == 0
+    assert iso([result]) == ["2026-05-04T01:00:00Z"]
+
+
+def test_next_occurrence__reads_fields_in_the_zone() -> None:
+    assert iso([next_occurrence("0 3 * * *", "Asia/Kolkata", utc("2026-05-03T00:00:00"))]) == [
+        "2026-05-03T21:30:00Z"
+    ]
+
+
+def test_next_occurrence__accepts_after_in_any_zone() -> None:
+    paris_noon = datetime(2026, 5, 3, 12, 0, tzinfo=ZoneInfo("Europe/Paris"))
+    assert next_occurrence("0 * * * *", "UTC", paris_noon) == utc("2026-05-03T11:00:00")
+    fixed = datetime(2026, 5, 3, 12, 0, tzinfo=timezone(timedelta(hours=-3)))
+    assert next_occurrence("0 * * * *", "UTC", fixed) == utc("2026-05-03T16:00:00")
+
+
+def test_next_occurrence__accepts_zoneinfo_and_parsed_schedule() -> None:
+    schedule = parse("0 3 * * *")
+    after = utc("2026-05-03T00:00:00")
+    expected = next_occurrence("0 3 * * *", "Europe/Paris", after)
+    assert next_occurrence(schedule, ZoneInfo("Europe/Paris"), after) == expected
+
+
+def test_next_occurrence__naive_after_is_refused() -> None:
+    with pytest.raises(ValueError, match="aware"):
+        next_occurrence("0 3 * * *", "UTC", datetime(2026, 5, 3))
+
+
+def test_next_occurrence__non_datetime_after_is_refused() -> None:
+    with pytest.raises(TypeError, match="datetime"):
+        next_occurrence("0 3 * * *", "UTC", date(2026, 5, 3))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="datetime"):
+        next_occurrence("0 3 * * *", "UTC", "2026-05-03")  # type: ignore[arg-type]
+
+
+def test_next_occurrence__bad_tz_type_is_refused() -> None:
+    with pytest.raises(TypeError, match="tz"):
+        next_occurrence("0 3 * * *", 5, utc("2026-05-03T00:00:00"))  # type: ignore[arg-type]
+
+
+def test_next_occurrence__invalid_expression_raises_invalid_cron() -> None:
+    with pytest.raises(InvalidCronError):
+        next_occurrence("61 * * * *", "UTC", utc("2026-05-03T00:00:00"))
+
+
+# --- occurrences and between ----------------------------------------------------------------
+
+
+def test_occurrences__until_is_inclusive() -> None:
+    found = occurrences(
+        "0 */6 * * *", "UTC", utc("2026-05-03T00:00:00"), until=utc("2026-05-04T00:00:00")
+    )
+    assert iso(list(found)) == [
+        "2026-05-03T06:00:00Z",
+        "2026-05-03T12:00:00Z",
+        "2026-05-03T18:00:00Z",
+        "2026-05-04T00:00:00Z",
+    ]
+
+
+def test_occurrences__checks_arguments_before_iterating() -> None:
+    with pytest.raises(ValueError, match="aware"):
+        occurrences("0 3 * * *", "UTC", utc("2026-05-03T00:00:00"), until=datetime(2026, 6, 1))
+
+
+def test_between__start_exclusive_end_inclusive() -> None:
+    found = between("0 * * * *", "UTC", utc("2026-05-03T10:00:00"), utc("2026-05-03T13:00:00"))
+    assert iso(found) == [
+        "2026-05-03T11:00:00Z",
+        "2026-05-03T12:00:00Z",
+        "2026-05-03T13:00:00Z",
+    ]
+
+
+def test_between__empty_when_the_range_is() -> None:
+    now = utc("2026-05-03T10:00:00")
+    assert between("* * * * *", "UTC", now, now) == []
+    assert between("* * * * *", "UTC", now, now - timedelta(hours=1)) == []
+
+
+def test_between__limit_keeps_the_earliest_by_default() -> None:
+    found = between(
+        "0 * * * *", "UTC", utc("2026-05-03T10:00:00"), utc("2026-05-04T10:00:00"), limit=2
+    )
+    assert iso(found) == ["2026-05-03T11:00:00Z", "2026-05-03T12:00:00Z"]
+
+
+def test_between__limit_can_keep_the_latest() -> None:
+    found = between(
+        "0 * * * *",
+        "UTC",
+        utc("2026-05-03T10:00:00"),
+        utc("2026-05-04T10:30:00"),
+        limit=3,
+        keep="latest",
+    )
+    assert iso(found) == [
+        "2026-05-04T08:00:00Z",
+        "2026-05-04T09:00:00Z",
+        "2026-05-04T10:00:00Z",
+    ]
+
+
+def test_between__latest_over_a_long_outage_of_a_per_second_cron() -> None:
+    # A year of a per-second cron is 31 million occurrences: keeping ten must not walk them.
+    found = between(
+        "* * * * * *",
+        "UTC",
+        utc("2025-05-03T00:00:00"),
+        utc("2026-05-03T00:00:00"),
+        limit=3,
+        keep="latest",
+    )
+    assert iso(found) == [
+        "2026-05-02T23:59:58Z",
+        "2026-05-02T23:59:59Z",
+        "2026-05-03T00:00:00Z",
+    ]
+
+
+def test_between__latest_with_fewer_than_limit_returns_them_all() -> None:
+    found = between(
+        "0 0 1 * *",
+        "UTC",
+        utc("2026-01-15T00:00:00"),
+        utc("2026-04-15T00:00:00"),
+        limit=10,
+        keep="latest",
+    )
+    assert iso(found) == [
+        "2026-02-01T00:00:00Z",
+        "2026-03-01T00:00:00Z",
+        "2026-04-01T00:00:00Z",
+    ]
+
+
+def test_between__limit_zero_and_negative() -> None:
+    start, end = utc("2026-05-03T10:00:00"), utc("2026-05-03T13:00:00")
+    assert between("0 * * * *", "UTC", start, end, limit=0) == []
+    with pytest.raises(ValueError, match="limit"):
+        between("0 * * * *", "UTC", start, end, limit=-1)
+    with pytest.raises(ValueError, match="keep"):
+        between("0 * * * *", "UTC", start, end, keep="middle")  # type: ignore[arg-type]

@@ -6,12 +6,11 @@ database or a clock. "Due" is ``watermark < occurrence <= now``.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from .cron import CronSchedule, next_occurrence
+from .cron import CronSchedule, between, next_occurrence
 
 #: Dropped occurrences are counted up to this many; a longer run is recorded as "at least".
 COUNT_LIMIT = 10_000
@@ -78,27 +77,6 @@ def _until(
     return found, at
 
 
-def _window(
-    schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime, keep: int
-) -> tuple[list[datetime], datetime]:
-    """The last ``keep`` occurrences in ``(after, until]``, found without walking all of them.
-
-    A per-second task down for a day owes 86,400 occurrences; run-all fires only the latest
-    ``keep``, so widen a window back from ``until`` until it holds that many or reaches ``after``.
-    """
-    width = timedelta(minutes=1)
-    while True:
-        start = max(after, until - width)
-        recent: deque[datetime] = deque(maxlen=keep)
-        at = next_occurrence(schedule, zone, start)
-        while at <= until:
-            recent.append(at)
-            at = next_occurrence(schedule, zone, at)
-        if len(recent) >= keep or start == after:
-            return list(recent), at
-        width *= 8
-
-
 def decide(
     schedule: CronSchedule,
     zone: ZoneInfo,
@@ -128,7 +106,8 @@ def decide(
             watermark=now,
         )
     if policy == "run-all":
-        recent, next_due = _window(schedule, zone, watermark, now, max_catch_up)
+        recent = between(schedule, zone, watermark, now, max_catch_up, keep="latest")
+        next_due = next_occurrence(schedule, zone, now)
         late = [(o, now - o > misfire_grace) for o in recent]
         dropped = None
         if recent[0] != first:

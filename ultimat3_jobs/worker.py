@@ -781,7 +781,7 @@ class Worker:
         with self._lock:
             self.status = "stopped"
             self.exit_code = exit_code
-            outcomes = dict(self.outcomes)
+            outcomes = {str(name): count for name, count in self.outcomes.items()}
         emit(
             logger,
             "jobs.worker.stopped",

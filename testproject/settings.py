@@ -63,8 +63,18 @@ WSGI_APPLICATION = "testproject.wsgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # The scheduler, the worker and the admin share one file: wait for a lock, don't fail on it.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 20)
+    # The scheduler, the worker and the admin share one file: take the write lock when a
+    # transaction begins (no lock upgrades to deadlock on), wait for it, and let readers read.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+    # Tests run threads and processes against it: a file, not a shared-cache in-memory database
+    # whose table locks ignore the timeout.
+    DATABASES["default"]["TEST"] = {"NAME": f"{DATABASES['default']['NAME']}.test"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

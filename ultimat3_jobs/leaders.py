@@ -22,6 +22,7 @@ from django.db.models.fields import DateTimeField
 from django.db.models.functions import Now
 
 from .conf import default_leader, get_settings
+from .db import dedicated_connection
 from .errors import LeaderUnavailableError
 from .logs import emit, failure_fields
 from .models import Lease
@@ -147,26 +148,7 @@ class AdvisoryLeader:
         self._held = False
 
     def _connect(self) -> psycopg.Connection[Any]:
-        params = connections[self.using].settings_dict
-        options = {
-            k: v for k, v in (params.get("OPTIONS") or {}).items() if k in {"sslmode", "options"}
-        }
-        conn = psycopg.connect(
-            dbname=params["NAME"],
-            user=params.get("USER") or None,
-            password=params.get("PASSWORD") or None,
-            host=params.get("HOST") or None,
-            port=params.get("PORT") or None,
-            autocommit=True,
-            connect_timeout=5,
-            application_name="ultimat3_jobs scheduler leader",
-            # Notice a vanished server or network in seconds rather than hours.
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=2,
-            **options,
-        )
+        conn = dedicated_connection(self.using, "ultimat3_jobs scheduler leader")
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         self._pid = int(row[0]) if row else None
         return conn

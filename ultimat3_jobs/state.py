@@ -7,16 +7,27 @@ watermark re-checked inside it, so a crash can neither lose nor repeat an occurr
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import close_old_connections, connections, transaction
+
+from . import clock as default_clock
+from . import sql
 from .catchup import Span
+from .conf import get_settings
+from .db import database_now
+from .logs import emit
+from .models import Job, Node, Occurrence, Task
+from .queue import insert_many, notify
 from .registry import JobHandle, TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
@@ -178,8 +189,6 @@ class DatabaseState:
         clock_skew_warning: timedelta = timedelta(seconds=1),
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        from . import clock as default_clock
-
         self.node_id = node_id
         self.leader = leader
         self.using = using
@@ -191,10 +200,6 @@ class DatabaseState:
         self._last_leader: bool | None = None
 
     def sync(self, tasks: Sequence[TaskHandle]) -> None:
-        from django.db import transaction
-
-        from .models import Task
-
         described = {handle.name: _declaration(handle) for handle in tasks}
         with transaction.atomic(using=self.using):
             rows = Task.objects.using(self.using)
@@ -226,8 +231,6 @@ class DatabaseState:
             rows.filter(name__in=gone).update(declared=False)
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
-        from .models import Task
-
         rows = Task.objects.using(self.using).filter(declared=True)
         # A long IN list costs more to build and plan than reading every row does.
         if names is not None and len(names) <= 500:
@@ -240,10 +243,6 @@ class DatabaseState:
         }
 
     def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
-        from django.db import connections, transaction
-
-        from .queue import notify
-
         jobs = [
             _job_row(fired, planned, plan.now) for fired in plan.fired for planned in fired.jobs
         ]
@@ -293,13 +292,6 @@ class DatabaseState:
 
     def _write_postgres(self, plan: RoundPlan, jobs: list[dict[str, Any]]) -> Enqueued:
         """A round in five statements, whatever its size (see ``sql.py``)."""
-        import json
-
-        from django.core.serializers.json import DjangoJSONEncoder
-        from django.db import connections
-
-        from . import sql
-
         names = list(plan.watermarks)
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql.LOCK_WATERMARKS, [names])
@@ -322,9 +314,6 @@ class DatabaseState:
 
     def _write_portable(self, plan: RoundPlan, jobs: list[dict[str, Any]]) -> Enqueued:
         """The same round through the ORM, for SQLite and other databases."""
-        from .models import Job, Occurrence, Task
-        from .queue import insert_many
-
         tasks = Task.objects.using(self.using)
         locked = {
             row.name: row
@@ -342,8 +331,6 @@ class DatabaseState:
         return enqueued
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
-        from .models import Node
-
         now = self.clock()
         due = (
             self._last_heartbeat is None
@@ -356,8 +343,6 @@ class DatabaseState:
         skew = now - database_now(self.using)
         skew_ms = int(skew.total_seconds() * 1000)
         if abs(skew) > self.clock_skew_warning:
-            from .logs import emit
-
             emit(
                 logger,
                 "jobs.scheduler.clock-skew",
@@ -386,13 +371,9 @@ class DatabaseState:
         self._last_leader = is_leader
 
     def between_rounds(self) -> None:
-        from django.db import close_old_connections
-
         close_old_connections()
 
     def stopped(self) -> None:
-        from .models import Node
-
         Node.objects.using(self.using).filter(node_id=self.node_id).update(
             is_leader=False, stopped_at=self.clock()
         )
@@ -406,8 +387,6 @@ def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
 
 
 def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> dict[str, Any]:
-    from .conf import get_settings
-
     config = get_settings()
     return {
         "name": planned.job.name,
@@ -436,17 +415,3 @@ def _declaration(handle: TaskHandle) -> dict[str, Any]:
         "max_catch_up": handle.max_catch_up,
         "jobs": jobs,
     }
-
-
-def database_now(using: str = "default") -> datetime:
-    """The database server's clock, the one leases and skew are judged by."""
-    from django.db import connections
-
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
-        raw = cursor.fetchone()[0]
-    return datetime.fromisoformat(raw).replace(tzinfo=UTC)

@@ -37,6 +37,7 @@ from django.db.models.functions import Concat, Now
 from . import clock as default_clock
 from . import shutdown
 from .conf import get_settings, stale_after_problem
+from .db import dedicated_connection
 from .leaders import new_node_id
 from .logs import emit, failure_fields
 from .models import Job, JobStatus, Node
@@ -154,20 +155,7 @@ class _Listener:
         os.close(self._stop_w)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        params = connections[self.using].get_connection_params()
-        # Django's cursor factory and adapters are for its own connections; a plain one will do.
-        for key in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(key, None)
-        return psycopg.connect(
-            **params,
-            autocommit=True,
-            connect_timeout=5,
-            application_name="ultimat3_jobs worker listen",
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=2,
-        )
+        return dedicated_connection(self.using, "ultimat3_jobs worker listen")
 
     def _run(self) -> None:
         while not self._stop.is_set():

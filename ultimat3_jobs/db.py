@@ -1,0 +1,46 @@
+"""Connections the app owns beside Django's, and the database clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+
+def dedicated_connection(using: str, application_name: str) -> psycopg.Connection[Any]:
+    """An autocommit PostgreSQL connection of our own, with Django's parameters for ``using``.
+
+    For what must outlive Django's per-request connections: an advisory lock, a LISTEN.
+    Keepalives notice a vanished server or network in seconds rather than hours.
+    """
+    params = connections[using].get_connection_params()
+    # Django's cursor factory and adapters are for its own connections; a plain one will do.
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(key, None)
+    return psycopg.connect(
+        **params,
+        autocommit=True,
+        connect_timeout=5,
+        application_name=application_name,
+        keepalives=1,
+        keepalives_idle=5,
+        keepalives_interval=2,
+        keepalives_count=2,
+    )
+
+
+def database_now(using: str = "default") -> datetime:
+    """The database server's clock, the one leases and skew are judged by."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT clock_timestamp()")
+            row = cursor.fetchone()
+            assert row is not None
+            return row[0]
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        row = cursor.fetchone()
+    assert row is not None
+    return datetime.fromisoformat(row[0]).replace(tzinfo=UTC)

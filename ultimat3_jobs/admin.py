@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import islice
 from typing import Any
 from urllib.parse import urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -28,7 +29,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString, mark_safe
 
 from . import clock
-from .cron import CronSchedule, describe_occurrence, next_occurrence, parse
+from .cron import CronSchedule, describe_occurrence, occurrences, parse
 from .errors import UltimateError
 from .humanize import OCCURRENCE_NOTES, describe_cron, dst_rule, duration
 from .manual import ManualRun, run_now
@@ -122,12 +123,7 @@ class _Schedule:
     def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
         if self.handle is not None:
             return self.handle.next_runs(n, after)
-        runs: list[datetime] = []
-        at = after or clock.now()
-        for _ in range(n):
-            at = next_occurrence(self.schedule, self.zone, at)
-            runs.append(at)
-        return runs
+        return list(islice(occurrences(self.schedule, self.zone, after or clock.now()), n))
 
 
 def _schedule_of(task: Task) -> _Schedule | None:

@@ -18,10 +18,11 @@ import zoneinfo
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import clock
-from .cron import CronSchedule, next_occurrence, parse
+from .cron import CronSchedule, occurrences, parse
 from .errors import (
     InvalidCatchUpError,
     InvalidDeclarationError,
@@ -313,12 +314,7 @@ class TaskHandle:
 
     def next_runs(self, n: int = 10, after: datetime | None = None) -> list[datetime]:
         """The next ``n`` occurrences strictly after ``after`` (default now), in UTC."""
-        runs: list[datetime] = []
-        at = after or clock.now()
-        for _ in range(n):
-            at = next_occurrence(self.schedule, self.zone, at)
-            runs.append(at)
-        return runs
+        return list(islice(occurrences(self.schedule, self.zone, after or clock.now()), n))
 
     def enqueue(
         self,

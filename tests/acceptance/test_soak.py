@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Process, processes, spawn, stop_all
-from .test_scheduler_processes import FAST, assert_every_occurrence_exactly_once, current_leader
+from .helpers import Process, processes, stop_all
+from .test_scheduler_processes import (
+    assert_every_occurrence_exactly_once,
+    current_leader,
+    start_schedulers,
+)
 
 __all__ = ["processes"]
 
@@ -34,16 +38,7 @@ def test_soak__schedulers_killed_and_drained_at_random__every_occurrence_once(
     rng = random.Random(seconds)
 
     def add() -> None:
-        processes.append(
-            spawn(
-                tmp_path,
-                f"{leader}-{len(processes)}",
-                "run_scheduler",
-                "--leader",
-                leader,
-                settings_overrides=FAST,
-            )
-        )
+        start_schedulers(tmp_path, processes, leader, 1)
 
     for _ in range(3):
         add()

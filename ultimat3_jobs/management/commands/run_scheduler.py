@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from datetime import timedelta
 from typing import Any
@@ -14,18 +13,9 @@ from ultimat3_jobs import logs
 from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader, new_node_id
+from ultimat3_jobs.management.arguments import positive_seconds
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
-
-
-def positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 seconds")
-    return seconds
 
 
 class Command(BaseCommand):

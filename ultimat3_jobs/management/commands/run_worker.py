@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from datetime import timedelta
 from typing import Any
@@ -12,36 +11,8 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
-    return number
-
-
-def positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 seconds")
-    return seconds
-
-
-def queue_names(value: str) -> list[str]:
-    names = [name.strip() for name in value.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a comma-separated list of queue names, e.g. default,emails"
-        )
-    return names
 
 
 class Command(BaseCommand):

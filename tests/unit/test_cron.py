@@ -540,3 +540,23 @@ def test_between__limit_zero_and_negative() -> None:
         between("0 * * * *", "UTC", start, end, limit=-1)
     with pytest.raises(ValueError, match="keep"):
         between("0 * * * *", "UTC", start, end, keep="middle")  # type: ignore[arg-type]
+
+
+def test_next_occurrence__imports_and_answers_without_django_settings() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from datetime import datetime, timezone\n"
+        "from ultimat3_jobs.cron import next_occurrence\n"
+        "after = datetime(2026, 3, 7, 12, tzinfo=timezone.utc)\n"
+        "print(next_occurrence('30 2 * * *', 'America/New_York', after).isoformat())\n"
+        "print('django.conf' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["2026-03-08T07:00:00+00:00", "False"]

@@ -143,6 +143,10 @@ class Scheduler:
     def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
         """Every task's next due instant from the stored watermarks: one read."""
         states = self.state.load(list(handles))
+        if handles.keys() - states.keys():
+            # Declared since the last sync (or never synced): give them rows to arm.
+            self.state.sync(list(handles.values()))
+            states = self.state.load(list(handles))
         self._due, self._heap, self._due_for = {}, [], handles
         now = self.clock()
         for name, handle in handles.items():
@@ -210,6 +214,7 @@ class Scheduler:
         plan = RoundPlan(now=now)
         reschedule: dict[str, datetime] = {}
         armed: list[tuple[str, datetime]] = []
+        missing = False
         for name in names:
             handle = handles[name]
             stored = states.get(name)
@@ -217,6 +222,7 @@ class Scheduler:
             # keeps its watermark and fires next time.
             if not self._dispatching() or stored is None:
                 reschedule[name] = now
+                missing = missing or stored is None
                 continue
             if stored.watermark is None:
                 # First sight: arm at the next occurrence, never fire retroactively.
@@ -239,6 +245,8 @@ class Scheduler:
             self._set_due(name, at)
         for name, first in armed:
             emit(logger, "jobs.scheduler.armed", task=name, next=first)
+        if missing:
+            self._due = None  # A row went missing under us: rebuild (and sync) next round.
         return [self._report(fired, enqueued) for fired in plan.fired]
 
     def _plan_task(

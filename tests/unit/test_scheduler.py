@@ -376,3 +376,15 @@ def test_occurrence_key__entries_of_one_occurrence_never_share_a_key() -> None:
     # The same occurrence computed elsewhere gives the same keys.
     again = occurrence_key("t.twice", fired.occurrence, record.occurrence_part({"label": "x"}))
     assert again == keys[2]
+
+
+def test_tick__a_task_never_synced_gets_its_row_and_is_armed() -> None:
+    handle = hourly("t.unsynced")
+    state = MemoryState()
+    scheduler = Scheduler(
+        state=state, clock=FrozenClock(T0), tasks=[handle], drain_on_shutdown=False
+    )
+    assert scheduler.tick() == []
+    assert state.tasks["t.unsynced"].watermark == datetime(2026, 6, 1, 1, tzinfo=UTC) - timedelta(
+        milliseconds=1
+    )

@@ -366,7 +366,9 @@ class DatabaseState:
         }
         if round_at is not None:
             fields["last_round_at"] = round_at
-        Node.objects.using(self.using).update_or_create(node_id=self.node_id, defaults=fields)
+        nodes = Node.objects.using(self.using)
+        if not nodes.filter(node_id=self.node_id).update(**fields):
+            nodes.create(node_id=self.node_id, **fields)
         self._last_heartbeat = now
         self._last_leader = is_leader
 

@@ -200,34 +200,28 @@ class DatabaseState:
         self._last_leader: bool | None = None
 
     def sync(self, tasks: Sequence[TaskHandle]) -> None:
-        described = {handle.name: _declaration(handle) for handle in tasks}
         with transaction.atomic(using=self.using):
             rows = Task.objects.using(self.using)
             stored = {task.name: task for task in rows.all()}
-            rows.bulk_create(
-                [
-                    Task(name=name, **fields)
-                    for name, fields in described.items()
-                    if name not in stored
-                ],
-                ignore_conflicts=True,
-            )
-            changed = []
-            for name, fields in described.items():
-                task = stored.get(name)
+            new, changed = [], []
+            for handle in tasks:
+                task = stored.get(handle.name)
+                fields = _declaration(handle)
                 if task is None:
-                    continue
-                fields = {**fields, "declared": True}
-                if any(getattr(task, key) != value for key, value in fields.items()):
-                    for key, value in fields.items():
+                    new.append(Task(name=handle.name, jobs=_job_names(handle), **fields))
+                elif task.jobs and task.declared and _same(task, fields):
+                    continue  # Unchanged: a restart does not call every task's function.
+                else:
+                    for key, value in {**fields, "declared": True}.items():
                         setattr(task, key, value)
+                    task.jobs = _job_names(handle)
                     changed.append(task)
+            rows.bulk_create(new, ignore_conflicts=True)
             rows.bulk_update(
                 changed, ["cron", "tz", "catch_up", "max_catch_up", "jobs", "declared"]
             )
-            gone = [
-                name for name, task in stored.items() if name not in described and task.declared
-            ]
+            declared = {handle.name for handle in tasks}
+            gone = [name for name, task in stored.items() if name not in declared and task.declared]
             rows.filter(name__in=gone).update(declared=False)
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
@@ -406,14 +400,21 @@ def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> di
 
 
 def _declaration(handle: TaskHandle) -> dict[str, Any]:
-    try:
-        jobs = [job.name for job, _ in handle.entries()]
-    except Exception:  # The admin shows the jobs of a task; a failing one shows none.
-        jobs = []
     return {
         "cron": handle.cron,
         "tz": handle.tz,
         "catch_up": handle.catch_up,
         "max_catch_up": handle.max_catch_up,
-        "jobs": jobs,
     }
+
+
+def _same(task: Task, fields: dict[str, Any]) -> bool:
+    return all(getattr(task, key) == value for key, value in fields.items())
+
+
+def _job_names(handle: TaskHandle) -> list[str]:
+    """The jobs a task enqueues, for the admin; a task whose function fails shows none."""
+    try:
+        return [job.name for job, _ in handle.entries()]
+    except Exception:
+        return []

@@ -225,3 +225,25 @@ def test_scheduler__postgres_restart_underneath__keeps_going_and_loses_nothing(
     stop_all(processes)
     assert all(p.popen.returncode == 0 for p in processes)
     assert_every_occurrence_exactly_once()
+
+
+def test_scheduler__a_second_signal_exits_at_once(tmp_path: Path, processes: list[Process]) -> None:
+    marker = tmp_path / "rounds.txt"
+    marker.touch()
+    start_schedulers(
+        tmp_path,
+        processes,
+        "advisory",
+        1,
+        ULTIMAT3_ACCEPTANCE_SLOW="30",
+        ULTIMAT3_ACCEPTANCE_MARKER=str(marker),
+    )
+    [node] = processes
+    wait_for(lambda: marker.read_text().strip(), 30, "a slow round to begin", step=0.05)
+    node.signal(signal.SIGTERM)
+    wait_for(lambda: node.named("jobs.scheduler.draining"), 10, "the drain to begin", step=0.05)
+    sent = time.monotonic()
+    node.signal(signal.SIGTERM)
+    assert node.wait(10) == 1
+    assert time.monotonic() - sent < 5  # not after the 30-second round
+    assert node.named("jobs.scheduler.stopped") == []

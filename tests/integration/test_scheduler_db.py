@@ -167,3 +167,24 @@ def test_lease__fencing_stops_a_node_whose_lease_expired_mid_round() -> None:
     assert scheduler.tick() == []
     assert Job.objects.count() == 0
     assert not scheduler.is_leader
+
+
+@pytest.mark.django_db
+def test_sync__records_declarations_marks_removed_and_spares_unchanged_functions() -> None:
+    calls = []
+    [handle] = make_tasks(1, prefix="sync")
+    original = handle.func
+
+    def counting(occurrence: datetime) -> object:
+        calls.append(occurrence)
+        return original(occurrence)
+
+    handle.func = counting  # type: ignore[assignment]
+    Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC")
+    state = DatabaseState(node_id="n", leader="sole")
+    state.sync([handle])
+    row = Task.objects.get(name="sync.00000")
+    assert (row.cron, row.tz, row.jobs, row.declared) == ("* * * * *", "UTC", ["demo.ping"], True)
+    assert not Task.objects.get(name="gone.task").declared
+    state.sync([handle])  # a restart with the same declarations
+    assert len(calls) == 1

@@ -19,11 +19,33 @@ def emit(logger: logging.Logger, event: str, level: int = logging.INFO, **fields
     logger.log(level, event, extra={"event": event, "fields": fields})
 
 
+#: Fixes for the failures that come from the environment rather than from a declaration.
+DATABASE_UNAVAILABLE_FIX = (
+    "check that the database in DATABASES / DATABASE_URL is running and reachable from this "
+    "host; the loop backs off and retries by itself"
+)
+NOT_MIGRATED_FIX = "run: python manage.py migrate"
+
+
 def failure_fields(error: BaseException) -> dict[str, Any]:
     """A failure as log fields. The message alone drops the code to search on and the fix."""
     if isinstance(error, UltimateError):
         return error.as_fields()
-    return {"error": f"{type(error).__name__}: {error}"}
+    from django.db import InterfaceError, OperationalError, ProgrammingError
+
+    message = f"{type(error).__name__}: {error}".strip()
+    cause = f"{type(error).__module__}.{type(error).__qualname__}"
+    text = str(error).lower()
+    if isinstance(error, ProgrammingError | OperationalError) and (
+        "does not exist" in text or "no such table" in text
+    ):
+        code, fix = "jobs.database-not-migrated", NOT_MIGRATED_FIX
+    elif isinstance(error, OperationalError | InterfaceError):
+        code, fix = "jobs.database-unavailable", DATABASE_UNAVAILABLE_FIX
+    else:
+        code = "jobs.unexpected-error"
+        fix = "this is not a known failure: report it with the traceback (run with -v 2)"
+    return {"error": message, "code": code, "cause": cause, "fix": fix}
 
 
 def _jsonable(value: Any) -> Any:

@@ -115,6 +115,7 @@ class Scheduler:
         # and touches no task. None until built from the watermarks on taking leadership.
         self._due: dict[str, datetime] | None = None
         self._due_for: dict[str, TaskHandle] | None = None
+        self._synced_for: dict[str, TaskHandle] | None = None
         self._heap: list[tuple[datetime, str]] = []
         self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
         self._stopped = threading.Event()
@@ -141,12 +142,15 @@ class Scheduler:
         heapq.heappush(self._heap, (at, name))
 
     def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
-        """Every task's next due instant from the stored watermarks: one read."""
-        states = self.state.load(list(handles))
-        if handles.keys() - states.keys():
-            # Declared since the last sync (or never synced): give them rows to arm.
+        """Every task's next due instant from the stored watermarks: one read.
+
+        The declarations are mirrored first, once per process (and again if they change), here
+        in the loop rather than at start, so a database down at start is retried like any other.
+        """
+        if self._synced_for is not handles:
             self.state.sync(list(handles.values()))
-            states = self.state.load(list(handles))
+            self._synced_for = handles
+        states = self.state.load(list(handles))
         self._due, self._heap, self._due_for = {}, [], handles
         now = self.clock()
         for name, handle in handles.items():
@@ -246,7 +250,8 @@ class Scheduler:
         for name, first in armed:
             emit(logger, "jobs.scheduler.armed", task=name, next=first)
         if missing:
-            self._due = None  # A row went missing under us: rebuild (and sync) next round.
+            # A row went missing under us: sync and rebuild next round.
+            self._due = self._synced_for = None
         return [self._report(fired, enqueued) for fired in plan.fired]
 
     def _plan_task(
@@ -374,14 +379,12 @@ class Scheduler:
             self._stopped.clear()
         if self.drain_on_shutdown:
             self._release_hook = shutdown.on_shutdown("jobs.scheduler", self.stop)
-        self.state.sync(self.tasks())
+        emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         self._thread = threading.Thread(target=self._loop, name="ultimat3-scheduler", daemon=True)
         self._thread.start()
-        emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
 
     def run_once(self) -> list[Dispatched]:
-        """One round as a whole life: sync, start, tick, stop. For ``run_scheduler --once``."""
-        self.state.sync(self.tasks())
+        """One round as a whole life: start, tick, stop. For ``run_scheduler --once``."""
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         try:
             return self.tick()
@@ -400,7 +403,14 @@ class Scheduler:
                 fields = failure_fields(error)
                 self.last_error = str(fields["error"])
                 emit(
-                    logger, "jobs.scheduler.tick-failed", logging.ERROR, failures=failures, **fields
+                    logger,
+                    "jobs.scheduler.tick-failed",
+                    logging.ERROR,
+                    failures=failures,
+                    **fields,
+                )
+                logger.debug(
+                    "traceback", exc_info=error, extra={"event": "jobs.scheduler.traceback"}
                 )
             try:
                 self.state.between_rounds()

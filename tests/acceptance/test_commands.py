@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,12 @@ def test_run_scheduler__bad_setting_is_refused_with_the_fix_as_hint() -> None:
     assert result.returncode != 0
     assert "ultimat3_jobs.E002" in result.stderr
     assert 'HINT: set ULTIMAT3_JOBS["LEADER"] to "advisory"' in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run_scheduler", "run_worker"])
+def test_long_running_commands__refuse_an_unmigrated_database_with_the_fix(
+    tmp_path: Path, command: str
+) -> None:
+    result = run(command, DATABASE_URL=f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    assert result.returncode != 0
+    assert "fix: run: python manage.py migrate" in result.stderr

@@ -14,6 +14,7 @@ from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader, new_node_id
 from ultimat3_jobs.management.arguments import positive_seconds
+from ultimat3_jobs.management.preflight import require_migrated
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 
@@ -49,6 +50,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         logs.configure(log_format, logging.DEBUG if verbosity > 1 else logging.INFO)
+        require_migrated(database)
         try:
             config = get_settings()
             node_id = new_node_id()

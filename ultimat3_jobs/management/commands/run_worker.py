@@ -12,6 +12,7 @@ from django.db import DEFAULT_DB_ALIAS
 from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
+from ultimat3_jobs.management.preflight import require_migrated
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
 
@@ -72,6 +73,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         logs.configure(log_format, logging.DEBUG if verbosity > 1 else logging.INFO)
+        require_migrated(database)
         try:
             worker = Worker(
                 queues=queues,

@@ -33,7 +33,7 @@ lint: $(STAMP)
 test: lint
 	$(WITH_PG) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 	# The embedded default: everything that does not need PostgreSQL, again on SQLite.
-	DATABASE_URL=sqlite:///$(CURDIR)/.test-sqlite.db $(PY) -m pytest -m "not postgres and not soak and not browser" -q tests/integration
+	DATABASE_URL=sqlite:///$(CURDIR)/.test-sqlite.db $(PY) -m pytest -m "not postgres and not soak and not browser" -q tests/integration tests/acceptance
 
 soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)

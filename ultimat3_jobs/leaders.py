@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import psycopg
 from django.db import IntegrityError, connections, transaction
-from django.db.models import DurationField, ExpressionWrapper, Q, Value
+from django.db.models import Case, DurationField, ExpressionWrapper, F, Q, Value, When
 from django.db.models.fields import DateTimeField
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 
 from .conf import default_leader, get_settings
 from .db import dedicated_connection
@@ -98,10 +98,14 @@ class LeaseLeader:
         rows = Lease.objects.using(self.using)
         mine_or_free = Q(owner=self.node_id) | Q(expires_at__lt=Now())
         updated = rows.filter(mine_or_free, name=self.lease).update(
-            owner=self.node_id, expires_at=_expires_in(self.ttl)
+            owner=self.node_id,
+            expires_at=_expires_in(self.ttl),
+            # Kept while we renew; restarted when we take the lease over.
+            acquired_at=Case(
+                When(owner=self.node_id, then=Coalesce(F("acquired_at"), Now())), default=Now()
+            ),
         )
         if updated:
-            rows.filter(name=self.lease, acquired_at__isnull=True).update(acquired_at=Now())
             return True
         if not rows.filter(name=self.lease).exists():
             # First election on this database: create the row expired, then contend for it.

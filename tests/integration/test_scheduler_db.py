@@ -132,10 +132,14 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
 def test_lease__only_the_owner_renews_and_an_expired_lease_is_taken() -> None:
     a = LeaseLeader(node_id="a", ttl=timedelta(seconds=30))
     b = LeaseLeader(node_id="b", ttl=timedelta(seconds=30))
-    assert a.acquire()
-    assert not b.acquire()
-    assert a.acquire()  # renewal
     from ultimat3_jobs.models import Lease
+
+    assert a.acquire()
+    first_acquired = Lease.objects.get().acquired_at
+    assert first_acquired is not None
+    assert not b.acquire()
+    assert a.acquire()  # renewal keeps the time it was taken
+    assert Lease.objects.get().acquired_at == first_acquired
 
     Lease.objects.update(expires_at=datetime(2001, 1, 1, tzinfo=UTC))
     assert b.acquire()

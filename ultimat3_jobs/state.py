@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections, connections, transaction
 
 from . import clock as default_clock
@@ -292,7 +291,7 @@ class DatabaseState:
             _compare(plan, dict(cursor.fetchall()))
             enqueued: Enqueued = {}
             if jobs:
-                cursor.execute(sql.INSERT_JOBS, [json.dumps(jobs, cls=DjangoJSONEncoder)])
+                cursor.execute(sql.INSERT_JOBS, [json.dumps(jobs, default=_isoformat)])
                 enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
                 existing = [job["key"] for job in jobs if job["key"] not in enqueued]
                 if existing:
@@ -300,7 +299,7 @@ class DatabaseState:
                     enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
             records = self._records(plan, enqueued)
             if records:
-                cursor.execute(sql.INSERT_OCCURRENCES, [json.dumps(records, cls=DjangoJSONEncoder)])
+                cursor.execute(sql.INSERT_OCCURRENCES, [json.dumps(records, default=_isoformat)])
             cursor.execute(
                 sql.SET_WATERMARKS, [names, [new for _, new in plan.watermarks.values()]]
             )
@@ -373,6 +372,11 @@ class DatabaseState:
         Node.objects.using(self.using).filter(node_id=self.node_id).update(
             is_leader=False, stopped_at=self.clock()
         )
+
+
+def _isoformat(value: datetime) -> str:
+    """The one non-JSON type in a round's rows; PostgreSQL reads ISO 8601 as timestamptz."""
+    return value.isoformat()
 
 
 def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:

@@ -45,6 +45,8 @@ def new_node_id() -> str:
 
 class LeaderElection(Protocol):
     name: str
+    #: Renew this often while a long round runs (a lease would expire under it); None: never.
+    renew_every: timedelta | None
 
     def acquire(self) -> bool:
         """Whether this node leads this round. Renews what it holds; never raises past a False."""
@@ -60,6 +62,7 @@ class SoleLeader:
     """A single node: always the leader."""
 
     name = "sole"
+    renew_every: timedelta | None = None
 
     def acquire(self) -> bool:
         return True
@@ -93,6 +96,7 @@ class LeaseLeader:
         self.ttl = ttl
         self.lease = lease
         self.using = using
+        self.renew_every: timedelta | None = ttl / 3
 
     def acquire(self) -> bool:
         rows = Lease.objects.using(self.using)
@@ -143,6 +147,7 @@ class AdvisoryLeader:
     """
 
     name = "advisory"
+    renew_every: timedelta | None = None
 
     def __init__(self, *, key: int, using: str = "default") -> None:
         self.key = key

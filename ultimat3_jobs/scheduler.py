@@ -11,6 +11,7 @@ import hashlib
 import heapq
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -219,7 +220,16 @@ class Scheduler:
         reschedule: dict[str, datetime] = {}
         armed: list[tuple[str, datetime]] = []
         missing = False
+        renew_every = getattr(self.leader, "renew_every", None)
+        renewed = time.monotonic()
         for name in names:
+            if renew_every is not None and time.monotonic() - renewed > renew_every.total_seconds():
+                # A long round (slow task functions) must not outlive its lease: renew between
+                # tasks, and give up the round, writing nothing, once another node holds it.
+                if not self.leader.acquire():
+                    self._concede()
+                    return []
+                renewed = time.monotonic()
             handle = handles[name]
             stored = states.get(name)
             # Re-read per task: a stop between two tasks means stop now. A task not reached

@@ -388,3 +388,26 @@ def test_tick__a_task_never_synced_gets_its_row_and_is_armed() -> None:
     assert state.tasks["t.unsynced"].watermark == datetime(2026, 6, 1, 1, tzinfo=UTC) - timedelta(
         milliseconds=1
     )
+
+
+def test_leadership__a_long_round_renews_between_tasks_and_stops_when_lost() -> None:
+    class LeaseLike(ScriptedLeader):
+        renew_every = timedelta(milliseconds=20)
+
+    def slow(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        time.sleep(0.05)
+        return [(record, {"label": "slow"})]
+
+    def also_slow(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        return slow(occurrence)
+
+    first = task(cron="0 * * * *", tz="UTC", name="t.long-a")(slow)  # type: ignore[arg-type]
+    second = task(cron="0 * * * *", tz="UTC", name="t.long-b")(also_slow)  # type: ignore[arg-type]
+    leader = LeaseLike([True, True, False])  # arm round, dispatch round, renewal mid-round
+    scheduler, state, clock = build(first, second, leader=leader)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    assert scheduler.tick() == []  # lost between the two tasks: the round writes nothing
+    assert leader.answers == []
+    assert state.jobs == {}
+    assert not scheduler.is_leader

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -87,8 +88,12 @@ class TextFormatter(logging.Formatter):
 
 
 def configure(fmt: str, level: int = logging.INFO) -> None:
-    """Send the app's logs to stderr in ``fmt`` ("text" or "json"), replacing other handlers."""
-    handler = logging.StreamHandler()
+    """Print the app's logs to stdout in ``fmt`` ("text" or "json"), replacing other handlers.
+
+    Standard output, one event per line, is what process managers and log shippers collect;
+    stderr keeps what Django itself reports (system checks, command errors).
+    """
+    handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("ultimat3_jobs")
     root.handlers[:] = [handler]

@@ -31,7 +31,7 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_run_scheduler__once_json_prints_one_event_object_per_line() -> None:
     result = run("run_scheduler", "--once", "--log-format", "json")
     assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
     events = [json.loads(line) for line in lines]  # every line is one JSON object
     names = [e["event"] for e in events]
     assert names[0] == "jobs.scheduler.started"

@@ -1,20 +1,22 @@
 """What a round owes one task: which due occurrences fire, which are dropped, the new watermark.
 
-Pure: the watermark, now and the grace are passed in, so every policy is tested without a
-database or a clock. "Due" is ``watermark < occurrence <= now``.
+Pure: the schedule comes in as ``next_after`` (the first occurrence strictly after an instant),
+and the watermark, now and the grace are passed in, so every policy is tested without a
+database, a clock or a cron. "Due" is ``watermark < occurrence <= now``.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
-
-from .cron import CronSchedule, between, next_occurrence
 
 #: Dropped occurrences are counted up to this many; a longer run is recorded as "at least".
 COUNT_LIMIT = 10_000
 ONE_MS = timedelta(milliseconds=1)
+
+NextAfter = Callable[[datetime], datetime]
 
 
 @dataclass(frozen=True)
@@ -45,41 +47,61 @@ class Decision:
 
 
 def span_between(
-    schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime
+    next_after: NextAfter, after: datetime, until: datetime
 ) -> tuple[Span | None, datetime]:
     """The occurrences in ``(after, until]`` counted up to ``COUNT_LIMIT``, and the next one."""
     first = last = None
     count = 0
-    at = next_occurrence(schedule, zone, after)
+    at = next_after(after)
     while at <= until:
         if count == COUNT_LIMIT:
             # Counting a week of a per-second task is no use to anyone; say "at least".
             assert first is not None
-            return Span(first, until, count, at_least=True), next_occurrence(schedule, zone, until)
+            return Span(first, until, count, at_least=True), next_after(until)
         first = first or at
         last = at
         count += 1
-        at = next_occurrence(schedule, zone, at)
+        at = next_after(at)
     if first is None or last is None:
         return None, at
     return Span(first, last, count), at
 
 
 def _until(
-    schedule: CronSchedule, zone: ZoneInfo, first: datetime, until: datetime
+    next_after: NextAfter, first: datetime, until: datetime
 ) -> tuple[list[datetime], datetime]:
     """``first`` and the occurrences after it up to ``until``, and the next one after those."""
     found = []
     at = first
     while at <= until:
         found.append(at)
-        at = next_occurrence(schedule, zone, at)
+        at = next_after(at)
     return found, at
 
 
+def _latest(
+    next_after: NextAfter, after: datetime, until: datetime, keep: int
+) -> tuple[list[datetime], datetime]:
+    """The last ``keep`` occurrences in ``(after, until]`` and the next one, without walking all.
+
+    A per-second task down for a day owes 86,400 occurrences; run-all fires only the latest
+    ``keep``, so widen a window back from ``until`` until it holds that many or reaches ``after``.
+    """
+    width = timedelta(minutes=1)
+    while True:
+        start = max(after, until - width)
+        recent: deque[datetime] = deque(maxlen=keep)
+        at = next_after(start)
+        while at <= until:
+            recent.append(at)
+            at = next_after(at)
+        if len(recent) >= keep or start == after:
+            return list(recent), at
+        width *= 8
+
+
 def decide(
-    schedule: CronSchedule,
-    zone: ZoneInfo,
+    next_after: NextAfter,
     *,
     policy: str,
     max_catch_up: int,
@@ -94,11 +116,11 @@ def decide(
       the rest in the same round, never one per round;
     - run-all: fire the most recent ``max_catch_up`` in order, drop the older ones.
     """
-    first = next_occurrence(schedule, zone, watermark)
+    first = next_after(watermark)
     if first > now:
         return Decision(next_due=first)
     if policy == "run-once":
-        dropped, next_due = span_between(schedule, zone, first, now)
+        dropped, next_due = span_between(next_after, first, now)
         return Decision(
             next_due=next_due,
             fire=[(first, dropped is not None)],
@@ -106,19 +128,18 @@ def decide(
             watermark=now,
         )
     if policy == "run-all":
-        recent = between(schedule, zone, watermark, now, max_catch_up, keep="latest")
-        next_due = next_occurrence(schedule, zone, now)
+        recent, next_due = _latest(next_after, watermark, now, max_catch_up)
         late = [(o, now - o > misfire_grace) for o in recent]
         dropped = None
         if recent[0] != first:
-            dropped, _ = span_between(schedule, zone, watermark, recent[0] - ONE_MS)
+            dropped, _ = span_between(next_after, watermark, recent[0] - ONE_MS)
         return Decision(next_due=next_due, fire=late, dropped=dropped, watermark=now)
     # skip. An occurrence exactly ``misfire_grace`` old is still on time; instants are whole ms.
     on_time_after = max(watermark, now - misfire_grace - ONE_MS)
     dropped = None
     if first <= on_time_after:
-        dropped, first = span_between(schedule, zone, watermark, on_time_after)
-    on_time, next_due = _until(schedule, zone, first, now)
+        dropped, first = span_between(next_after, watermark, on_time_after)
+    on_time, next_due = _until(next_after, first, now)
     return Decision(
         next_due=next_due,
         fire=[(o, False) for o in on_time],

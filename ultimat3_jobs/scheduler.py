@@ -274,16 +274,19 @@ class Scheduler:
     ) -> datetime:
         """Add one task's share to the round; return when it is next due."""
         name = handle.name
+
+        def next_after(at: datetime) -> datetime:
+            return self._resolve(handle, at)
+
         if paused:
             # Nothing fires while paused; every occurrence that came due is recorded as skipped.
-            span, next_due = span_between(handle.schedule, handle.zone, watermark, now)
+            span, next_due = span_between(next_after, watermark, now)
             if span is not None:
                 plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
                 plan.watermarks[name] = (watermark, now)
             return next_due
         decision = decide(
-            handle.schedule,
-            handle.zone,
+            next_after,
             policy=handle.catch_up,
             max_catch_up=handle.max_catch_up,
             watermark=watermark,

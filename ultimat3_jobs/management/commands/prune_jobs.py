@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from datetime import timedelta
 from typing import Any
 
@@ -10,17 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.management.arguments import positive_int
 from ultimat3_jobs.retention import prune
-
-
-def positive_days(value: str) -> int:
-    try:
-        days = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of days") from None
-    if days < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 day or more")
-    return days
 
 
 class Command(BaseCommand):
@@ -32,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--days",
-            type=positive_days,
+            type=positive_int,
             help="Keep this many days (default: the RETENTION_DAYS setting).",
         )
         parser.add_argument(

@@ -421,6 +421,7 @@ def test_resolver__an_injected_schedule_drives_arming_and_firing() -> None:
         return T0.replace(second=0) + (int((at - T0.replace(second=0)) / step) + 1) * step
 
     scheduler, _, clock = build(handle, resolver=every_five_minutes)
+    assert scheduler.next_run_for(handle) == datetime(2026, 6, 1, 0, 5, tzinfo=UTC)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 0, 5, 1, tzinfo=UTC))  # the cron says hourly; the resolver wins
     assert [d.occurrence for d in scheduler.tick()] == [datetime(2026, 6, 1, 0, 5, tzinfo=UTC)]

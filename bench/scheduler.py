@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         "all due: one round enqueueing one job per task, watermarks and occurrence records in the "
         "same transaction; floor: the same N job rows by one psycopg INSERT in one transaction. "
-        "nothing due: a steady-state round (sole leader); a lease or advisory leader adds one "
-        "statement, the heartbeat two every HEARTBEAT_INTERVAL."
+        "nothing due: a steady-state round with the sole leader, whose one statement compares "
+        "the clocks; a lease or advisory leader adds one, the heartbeat one every "
+        "HEARTBEAT_INTERVAL."
     )
 
 

@@ -31,6 +31,9 @@ from .registry import JobHandle, TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 
+#: A clock that stays skewed is warned about again this often.
+SKEW_WARNING_EVERY = timedelta(minutes=1)
+
 
 @dataclass(frozen=True)
 class TaskState:
@@ -96,7 +99,7 @@ class SchedulerState(Protocol):
         """Write the round atomically; raise FencingLost / WatermarkMoved and write nothing."""
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
-        """Record this node's liveness (throttled by the implementation)."""
+        """After every round: compare clocks, and record this node's liveness (throttled)."""
 
     def between_rounds(self) -> None:
         """Housekeeping between two rounds of the loop."""
@@ -197,6 +200,7 @@ class DatabaseState:
         self._last_heartbeat: datetime | None = None
         self._started_at = self.clock()
         self._last_leader: bool | None = None
+        self._skew_warned: datetime | None = None
 
     def sync(self, tasks: Sequence[TaskHandle]) -> None:
         with transaction.atomic(using=self.using):
@@ -325,6 +329,7 @@ class DatabaseState:
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         now = self.clock()
+        skew_ms = self._compare_clocks(now)
         due = (
             self._last_heartbeat is None
             or now - self._last_heartbeat >= self.heartbeat_interval
@@ -333,18 +338,6 @@ class DatabaseState:
         )
         if not due:
             return
-        skew = now - database_now(self.using)
-        skew_ms = int(skew.total_seconds() * 1000)
-        if abs(skew) > self.clock_skew_warning:
-            emit(
-                logger,
-                "jobs.scheduler.clock-skew",
-                logging.WARNING,
-                node=self.node_id,
-                skew_ms=skew_ms,
-                fix="run NTP (chrony, systemd-timesyncd) on this host and the database host; "
-                "occurrences are computed from this node's clock",
-            )
         fields = {
             "role": "scheduler",
             "host": socket.gethostname(),
@@ -364,6 +357,29 @@ class DatabaseState:
             nodes.create(node_id=self.node_id, **fields)
         self._last_heartbeat = now
         self._last_leader = is_leader
+
+    def _compare_clocks(self, now: datetime) -> int:
+        """Every round: this node's clock against the database's, which judges leases.
+
+        Occurrences are computed from this node's clock, so a skewed one fires early or late.
+        Warned about when it first goes past the threshold, then at most once a minute.
+        """
+        skew = now - database_now(self.using)
+        if abs(skew) > self.clock_skew_warning:
+            if self._skew_warned is None or now - self._skew_warned >= SKEW_WARNING_EVERY:
+                emit(
+                    logger,
+                    "jobs.scheduler.clock-skew",
+                    logging.WARNING,
+                    node=self.node_id,
+                    skew_ms=int(skew.total_seconds() * 1000),
+                    fix="run NTP (chrony, systemd-timesyncd) on this host and the database "
+                    "host; occurrences are computed from this node's clock",
+                )
+                self._skew_warned = now
+        else:
+            self._skew_warned = None
+        return int(skew.total_seconds() * 1000)
 
     def between_rounds(self) -> None:
         close_old_connections()

@@ -192,3 +192,23 @@ def test_sync__records_declarations_marks_removed_and_spares_unchanged_functions
     assert not Task.objects.get(name="gone.task").declared
     state.sync([handle])  # a restart with the same declarations
     assert len(calls) == 1
+
+
+@pytest.mark.django_db
+def test_heartbeat__compares_clocks_every_round_and_warns_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from ultimat3_jobs.models import Node
+
+    clock = FrozenClock(datetime.now(UTC) + timedelta(seconds=30))  # a node running 30 s fast
+    state = DatabaseState(node_id="skewed", leader="sole", clock=clock)
+    with caplog.at_level(logging.WARNING, logger="ultimat3_jobs"):
+        for _ in range(3):
+            state.heartbeat(is_leader=True, round_at=clock(), error="")
+            clock.advance(1)
+    warnings = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.clock-skew"]
+    assert len(warnings) == 1
+    assert 29_000 < warnings[0].fields["skew_ms"] < 31_500  # type: ignore[attr-defined]
+    assert 29_000 < (Node.objects.get(node_id="skewed").clock_skew_ms or 0) < 31_500

@@ -113,6 +113,16 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: floa
 
 
 def stop_all(processes: list[Process], timeout: float = 15) -> None:
+    # A process still importing Django has no signal handler yet: SIGTERM would kill it
+    # outright (-15) rather than drain it. Let each get as far as its "started" event.
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        while (
+            process.alive()
+            and time.monotonic() < deadline
+            and not any(e["event"].endswith(".started") for e in process.events())
+        ):
+            time.sleep(0.05)
     for process in processes:
         process.signal(signal.SIGTERM)
     for process in processes:

@@ -46,7 +46,10 @@ def test_soak__schedulers_killed_and_drained_at_random__every_occurrence_once(
     actions = 0
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(1, 6))
-        live = [p for p in processes if p.alive()]
+        # Only processes past start-up: before it, SIGTERM kills rather than drains.
+        live = [p for p in processes if p.alive() and p.named("jobs.scheduler.started")]
+        if not live:
+            continue
         victim = current_leader(live) if rng.random() < 0.7 else rng.choice(live)
         if victim is None:
             continue

@@ -39,7 +39,7 @@ def notify(queues: Sequence[str], using: str = "default") -> None:
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
 
 
-def build_job(
+def job_fields(
     handle: JobHandle,
     data: dict[str, Any],
     *,
@@ -51,22 +51,27 @@ def build_job(
     task: str = "",
     occurrence: datetime | None = None,
     catch_up: bool = False,
-) -> Job:
-    """An unsaved job row with the defaults the settings give."""
+) -> dict[str, Any]:
+    """The fields of a new job row, with the defaults the job and the settings give."""
     config = get_settings()
-    return Job(
-        name=handle.name,
-        key=key,
-        input=data,
-        queue=queue or handle.queue or config.default_queue,
-        max_attempts=handle.max_attempts or config.max_attempts,
-        run_at=run_at or now,
-        created_at=now,
-        task=task,
-        occurrence=occurrence,
-        catch_up=catch_up,
-        enqueued_by=enqueued_by,
-    )
+    return {
+        "name": handle.name,
+        "key": key,
+        "input": data,
+        "queue": queue or handle.queue or config.default_queue,
+        "max_attempts": handle.max_attempts or config.max_attempts,
+        "run_at": run_at or now,
+        "created_at": now,
+        "task": task,
+        "occurrence": occurrence,
+        "catch_up": catch_up,
+        "enqueued_by": enqueued_by,
+    }
+
+
+def build_job(handle: JobHandle, data: dict[str, Any], **fields: Any) -> Job:
+    """An unsaved job row: ``job_fields`` as a model instance."""
+    return Job(**job_fields(handle, data, **fields))
 
 
 def enqueue(
@@ -105,8 +110,8 @@ def enqueue(
 def insert_many(jobs: Sequence[Job], using: str = "default") -> dict[str, tuple[int, bool]]:
     """Insert ``jobs``, skipping keys that exist; ``{key: (job_id, created)}`` for every one.
 
-    Two statements whatever the count: one insert with ON CONFLICT DO NOTHING, one read of
-    the ids. Call it inside the transaction that also advances the watermarks.
+    Three statements whatever the count: the keys already there, one insert with ON CONFLICT
+    DO NOTHING, the ids. Call it inside the transaction that also advances the watermarks.
     """
     if not jobs:
         return {}

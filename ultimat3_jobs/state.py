@@ -22,11 +22,10 @@ from django.db import close_old_connections, connections, transaction
 from . import clock as default_clock
 from . import sql
 from .catchup import Span
-from .conf import get_settings
 from .db import database_now
 from .logs import emit
 from .models import Job, Node, Occurrence, Task
-from .queue import insert_many, notify
+from .queue import insert_many, job_fields, notify
 from .registry import JobHandle, TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
@@ -403,20 +402,18 @@ def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
 
 
 def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> dict[str, Any]:
-    config = get_settings()
-    return {
-        "name": planned.job.name,
-        "key": planned.key,
-        "input": planned.data,
-        "queue": planned.job.queue or config.default_queue,
-        "max_attempts": planned.job.max_attempts or config.max_attempts,
-        "run_at": now,
-        "created_at": now,
-        "task": fired.task,
-        "occurrence": fired.occurrence,
-        "catch_up": fired.catch_up,
-        "enqueued_by": "scheduler",
-    }
+    return job_fields(
+        planned.job,
+        planned.data,
+        key=planned.key,
+        run_at=None,
+        queue=None,
+        enqueued_by="scheduler",
+        now=now,
+        task=fired.task,
+        occurrence=fired.occurrence,
+        catch_up=fired.catch_up,
+    )
 
 
 def _declaration(handle: TaskHandle) -> dict[str, Any]:

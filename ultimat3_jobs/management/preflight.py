@@ -1,10 +1,11 @@
-"""What a long-running command checks before it starts its loop."""
+"""What the commands check before they start, and how a user error reaches the terminal."""
 
 from __future__ import annotations
 
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 
+from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.logs import NOT_MIGRATED_FIX
 from ultimat3_jobs.models import Job, Task
 
@@ -24,3 +25,8 @@ def require_migrated(using: str) -> None:
         raise CommandError(
             f"the database {using!r} has no {' or '.join(missing)} table\nfix: {NOT_MIGRATED_FIX}"
         )
+
+
+def command_error(error: UltimateError) -> CommandError:
+    """A user error as the command's failure: the message, then the fix on a line of its own."""
+    return CommandError(f"{error.message}\nfix: {error.fix}")

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int
+from ultimat3_jobs.management.preflight import command_error
 from ultimat3_jobs.retention import prune
 
 
@@ -38,7 +39,7 @@ class Command(BaseCommand):
                 using=database,
             )
         except UltimateError as error:
-            raise CommandError(f"{error.message}\nfix: {error.fix}") from error
+            raise command_error(error) from error
         verb = "Would delete" if dry_run else "Deleted"
         self.stdout.write(
             f"{verb} {result.jobs} finished job(s), {result.occurrences} occurrence record(s) "

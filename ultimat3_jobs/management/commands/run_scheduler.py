@@ -6,7 +6,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs import logs
@@ -14,7 +14,7 @@ from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader, new_node_id
 from ultimat3_jobs.management.arguments import positive_seconds
-from ultimat3_jobs.management.preflight import require_migrated
+from ultimat3_jobs.management.preflight import command_error, require_migrated
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 
@@ -56,7 +56,7 @@ class Command(BaseCommand):
             node_id = new_node_id()
             election = build_leader(leader, node_id=node_id, using=database)
         except UltimateError as error:
-            raise CommandError(f"{error.message}\nfix: {error.fix}") from error
+            raise command_error(error) from error
         state = DatabaseState(
             node_id=node_id,
             leader=election.name,

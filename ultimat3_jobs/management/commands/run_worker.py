@@ -12,7 +12,7 @@ from django.db import DEFAULT_DB_ALIAS
 from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
-from ultimat3_jobs.management.preflight import require_migrated
+from ultimat3_jobs.management.preflight import command_error, require_migrated
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
 
@@ -86,7 +86,7 @@ class Command(BaseCommand):
                 using=database,
             )
         except UltimateError as error:
-            raise CommandError(f"{error.message}\nfix: {error.fix}") from error
+            raise command_error(error) from error
         exit_code = worker.run()
         if exit_code != CLEAN_EXIT:
             raise CommandError(

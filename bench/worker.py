@@ -90,7 +90,7 @@ def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 def measure_raw(n: int, connections: int, batch: int) -> float:
     """The worker's claim (batches of ``batch``) and finish statements, psycopg alone."""
-    from ultimat3_jobs.worker import CLAIM_QUEUES
+    from ultimat3_jobs.sql import CLAIM_QUEUES
 
     _enqueue(n)
 

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from .clock import ONE_MS
+
 #: Dropped occurrences are counted up to this many; a longer run is recorded as "at least".
 COUNT_LIMIT = 10_000
-ONE_MS = timedelta(milliseconds=1)
 
 NextAfter = Callable[[datetime], datetime]
 

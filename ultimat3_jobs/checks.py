@@ -13,7 +13,7 @@ from django.db import DatabaseError, connections
 
 from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
-from .leaders import ADVISORY_NEEDS_POSTGRES_FIX
+from .leaders import leader_problem
 
 
 @checks.register()
@@ -27,14 +27,9 @@ def check_settings(
     messages: list[checks.CheckMessage] = []
     vendor = connections["default"].vendor
     leader = config.leader or default_leader(vendor)
-    if leader == "advisory" and vendor != "postgresql":
-        messages.append(
-            checks.Error(
-                f"the advisory leader needs PostgreSQL, but the default database is {vendor}",
-                hint=ADVISORY_NEEDS_POSTGRES_FIX,
-                id="ultimat3_jobs.E001",
-            )
-        )
+    problem = leader_problem(leader, vendor)
+    if problem is not None:
+        messages.append(checks.Error(problem.message, hint=problem.fix, id="ultimat3_jobs.E001"))
     if config.lease_ttl <= config.tick_interval and leader == "lease":
         messages.append(
             checks.Error(

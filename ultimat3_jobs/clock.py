@@ -9,6 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 Clock = Callable[[], datetime]
 
+#: The precision instants are stored and compared at; "just before" an occurrence is 1 ms less.
+ONE_MS = timedelta(milliseconds=1)
+
 
 def system_clock() -> datetime:
     """Aware UTC now, truncated to the millisecond the watermarks are stored at."""

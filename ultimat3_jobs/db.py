@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,3 +46,11 @@ def database_now(using: str = "default") -> datetime:
         row = cursor.fetchone()
     assert row is not None
     return datetime.fromisoformat(row[0]).replace(tzinfo=UTC)
+
+
+def json_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as the one JSON parameter of a bulk statement (``jsonb_to_recordset``).
+
+    Instants are the one non-JSON type in them; PostgreSQL reads ISO 8601 as timestamptz.
+    """
+    return json.dumps(rows, default=datetime.isoformat)

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -38,9 +35,15 @@ ADVISORY_NEEDS_POSTGRES_FIX = (
 )
 
 
-def new_node_id() -> str:
-    """A node id that tells an operator where the process runs."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def leader_problem(kind: str | None, vendor: str) -> LeaderUnavailableError | None:
+    """Why the election ``kind`` (None: the default) cannot run on a ``vendor`` database."""
+    kind = kind or default_leader(vendor)
+    if kind == "advisory" and vendor != "postgresql":
+        return LeaderUnavailableError(
+            f"the advisory leader needs PostgreSQL, but the database is {vendor}",
+            fix=ADVISORY_NEEDS_POSTGRES_FIX,
+        )
+    return None
 
 
 class LeaderElection(Protocol):
@@ -227,9 +230,7 @@ def build_leader(kind: str | None, *, node_id: str, using: str = "default") -> L
         return SoleLeader()
     if kind == "lease":
         return LeaseLeader(node_id=node_id, ttl=config.lease_ttl, using=using)
-    if vendor != "postgresql":
-        raise LeaderUnavailableError(
-            f"the advisory leader needs PostgreSQL, but the database is {vendor}",
-            fix=ADVISORY_NEEDS_POSTGRES_FIX,
-        )
+    problem = leader_problem(kind, vendor)
+    if problem is not None:
+        raise problem
     return AdvisoryLeader(key=config.advisory_lock_key, using=using)

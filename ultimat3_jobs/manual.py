@@ -1,16 +1,18 @@
-"""Running a task by hand ("Run now"): enqueue its entries and record who asked.
+"""Running a task by hand ("Run now"): preview what it would enqueue, enqueue it, record who.
 
 Kept apart from the admin so a shell, a command or an API can do exactly what the button does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from . import clock
-from .models import Occurrence, Outcome
+from . import clock, history
+from .errors import UltimateError
+from .jobstore import ids_of
+from .models import Occurrence
 from .registry import TaskHandle, TaskJobResult
 
 
@@ -31,6 +33,47 @@ class ManualRun:
         return [r for r in self.results if not r.result.created]
 
 
+@dataclass(frozen=True)
+class PreviewEntry:
+    """One job a run would enqueue: its key (None: a new one each run) and the job holding it."""
+
+    job: str
+    key: str | None
+    present_id: int | None
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What running a task now would enqueue, or why it cannot run."""
+
+    task: str
+    entries: list[PreviewEntry] = field(default_factory=list)
+    problem: str = ""
+
+    @property
+    def runnable(self) -> bool:
+        return not self.problem
+
+
+def preview(handle: TaskHandle | None, name: str) -> Preview:
+    """What running ``handle`` now would enqueue, and which of those jobs already exist.
+
+    Calls the task's function, which only returns entries: nothing is written. ``None`` is a
+    task no longer declared in code.
+    """
+    if handle is None:
+        return Preview(name, problem="It is no longer declared in code, so it cannot run.")
+    try:
+        keys = [(job.name, job.declared_key(data)) for job, data in handle.entries()]
+    except UltimateError as error:
+        return Preview(name, problem=f"{error.message}. Fix: {error.fix}.")
+    except Exception as error:  # A key callable that raised: show it rather than fail.
+        return Preview(name, problem=f"{type(error).__name__}: {error}")
+    present = ids_of(key for _, key in keys if key)
+    entries = [PreviewEntry(job, key, present.get(key) if key else None) for job, key in keys]
+    return Preview(name, entries)
+
+
 def run_now(handle: TaskHandle, *, user: str, detail: str = "run now") -> ManualRun:
     """Enqueue ``handle``'s entries now, as ``admin:<user>``, and record a manual occurrence.
 
@@ -42,15 +85,10 @@ def run_now(handle: TaskHandle, *, user: str, detail: str = "run now") -> Manual
     with transaction.atomic():
         at = clock.now()
         results = handle.enqueue(enqueued_by=f"admin:{user}")
-        record = Occurrence.objects.create(
-            task=handle.name,
-            outcome=Outcome.MANUAL,
-            occurrence=at,
-            last_occurrence=at,
-            jobs=[
-                {"job": r.job, "key": r.result.key, "created": r.result.created} for r in results
-            ],
-            recorded_at=at,
+        record = history.manual(
+            handle.name,
+            [history.RecordedJob(r.job, r.result.key, r.result.created) for r in results],
+            at=at,
             user=user,
             detail=detail,
         )

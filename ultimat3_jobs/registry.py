@@ -35,7 +35,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .queue import EnqueueResult
+    from .jobstore import EnqueueResult
 
 CatchUp = Literal["skip", "run-once", "run-all"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
@@ -209,7 +209,7 @@ class JobHandle:
 
         ``task`` names the task this run belongs to, for a manual run of a task.
         """
-        from .queue import enqueue
+        from .jobstore import enqueue
 
         data = self.check_input(input)
         return enqueue(

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, QuerySet
 
 from . import clock
 from .conf import get_settings
+from .jobstore import finished_before
 from .logs import emit
-from .models import Job, JobStatus, Node, Occurrence
+from .models import Job, Node, Occurrence
 
 logger = logging.getLogger("ultimat3_jobs.retention")
 
-FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 BATCH_SIZE = 1000
 
 
@@ -38,9 +38,7 @@ def expired(
     cutoff: datetime, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[QuerySet[Job], QuerySet[Occurrence], QuerySet[Node]]:
     """The rows a prune at ``cutoff`` removes."""
-    # A job cancelled before it ever ran has no finished_at: its age is its creation.
-    finished_before = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff)
-    jobs = Job.objects.using(using).filter(finished_before, status__in=FINISHED)
+    jobs = finished_before(cutoff, using)
     occurrences = Occurrence.objects.using(using).filter(recorded_at__lt=cutoff)
     # A node silent for the whole retention period is long dead; its jobs were recovered.
     nodes = Node.objects.using(using).filter(last_seen_at__lt=cutoff)

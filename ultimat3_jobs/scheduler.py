@@ -7,7 +7,7 @@ joins the round in flight rather than opening a second one over the same waterma
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import heapq
 import logging
 import threading
@@ -16,34 +16,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
 
 from . import clock as default_clock
 from . import shutdown
-from .catchup import decide, span_between
 from .cron import next_occurrence
+from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
 from .logs import emit, failure_fields
-from .registry import JobHandle, TaskHandle, TaskJobResult, registry
-from .state import (
-    FencingLost,
-    MemoryState,
-    PlannedJob,
-    PlannedOccurrence,
-    PlannedRecord,
-    RoundPlan,
-    SchedulerState,
-    WatermarkMoved,
-)
+from .nodes import RunStatus
+from .planner import PlannedOccurrence, RoundPlan, TaskStep, plan_task
+from .registry import TaskHandle, TaskJobResult, registry
+from .retries import loop_backoff
+from .state import FencingLost, SchedulerState, WatermarkMoved
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
-
-ONE_MS = timedelta(milliseconds=1)
-KEY_LIMIT = 255
-#: Longest wait between rounds while the database keeps failing.
-MAX_BACKOFF = timedelta(seconds=30)
-
-Status = Literal["idle", "running", "draining", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -56,37 +42,17 @@ class Dispatched:
     catch_up: bool
 
 
-def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
-    """``<task>:<occurrence_ms>:<job key>``: equal from every node for the same entry."""
-    ms = int(occurrence.timestamp() * 1000)
-    key = f"{task}:{ms}:{part}"
-    if len(key) > KEY_LIMIT:
-        key = f"{task}:{ms}:{hashlib.sha256(part.encode()).hexdigest()[:32]}"
-    return key
-
-
-def plan_jobs(
-    task: str, occurrence: datetime, entries: Sequence[tuple[JobHandle, dict[str, Any]]]
-) -> list[PlannedJob]:
-    """Keys for one occurrence's entries. Two entries never share one: repeats get ``#n``."""
-    seen: dict[str, int] = {}
-    planned = []
-    for job, data in entries:
-        key = occurrence_key(task, occurrence, job.occurrence_part(data))
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] > 1:
-            key = f"{key}#{seen[key]}"
-        planned.append(PlannedJob(job=job, data=data, key=key))
-    return planned
-
-
 class Scheduler:
-    """Rounds, leadership, drain. Clock, state, leader and task list are injected."""
+    """Rounds, leadership, drain. State, clock, leader and task list are injected.
+
+    ``state`` is required: production passes a ``DatabaseState``, tests may pass
+    ``ultimat3_jobs.testing.MemoryState``.
+    """
 
     def __init__(
         self,
         *,
-        state: SchedulerState | None = None,
+        state: SchedulerState,
         leader: LeaderElection | None = None,
         clock: Callable[[], datetime] | None = None,
         tasks: Sequence[TaskHandle] | None = None,
@@ -95,7 +61,7 @@ class Scheduler:
         drain_on_shutdown: bool = True,
         resolver: Callable[[TaskHandle, datetime], datetime] | None = None,
     ) -> None:
-        self.state: SchedulerState = state or MemoryState()
+        self.state: SchedulerState = state
         self.leader: LeaderElection = leader or SoleLeader()
         self.clock = clock or default_clock.now
         self.tick_interval = tick_interval
@@ -104,7 +70,7 @@ class Scheduler:
         self._fixed_tasks = list(tasks) if tasks is not None else None
         self._resolve = resolver or (lambda h, at: next_occurrence(h.schedule, h.zone, at))
         self.is_leader = False
-        self.status: Status = "idle"
+        self.status: RunStatus = "idle"
         self.last_error = ""
         self._lock = threading.Lock()
         self._round: Future[list[Dispatched]] | None = None
@@ -218,7 +184,7 @@ class Scheduler:
         states = self.state.load(names)
         plan = RoundPlan(now=now)
         reschedule: dict[str, datetime] = {}
-        armed: list[tuple[str, datetime]] = []
+        steps: list[tuple[TaskHandle, TaskStep]] = []
         missing = False
         renew_every = getattr(self.leader, "renew_every", None)
         renewed = time.monotonic()
@@ -230,7 +196,6 @@ class Scheduler:
                     self._concede()
                     return []
                 renewed = time.monotonic()
-            handle = handles[name]
             stored = states.get(name)
             # Re-read per task: a stop between two tasks means stop now. A task not reached
             # keeps its watermark and fires next time.
@@ -238,14 +203,18 @@ class Scheduler:
                 reschedule[name] = now
                 missing = missing or stored is None
                 continue
-            if stored.watermark is None:
-                # First sight: arm at the next occurrence, never fire retroactively.
-                first = self._resolve(handle, now)
-                plan.watermarks[name] = (None, first - ONE_MS)
-                reschedule[name] = first
-                armed.append((name, first))
-                continue
-            reschedule[name] = self._plan_task(handle, stored.watermark, stored.paused, now, plan)
+            handle = handles[name]
+            step = plan_task(
+                handle,
+                watermark=stored.watermark,
+                paused=stored.paused,
+                now=now,
+                misfire_grace=self.misfire_grace,
+                next_after=functools.partial(self._resolve, handle),
+                plan=plan,
+            )
+            reschedule[name] = step.next_due
+            steps.append((handle, step))
         try:
             enqueued = self.state.commit(plan, self.leader.fence) if plan.watermarks else {}
         except FencingLost:
@@ -257,71 +226,28 @@ class Scheduler:
             return []
         for name, at in reschedule.items():
             self._set_due(name, at)
-        for name, first in armed:
-            emit(logger, "jobs.scheduler.armed", task=name, next=first)
+        for handle, step in steps:
+            self._log_step(handle, step)
         if missing:
             # A row went missing under us: sync and rebuild next round.
             self._due = self._synced_for = None
         return [self._report(fired, enqueued) for fired in plan.fired]
 
-    def _plan_task(
-        self,
-        handle: TaskHandle,
-        watermark: datetime,
-        paused: bool,
-        now: datetime,
-        plan: RoundPlan,
-    ) -> datetime:
-        """Add one task's share to the round; return when it is next due."""
-        name = handle.name
-
-        def next_after(at: datetime) -> datetime:
-            return self._resolve(handle, at)
-
-        if paused:
-            # Nothing fires while paused; every occurrence that came due is recorded as skipped.
-            span, next_due = span_between(next_after, watermark, now)
-            if span is not None:
-                plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
-                plan.watermarks[name] = (watermark, now)
-            return next_due
-        decision = decide(
-            next_after,
-            policy=handle.catch_up,
-            max_catch_up=handle.max_catch_up,
-            watermark=watermark,
-            now=now,
-            misfire_grace=self.misfire_grace,
-        )
-        if not decision.due or decision.watermark is None:
-            return decision.next_due
-        if decision.dropped is not None:
-            plan.records.append(
-                PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
-            )
+    def _log_step(self, handle: TaskHandle, step: TaskStep) -> None:
+        if step.armed:
+            emit(logger, "jobs.scheduler.armed", task=handle.name, next=step.next_due)
+        if step.dropped is not None:
             emit(
                 logger,
                 "jobs.scheduler.dropped",
-                task=name,
-                first=decision.dropped.first,
-                last=decision.dropped.last,
-                count=decision.dropped.count,
+                task=handle.name,
+                first=step.dropped.first,
+                last=step.dropped.last,
+                count=step.dropped.count,
                 catch_up=handle.catch_up,
             )
-        for occurrence, catch_up in decision.fire:
-            try:
-                entries = handle.entries(occurrence)
-            except Exception as error:
-                # One failing task must not stop the others; its occurrence is retried next
-                # round, everything before it stays decided.
-                self._task_failed(name, occurrence, error)
-                plan.watermarks[name] = (watermark, occurrence - ONE_MS)
-                return occurrence
-            plan.fired.append(
-                PlannedOccurrence(name, occurrence, catch_up, plan_jobs(name, occurrence, entries))
-            )
-        plan.watermarks[name] = (watermark, decision.watermark)
-        return decision.next_due
+        if step.failed is not None:
+            self._task_failed(handle.name, *step.failed)
 
     def _task_failed(self, name: str, occurrence: datetime, error: Exception) -> None:
         fields = failure_fields(error)
@@ -335,11 +261,7 @@ class Scheduler:
             **fields,
         )
 
-    def _report(
-        self, fired: PlannedOccurrence, enqueued: dict[str, tuple[int, bool]]
-    ) -> Dispatched:
-        from .queue import EnqueueResult
-
+    def _report(self, fired: PlannedOccurrence, enqueued: Enqueued) -> Dispatched:
         jobs = [
             TaskJobResult(
                 job=p.job.name,
@@ -430,10 +352,7 @@ class Scheduler:
             except Exception as error:  # pragma: no cover - closing a broken connection
                 emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
             # The GAP between rounds, never a fixed period; longer while the database is down.
-            wait = min(
-                self.tick_interval * (2 ** min(failures, 5)), max(MAX_BACKOFF, self.tick_interval)
-            )
-            self._wake.wait(wait.total_seconds())
+            self._wake.wait(loop_backoff(self.tick_interval, failures).total_seconds())
 
     def stop(self, reason: str = "stop") -> None:
         """Stop dispatching, wait out the round in flight, then hand leadership back."""
@@ -490,4 +409,4 @@ class Scheduler:
         return self._stopped.wait(timeout)
 
 
-__all__ = ["Dispatched", "Scheduler", "occurrence_key"]
+__all__ = ["Dispatched", "Scheduler"]

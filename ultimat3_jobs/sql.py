@@ -1,4 +1,4 @@
-"""The PostgreSQL statements of a scheduler round, by name.
+"""The app's raw PostgreSQL statements, by name: a scheduler round's, and the worker's claim.
 
 Each takes its rows as one array or JSON parameter, so a round is the same handful of
 statements whether it carries ten tasks or ten thousand. Other databases go through the ORM.
@@ -52,3 +52,26 @@ UPDATE {_TASK} AS t SET last_fired_at = v.watermark
 FROM unnest(%s::text[], %s::timestamptz[]) AS v(name, watermark)
 WHERE t.name = v.name
 """
+
+# Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
+# without waiting on each other's rows, and a row locked by one is never returned to another.
+# The attempt is counted here, at claim time, so a job that kills its worker still uses one up.
+_CLAIM = """
+WITH due AS (
+    SELECT id FROM {table}
+    WHERE status = 'queued' AND run_at <= %(now)s {queue_filter}
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS job
+SET status = 'running', attempts = job.attempts + 1, started_at = %(now)s,
+    finished_at = NULL, worker = %(worker)s
+FROM due
+WHERE job.id = due.id
+RETURNING job.*
+"""
+#: Claim due jobs of every queue.
+CLAIM_ANY_QUEUE = _CLAIM.format(table=_JOB, queue_filter="")
+#: Claim due jobs of the queues in ``%(queues)s``.
+CLAIM_QUEUES = _CLAIM.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)")

@@ -1,4 +1,4 @@
-"""Where the scheduler keeps its watermarks and writes a round: in memory, or in the database.
+"""Where the scheduler keeps its watermarks and writes a round: the database.
 
 A round's writes (jobs, occurrence records, watermarks) are one ``commit()``: one transaction,
 a constant number of statements whatever the number of tasks, with leadership and every
@@ -7,26 +7,22 @@ watermark re-checked inside it, so a crash can neither lose nor repeat an occurr
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import close_old_connections, connections, transaction
 
 from . import clock as default_clock
-from . import sql
-from .catchup import Span
+from . import history, jobstore, nodes, sql
 from .db import database_now
+from .jobstore import Enqueued
 from .logs import emit
-from .models import Job, Node, Occurrence, Task
-from .queue import insert_many, job_fields, notify
-from .registry import JobHandle, TaskHandle
+from .models import Task
+from .planner import PlannedJob, PlannedOccurrence, RoundPlan
+from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 
@@ -40,40 +36,6 @@ class TaskState:
     paused: bool = False
 
 
-@dataclass(frozen=True)
-class PlannedJob:
-    job: JobHandle
-    data: dict[str, Any]
-    key: str
-
-
-@dataclass(frozen=True)
-class PlannedOccurrence:
-    task: str
-    occurrence: datetime
-    catch_up: bool
-    jobs: list[PlannedJob]
-
-
-@dataclass(frozen=True)
-class PlannedRecord:
-    """Occurrences decided without firing: dropped by the policy, or skipped while paused."""
-
-    task: str
-    outcome: str
-    span: Span
-    detail: str = ""
-
-
-@dataclass
-class RoundPlan:
-    now: datetime
-    fired: list[PlannedOccurrence] = field(default_factory=list)
-    records: list[PlannedRecord] = field(default_factory=list)
-    #: task -> (watermark the round read, watermark to write)
-    watermarks: dict[str, tuple[datetime | None, datetime]] = field(default_factory=dict)
-
-
 class FencingLost(Exception):
     """Leadership was gone by the time the dispatch transaction checked it."""
 
@@ -82,8 +44,6 @@ class WatermarkMoved(Exception):
     """Another node advanced a watermark since this round read it; the round wrote nothing."""
 
 
-#: key -> (job id, created)
-Enqueued = dict[str, tuple[int, bool]]
 Fence = Callable[[str], bool]
 
 
@@ -105,76 +65,6 @@ class SchedulerState(Protocol):
 
     def stopped(self) -> None:
         """This node has stopped."""
-
-
-class MemoryState:
-    """Everything in process memory: for tests and for reasoning about the round alone."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, TaskState] = {}
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.records: list[dict[str, Any]] = []
-        self.heartbeats: list[dict[str, Any]] = []
-        self.commits = 0
-        self._lock = threading.Lock()
-
-    def sync(self, tasks: Sequence[TaskHandle]) -> None:
-        with self._lock:
-            for handle in tasks:
-                self.tasks.setdefault(handle.name, TaskState(None))
-
-    def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
-        with self._lock:
-            wanted = self.tasks if names is None else names
-            return {name: self.tasks[name] for name in wanted if name in self.tasks}
-
-    def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
-        with self._lock:
-            if not fence("memory"):
-                raise FencingLost()
-            for name, (expected, _) in plan.watermarks.items():
-                current = self.tasks.get(name, TaskState(None)).watermark
-                if current != expected:
-                    raise WatermarkMoved(name)
-            enqueued: Enqueued = {}
-            for fired in plan.fired:
-                for planned in fired.jobs:
-                    created = planned.key not in self.jobs
-                    if created:
-                        self.jobs[planned.key] = {
-                            "id": len(self.jobs) + 1,
-                            "job": planned.job.name,
-                            "input": planned.data,
-                            "task": fired.task,
-                            "occurrence": fired.occurrence,
-                            "catch_up": fired.catch_up,
-                        }
-                    enqueued[planned.key] = (self.jobs[planned.key]["id"], created)
-                self.records.append(
-                    {"task": fired.task, "outcome": "fired", "at": fired.occurrence}
-                )
-            for record in plan.records:
-                self.records.append(
-                    {"task": record.task, "outcome": record.outcome, "span": record.span}
-                )
-            for name, (_, new) in plan.watermarks.items():
-                paused = self.tasks.get(name, TaskState(None)).paused
-                self.tasks[name] = TaskState(new, paused)
-            self.commits += 1
-            return enqueued
-
-    def pause(self, name: str, paused: bool = True) -> None:
-        with self._lock:
-            self.tasks[name] = TaskState(self.tasks[name].watermark, paused)
-
-    def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
-        self.heartbeats.append({"is_leader": is_leader, "round_at": round_at, "error": error})
-
-    def between_rounds(self) -> None:
-        return None
-
-    def stopped(self) -> None:
-        return None
 
 
 class DatabaseState:
@@ -242,89 +132,51 @@ class DatabaseState:
         jobs = [
             _job_row(fired, planned, plan.now) for fired in plan.fired for planned in fired.jobs
         ]
-        postgres = connections[self.using].vendor == "postgresql"
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
-            write = self._write_postgres if postgres else self._write_portable
-            enqueued = write(plan, jobs)
-            notify([job["queue"] for job in jobs], using=self.using)
+            self._compare_and_set(plan)
+            enqueued = jobstore.insert_round(jobs, using=self.using)
+            history.write(self._records(plan, enqueued), using=self.using)
         return enqueued
 
+    def _compare_and_set(self, plan: RoundPlan) -> None:
+        """Lock the round's task rows, check every watermark, and write the new ones."""
+        names = list(plan.watermarks)
+        if connections[self.using].vendor == "postgresql":
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(sql.LOCK_WATERMARKS, [names])
+                _compare(plan, dict(cursor.fetchall()))
+                new = [watermark for _, watermark in plan.watermarks.values()]
+                cursor.execute(sql.SET_WATERMARKS, [names, new])
+            return
+        tasks = Task.objects.using(self.using)
+        locked = list(
+            tasks.select_for_update().filter(name__in=names).only("pk", "name", "last_fired_at")
+        )
+        _compare(plan, {row.name: row.last_fired_at for row in locked})
+        for row in locked:
+            row.last_fired_at = plan.watermarks[row.name][1]
+        tasks.bulk_update(locked, ["last_fired_at"])
+
     def _records(self, plan: RoundPlan, enqueued: Enqueued) -> list[dict[str, Any]]:
+        at, node = plan.now, self.node_id
         fired = [
-            {
-                "task": f.task,
-                "outcome": "fired",
-                "occurrence": f.occurrence,
-                "last_occurrence": f.occurrence,
-                "count": 1,
-                "catch_up": f.catch_up,
-                "jobs": [
-                    {"job": p.job.name, "key": p.key, "created": enqueued[p.key][1]} for p in f.jobs
-                ],
-                "recorded_at": plan.now,
-                "node": self.node_id,
-                "detail": "",
-            }
+            history.fired(
+                f.task,
+                f.occurrence,
+                catch_up=f.catch_up,
+                jobs=[history.RecordedJob(p.job.name, p.key, enqueued[p.key][1]) for p in f.jobs],
+                at=at,
+                node=node,
+            )
             for f in plan.fired
         ]
         decided = [
-            {
-                "task": r.task,
-                "outcome": r.outcome,
-                "occurrence": r.span.first,
-                "last_occurrence": r.span.last,
-                "count": r.span.count,
-                "catch_up": False,
-                "jobs": [],
-                "recorded_at": plan.now,
-                "node": self.node_id,
-                "detail": r.detail + (" (at least)" if r.span.at_least else ""),
-            }
+            history.decided(r.task, r.outcome, r.span, detail=r.detail, at=at, node=node)
             for r in plan.records
         ]
         return fired + decided
-
-    def _write_postgres(self, plan: RoundPlan, jobs: list[dict[str, Any]]) -> Enqueued:
-        """A round in five statements, whatever its size (see ``sql.py``)."""
-        names = list(plan.watermarks)
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(sql.LOCK_WATERMARKS, [names])
-            _compare(plan, dict(cursor.fetchall()))
-            enqueued: Enqueued = {}
-            if jobs:
-                cursor.execute(sql.INSERT_JOBS, [json.dumps(jobs, default=_isoformat)])
-                enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
-                existing = [job["key"] for job in jobs if job["key"] not in enqueued]
-                if existing:
-                    cursor.execute(sql.EXISTING_JOBS, [existing])
-                    enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
-            records = self._records(plan, enqueued)
-            if records:
-                cursor.execute(sql.INSERT_OCCURRENCES, [json.dumps(records, default=_isoformat)])
-            cursor.execute(
-                sql.SET_WATERMARKS, [names, [new for _, new in plan.watermarks.values()]]
-            )
-        return enqueued
-
-    def _write_portable(self, plan: RoundPlan, jobs: list[dict[str, Any]]) -> Enqueued:
-        """The same round through the ORM, for SQLite and other databases."""
-        tasks = Task.objects.using(self.using)
-        locked = {
-            row.name: row
-            for row in tasks.select_for_update()
-            .filter(name__in=list(plan.watermarks))
-            .only("pk", "name", "last_fired_at")
-        }
-        _compare(plan, {name: row.last_fired_at for name, row in locked.items()})
-        enqueued = insert_many([Job(**job) for job in jobs], using=self.using)
-        records = [Occurrence(**record) for record in self._records(plan, enqueued)]
-        Occurrence.objects.using(self.using).bulk_create(records)
-        for name, (_, new) in plan.watermarks.items():
-            locked[name].last_fired_at = new
-        tasks.bulk_update(list(locked.values()), ["last_fired_at"])
-        return enqueued
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         now = self.clock()
@@ -337,23 +189,21 @@ class DatabaseState:
         )
         if not due:
             return
-        fields = {
-            "role": "scheduler",
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
+        fields: dict[str, Any] = {
             "leader": self.leader,
             "is_leader": is_leader,
-            "started_at": self._started_at,
-            "last_seen_at": now,
             "last_error": error,
             "clock_skew_ms": skew_ms,
-            "stopped_at": None,
         }
         if round_at is not None:
             fields["last_round_at"] = round_at
-        nodes = Node.objects.using(self.using)
-        if not nodes.filter(node_id=self.node_id).update(**fields):
-            nodes.create(node_id=self.node_id, **fields)
+        nodes.heartbeat(
+            using=self.using,
+            node_id=self.node_id,
+            role="scheduler",
+            started_at=self._started_at,
+            **fields,
+        )
         self._last_heartbeat = now
         self._last_leader = is_leader
 
@@ -384,14 +234,7 @@ class DatabaseState:
         close_old_connections()
 
     def stopped(self) -> None:
-        Node.objects.using(self.using).filter(node_id=self.node_id).update(
-            is_leader=False, stopped_at=self.clock()
-        )
-
-
-def _isoformat(value: datetime) -> str:
-    """The one non-JSON type in a round's rows; PostgreSQL reads ISO 8601 as timestamptz."""
-    return value.isoformat()
+        nodes.stopped(using=self.using, node_id=self.node_id, is_leader=False)
 
 
 def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
@@ -402,7 +245,7 @@ def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
 
 
 def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> dict[str, Any]:
-    return job_fields(
+    return jobstore.job_fields(
         planned.job,
         planned.data,
         key=planned.key,

@@ -1,4 +1,7 @@
-"""The worker role: claim due jobs, run them in threads, record the outcome, retry, recover.
+"""The worker role: threads that run claimed jobs, the claiming loop, drain and stop.
+
+Job rows change only through ``jobstore``, retry timing comes from ``retries``, wake-ups
+from ``listener``, heartbeats go through ``nodes``: this module holds no SQL.
 
 The thread that calls ``run()`` is the dispatcher: it claims jobs in batches sized to the idle
 job threads and hands them over. It alone heartbeats and recovers the jobs of dead workers, so
@@ -9,20 +12,14 @@ a long job can stall neither. The first SIGTERM stops claiming and waits for the
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import random
-import select
-import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import psycopg
 from django.db import (
     DEFAULT_DB_ALIAS,
     DatabaseError,
@@ -31,164 +28,26 @@ from django.db import (
     close_old_connections,
     connections,
 )
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
-from django.db.models.functions import Concat, Now
 
 from . import clock as default_clock
-from . import shutdown
+from . import jobstore, nodes, shutdown
 from .conf import get_settings, stale_after_problem
-from .db import dedicated_connection
-from .leaders import new_node_id
+from .jobstore import Recovered
+from .listener import Listener
 from .logs import emit, failure_fields
-from .models import Job, JobStatus, Node
-from .queue import NOTIFY_CHANNEL
+from .models import Job
+from .nodes import RunStatus, new_node_id
 from .registry import registry
+from .retries import format_error, loop_backoff, retry_delay
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
-Status = Literal["idle", "running", "draining", "stopped"]
 Outcome = Literal["succeeded", "retrying", "failed", "lost"]
 
 #: Exit status of a clean stop: every job in flight finished.
 CLEAN_EXIT = 0
 #: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
 ABANDONED_EXIT = shutdown.FORCED_EXIT
-#: Longest wait between dispatcher passes while the database keeps failing.
-MAX_BACKOFF = 30.0
-#: ``last_error`` keeps the end of a traceback this long: the raise site is at the end.
-ERROR_LIMIT = 20_000
-
-# Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
-# without waiting on each other's rows, and a row locked by one is never returned to another.
-# The attempt is counted here, at claim time, so a job that kills its worker still uses one up.
-_CLAIM = """
-WITH due AS (
-    SELECT id FROM {table}
-    WHERE status = 'queued' AND run_at <= %(now)s {queue_filter}
-    ORDER BY run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {table} AS job
-SET status = 'running', attempts = job.attempts + 1, started_at = %(now)s,
-    finished_at = NULL, worker = %(worker)s
-FROM due
-WHERE job.id = due.id
-RETURNING job.*
-"""
-#: The PostgreSQL claim for jobs of every queue.
-CLAIM_ANY_QUEUE = _CLAIM.format(table=Job._meta.db_table, queue_filter="")
-#: The PostgreSQL claim restricted to ``%(queues)s``.
-CLAIM_QUEUES = _CLAIM.format(table=Job._meta.db_table, queue_filter="AND queue = ANY(%(queues)s)")
-
-
-def retry_delay(
-    attempts: int,
-    *,
-    base: float,
-    cap: timedelta,
-    rand: Callable[[], float] = random.random,
-) -> timedelta:
-    """How long a job waits after failing attempt ``attempts``: ``base ** attempts`` capped,
-    with full jitter (uniform from zero), so the failures of one outage do not retry in step.
-    """
-    try:
-        ceiling = min(cap.total_seconds(), base ** max(attempts, 0))
-    except OverflowError:
-        ceiling = cap.total_seconds()
-    return timedelta(seconds=ceiling * rand())
-
-
-def format_error(error: BaseException) -> str:
-    """The traceback as stored in ``last_error``: the end kept, and no NUL PostgreSQL refuses."""
-    text = "".join(traceback.format_exception(error)).replace("\x00", "\\x00")
-    return text if len(text) <= ERROR_LIMIT else "...\n" + text[-ERROR_LIMIT:]
-
-
-@dataclass(frozen=True)
-class Recovered:
-    """How many jobs of dead workers went back to the queue, and how many ended failed."""
-
-    requeued: int
-    failed: int
-
-
-class _Listener:
-    """LISTEN for enqueues on a connection of its own; call ``wake`` for one of our queues.
-
-    Polling stays the fallback: a lost connection is logged and retried, never fatal.
-    """
-
-    #: Seconds of silence after which the connection is checked with a query.
-    CHECK_AFTER = 30.0
-
-    def __init__(
-        self,
-        *,
-        using: str,
-        queues: frozenset[str] | None,
-        wake: Callable[[], None],
-        retry_after: float,
-    ) -> None:
-        self.using = using
-        self.queues = queues
-        self.wake = wake
-        self.retry_after = retry_after
-        self.listening = threading.Event()
-        self._stop = threading.Event()
-        # Written to on stop, so the select() below returns at once instead of at a timeout.
-        self._stop_r, self._stop_w = os.pipe()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="ultimat3-worker-listen", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        os.write(self._stop_w, b"x")
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        os.close(self._stop_r)
-        os.close(self._stop_w)
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        return dedicated_connection(self.using, "ultimat3_jobs worker listen")
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            conn = None
-            try:
-                conn = self._connect()
-                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                self.listening.set()
-                # Whatever was enqueued while we were not listening is due now.
-                self.wake()
-                self._listen(conn)
-            except (psycopg.Error, OSError) as error:
-                self.listening.clear()
-                if self._stop.is_set():
-                    break
-                emit(logger, "jobs.worker.listen-lost", logging.WARNING, **failure_fields(error))
-                self._stop.wait(self.retry_after)
-            finally:
-                self.listening.clear()
-                if conn is not None:
-                    conn.close()
-
-    def _listen(self, conn: psycopg.Connection[Any]) -> None:
-        while not self._stop.is_set():
-            ready, _, _ = select.select([conn.fileno(), self._stop_r], [], [], self.CHECK_AFTER)
-            if self._stop_r in ready:
-                return
-            if not ready:
-                conn.execute("SELECT 1")  # Long silence: make sure the connection still works.
-                continue
-            for note in conn.notifies(timeout=0):
-                if self.queues is None or note.payload in self.queues:
-                    self.wake()
 
 
 class Worker:
@@ -243,7 +102,7 @@ class Worker:
         problem = stale_after_problem(self.stale_after, self.heartbeat_interval)
         if problem is not None:
             raise problem
-        self.status: Status = "idle"
+        self.status: RunStatus = "idle"
         self.exit_code: int | None = None
         self.last_error = ""
         #: Jobs claimed since ``run()`` started, and how those that finished ended.
@@ -260,7 +119,7 @@ class Worker:
         self._stopped.set()
         self._drain_started = 0.0
         self._drain_reason = ""
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self._release_hook: Callable[[], None] | None = None
         self._started_at = self.clock()
 
@@ -268,38 +127,9 @@ class Worker:
 
     def claim(self, limit: int) -> list[Job]:
         """Mark up to ``limit`` due jobs running on this node, oldest ``run_at`` first."""
-        if limit < 1:
-            return []
-        now = self.clock()
-        if connections[self.using].vendor == "postgresql":
-            params: dict[str, Any] = {"now": now, "limit": limit, "worker": self.node_id}
-            if self.queues is not None:
-                params["queues"] = sorted(self.queues)
-            sql = CLAIM_ANY_QUEUE if self.queues is None else CLAIM_QUEUES
-            jobs = list(Job.objects.using(self.using).raw(sql, params))
-            return sorted(jobs, key=lambda job: (job.run_at, job.pk))
-        return self._claim_portable(limit, now)
-
-    def _claim_portable(self, limit: int, now: datetime) -> list[Job]:
-        # Without SKIP LOCKED: each row is taken by a conditional update of its own, which
-        # only one claimer can win, so a job is never claimed twice even by racing workers.
-        rows = Job.objects.using(self.using)
-        due = rows.filter(status=JobStatus.QUEUED, run_at__lte=now)
-        if self.queues is not None:
-            due = due.filter(queue__in=sorted(self.queues))
-        ids = list(due.order_by("run_at", "pk").values_list("pk", flat=True)[:limit])
-        won = [
-            pk
-            for pk in ids
-            if rows.filter(pk=pk, status=JobStatus.QUEUED).update(
-                status=JobStatus.RUNNING,
-                attempts=F("attempts") + 1,
-                started_at=now,
-                finished_at=None,
-                worker=self.node_id,
-            )
-        ]
-        return list(rows.filter(pk__in=won).order_by("run_at", "pk"))
+        return jobstore.claim(
+            using=self.using, worker=self.node_id, limit=limit, now=self.clock(), queues=self.queues
+        )
 
     def execute(self, job: Job) -> Outcome:
         """Run one claimed job and record how it ended."""
@@ -323,14 +153,15 @@ class Worker:
             job,
             "succeeded",
             started,
-            status=JobStatus.SUCCEEDED,
-            finished_at=self.clock(),
-            last_error="",
+            lambda: jobstore.succeed(
+                using=self.using, job_id=job.pk, worker=self.node_id, now=self.clock()
+            ),
         )
 
     def _failed(
         self, job: Job, text: str, started: float, *, retry: bool, fields: dict[str, Any]
     ) -> Outcome:
+        using, job_id, node = self.using, job.pk, self.node_id
         if retry and job.attempts < job.max_attempts:
             delay = retry_delay(
                 job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
@@ -340,19 +171,18 @@ class Worker:
                 job,
                 "retrying",
                 started,
-                status=JobStatus.QUEUED,
-                run_at=run_at,
-                last_error=text,
-                worker="",
+                lambda: jobstore.retry(
+                    using=using, job_id=job_id, worker=node, run_at=run_at, error=text
+                ),
                 log={"retry_at": run_at, **fields},
             )
         return self._finish(
             job,
             "failed",
             started,
-            status=JobStatus.FAILED,
-            finished_at=self.clock(),
-            last_error=text,
+            lambda: jobstore.fail(
+                using=using, job_id=job_id, worker=node, now=self.clock(), error=text
+            ),
             log=fields,
         )
 
@@ -361,12 +191,12 @@ class Worker:
         job: Job,
         outcome: Outcome,
         started: float,
+        write: Callable[[], bool],
         *,
         log: dict[str, Any] | None = None,
-        **changes: Any,
     ) -> Outcome:
         duration_ms = round((time.monotonic() - started) * 1000, 1)
-        if not self._record(job, changes):
+        if not self._record(job, write):
             # Recovered by another worker (our heartbeat went stale) or cancelled meanwhile:
             # its row is no longer ours to write.
             outcome = "lost"
@@ -387,15 +217,12 @@ class Worker:
             self.outcomes[outcome] += 1
         return outcome
 
-    def _record(self, job: Job, changes: dict[str, Any]) -> bool:
+    def _record(self, job: Job, write: Callable[[], bool]) -> bool:
         """Write a job's outcome if the row is still ours; retry while the database is away."""
         delay = 0.05
         while True:
             try:
-                rows = Job.objects.using(self.using).filter(
-                    pk=job.pk, status=JobStatus.RUNNING, worker=self.node_id
-                )
-                return bool(rows.update(**changes))
+                return write()
             except (OperationalError, InterfaceError) as error:
                 # The job ran; losing its outcome would run it again. Keep trying until the
                 # drain gives up on this job, which then goes back to the queue.
@@ -414,84 +241,29 @@ class Worker:
 
     def heartbeat(self) -> None:
         """Record that this node is alive, by the database clock that judges staleness."""
-        rows = Node.objects.using(self.using)
-        if rows.filter(node_id=self.node_id).update(
-            last_seen_at=Now(), last_error=self.last_error, stopped_at=None
-        ):
-            return
-        rows.create(
+        nodes.heartbeat(
+            using=self.using,
             node_id=self.node_id,
             role="worker",
-            host=socket.gethostname(),
-            pid=os.getpid(),
             started_at=self._started_at,
-            last_seen_at=Now(),
             last_error=self.last_error,
         )
 
     def recover(self) -> Recovered:
-        """Return the running jobs of workers that stopped heartbeating to the queue.
-
-        The attempt they were on stays counted; a job whose attempts are used up ends
-        ``failed``: it kept killing the workers that ran it.
-        """
-        stale_before = ExpressionWrapper(
-            Now() - Value(self.stale_after, output_field=DurationField()),
-            output_field=DateTimeField(),
+        """Return the running jobs of workers that stopped heartbeating to the queue."""
+        recovered = jobstore.recover(
+            using=self.using, stale_after=self.stale_after, now=self.clock()
         )
-        alive = Node.objects.using(self.using).filter(
-            role="worker", stopped_at__isnull=True, last_seen_at__gte=stale_before
-        )
-        orphans = (
-            Job.objects.using(self.using)
-            .filter(status=JobStatus.RUNNING)
-            .exclude(worker__in=alive.values("node_id"))
-        )
-        found = list(orphans.values_list("pk", "attempts", "max_attempts")[:1000])
-        if not found:
-            return Recovered(0, 0)
-        requeue = [pk for pk, attempts, limit in found if attempts < limit]
-        exhausted = [pk for pk, attempts, limit in found if attempts >= limit]
-        died = Concat(
-            Value("worker "), F("worker"), Value(" stopped heartbeating during this attempt")
-        )
-        now = self.clock()
-        # Re-checked in the update: a job finished and claimed again by a live worker since
-        # the read above is no longer an orphan.
-        requeued = orphans.filter(pk__in=requeue).update(
-            status=JobStatus.QUEUED, run_at=now, worker="", last_error=died
-        )
-        failed = orphans.filter(pk__in=exhausted).update(
-            status=JobStatus.FAILED,
-            finished_at=now,
-            last_error=Concat(died, Value("; no attempts left: the job kept killing its worker")),
-        )
-        if requeued or failed:
+        if recovered.requeued or recovered.failed:
             emit(
                 logger,
                 "jobs.worker.recovered",
                 logging.WARNING,
-                requeued=requeued,
-                failed=failed,
-                jobs=[pk for pk, _, _ in found],
+                requeued=recovered.requeued,
+                failed=recovered.failed,
+                jobs=list(recovered.jobs),
             )
-        return Recovered(requeued, failed)
-
-    def _give_back(self, ids: list[int]) -> None:
-        """Jobs this node abandons (the drain ran out of grace) go back like a dead worker's."""
-        if not ids:
-            return
-        ours = Job.objects.using(self.using).filter(
-            pk__in=ids, status=JobStatus.RUNNING, worker=self.node_id
-        )
-        note = f"worker {self.node_id} stopped before this attempt finished"
-        now = self.clock()
-        ours.filter(attempts__lt=F("max_attempts")).update(
-            status=JobStatus.QUEUED, run_at=now, worker="", last_error=note
-        )
-        ours.filter(attempts__gte=F("max_attempts")).update(
-            status=JobStatus.FAILED, finished_at=now, last_error=note + "; no attempts left"
-        )
+        return recovered
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -628,7 +400,7 @@ class Worker:
             thread.start()
         # A burst worker never sleeps waiting for new work, so it has nothing to LISTEN for.
         if self.listen and not self.burst and connections[self.using].vendor == "postgresql":
-            self._listener = _Listener(
+            self._listener = Listener(
                 using=self.using,
                 queues=self.queues,
                 wake=self._wake.set,
@@ -677,7 +449,7 @@ class Worker:
                 self.last_error = str(fields["error"])
                 emit(logger, "jobs.worker.loop-failed", logging.ERROR, failures=failures, **fields)
                 close_old_connections()
-                idle_wait = min(idle_wait * 2 ** min(failures, 5), MAX_BACKOFF)
+                idle_wait = loop_backoff(self.poll_interval, failures).total_seconds()
                 self._wake.clear()
                 self._draining.wait(idle_wait)
                 continue
@@ -742,7 +514,9 @@ class Worker:
             "timeout) above your longest job, or split long jobs",
         )
         try:
-            self._give_back(left)
+            jobstore.give_back(
+                using=self.using, job_ids=left, worker=self.node_id, now=self.clock()
+            )
         except DatabaseError as error:
             # The heartbeat stops with us, so the other workers recover them instead.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
@@ -758,9 +532,7 @@ class Worker:
             self._listener.stop()
             self._listener = None
         try:
-            Node.objects.using(self.using).filter(node_id=self.node_id).update(
-                stopped_at=self.clock()
-            )
+            nodes.stopped(using=self.using, node_id=self.node_id)
         except DatabaseError as error:
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
         if self._release_hook is not None:
@@ -781,16 +553,7 @@ class Worker:
         self._stopped.set()
 
 
-__all__ = [
-    "ABANDONED_EXIT",
-    "CLAIM_ANY_QUEUE",
-    "CLAIM_QUEUES",
-    "CLEAN_EXIT",
-    "Recovered",
-    "Worker",
-    "format_error",
-    "retry_delay",
-]
+__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "Worker"]
 
 
 def _drop_broken_connections() -> None:

@@ -108,7 +108,7 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
     clock.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
     [fired] = first.tick()
     # A second node that read the old watermark computes the same key; the insert is absorbed.
-    from ultimat3_jobs.queue import build_job, insert_many
+    from ultimat3_jobs.jobstore import build_job, insert_many
     from ultimat3_jobs.registry import registry
 
     ping = registry.get_job("demo.ping")

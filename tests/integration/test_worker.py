@@ -23,13 +23,7 @@ from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
 from ultimat3_jobs.registry import Registry, job, registry
 from ultimat3_jobs.retention import prune
-from ultimat3_jobs.worker import (
-    ABANDONED_EXIT,
-    CLEAN_EXIT,
-    Worker,
-    format_error,
-    retry_delay,
-)
+from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 QUICK: dict[str, Any] = {
@@ -119,34 +113,6 @@ def quiet_logger() -> Iterator[None]:
         yield
     finally:
         root.handlers[:], root.level, root.propagate = saved
-
-
-# -- backoff and error text ---------------------------------------------------------------------
-
-
-def test_retry_delay__grows_as_base_to_the_attempts_up_to_the_cap() -> None:
-    cap = timedelta(seconds=60)
-    delays = [retry_delay(n, base=2, cap=cap, rand=lambda: 1.0) for n in (1, 2, 3, 6, 7, 500)]
-    assert [d.total_seconds() for d in delays] == [2, 4, 8, 60, 60, 60]
-
-
-def test_retry_delay__full_jitter_spans_zero_to_the_ceiling() -> None:
-    cap = timedelta(hours=1)
-    assert retry_delay(3, base=2, cap=cap, rand=lambda: 0.0) == timedelta(0)
-    assert retry_delay(3, base=2, cap=cap, rand=lambda: 0.25) == timedelta(seconds=2)
-    spread = {retry_delay(4, base=2, cap=cap) for _ in range(50)}
-    assert len(spread) > 1
-    assert all(timedelta(0) <= d <= timedelta(seconds=16) for d in spread)
-
-
-def test_format_error__keeps_the_raise_site_and_drops_nul_bytes() -> None:
-    try:
-        raise ValueError("bad\x00value")
-    except ValueError as error:
-        text = format_error(error)
-    assert "ValueError: bad\\x00value" in text
-    assert "\x00" not in text
-    assert "test_format_error__keeps_the_raise_site" in text
 
 
 # -- claiming ------------------------------------------------------------------------------------

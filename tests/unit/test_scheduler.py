@@ -11,9 +11,10 @@ import pytest
 
 from ultimat3_jobs import job, shutdown, task
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.registry import TaskHandle
-from ultimat3_jobs.scheduler import Scheduler, occurrence_key
-from ultimat3_jobs.state import MemoryState
+from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.testing import MemoryState
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 

@@ -10,7 +10,7 @@ import pytest
 from ultimat3_jobs import job, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.scheduler import Scheduler
-from ultimat3_jobs.state import MemoryState
+from ultimat3_jobs.testing import MemoryState
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 

@@ -12,9 +12,10 @@ from django.db import DEFAULT_DB_ALIAS
 from ultimat3_jobs import logs
 from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.leaders import build_leader, new_node_id
+from ultimat3_jobs.leaders import build_leader
 from ultimat3_jobs.management.arguments import positive_seconds
 from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.nodes import new_node_id
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 

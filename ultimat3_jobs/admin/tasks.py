@@ -1,4 +1,4 @@
-"""The admin: tasks with their next runs, "Run now" and pausing; jobs with retry and cancel.
+"""The tasks admin: next runs, history, pausing, and "Run now".
 
 Declarations are read-only here because code is their source of truth; the scheduler mirrors
 them into the ``Task`` table when it starts. Pausing is the one edit, and it writes only the
@@ -8,10 +8,8 @@ was loaded.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import islice
 from typing import Any
 from urllib.parse import urlencode
@@ -28,85 +26,19 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString, mark_safe
 
-from . import clock
-from .cron import CronSchedule, describe_occurrence, occurrences, parse
-from .errors import UltimateError
-from .humanize import OCCURRENCE_NOTES, describe_cron, dst_rule, duration
-from .manual import ManualRun, run_now
-from .models import Job, JobStatus, Node, Occurrence, Outcome, Task
-from .queue import notify
-from .registry import TaskHandle, registry
-from .status import scheduler_status
-
-UTC_ZONE = ZoneInfo("UTC")
+from .. import clock, history
+from ..cron import CronSchedule, describe_occurrence, occurrences, parse
+from ..errors import UltimateError
+from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
+from ..manual import ManualRun, preview, run_now
+from ..models import Task
+from ..registry import TaskHandle, registry
+from ..status import scheduler_status
+from .display import UTC_ZONE, both_zones, job_link, last_round, stamp, utc_column
 
 #: How many upcoming runs the task page previews, and how many past records it lists.
 NEXT_RUNS = 10
 HISTORY = 20
-
-OUTCOME_LABELS = {
-    Outcome.FIRED.value: "fired",
-    Outcome.DROPPED.value: "dropped",
-    Outcome.PAUSED.value: "skipped (paused)",
-    Outcome.MANUAL.value: "manual",
-}
-
-
-def _outcome_label(outcome: str) -> str:
-    return OUTCOME_LABELS.get(outcome, outcome)
-
-
-# -- time formatting --------------------------------------------------------------------------
-
-
-def _zone_label(local: datetime) -> str:
-    name = local.tzname() or ""
-    # Zones without an abbreviation (America/Bogota) report "-05"; say it as an offset.
-    return f"UTC{name}" if name[:1] in "+-" else name
-
-
-def _stamp(at: datetime, zone: ZoneInfo, seconds: bool = False) -> str:
-    fmt = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
-    local = at.astimezone(zone)
-    return f"{local.strftime(fmt)} {_zone_label(local)}"
-
-
-def _utc(at: datetime | None) -> str:
-    """A stored instant as the admin prints every instant: ISO-like, in UTC."""
-    return "-" if at is None else _stamp(at, UTC_ZONE, seconds=True)
-
-
-def _last_round(at: datetime | None, age: timedelta | None) -> str:
-    if at is None or age is None:
-        return ""
-    ago = "just now" if age < timedelta(seconds=1) else f"{duration(age)} ago"
-    return f"{_utc(at)} ({ago})"
-
-
-def _utc_column(field: str, description: str) -> Callable[[Any, Any], str]:
-    """A list or detail column showing the instant in ``field`` the way ``_utc`` does."""
-
-    @admin.display(description=description, ordering=field)
-    def column(admin_: Any, obj: Any) -> str:
-        return _utc(getattr(obj, field))
-
-    return column
-
-
-def _both_zones(
-    at: datetime, zone: ZoneInfo, *, seconds: bool = False, note: str = ""
-) -> SafeString:
-    """An instant in the task's zone, with UTC and the distance from now under it."""
-    now = clock.now()
-    distance = f"in {duration(at - now)}" if at >= now else f"{duration(now - at)} ago"
-    return format_html(
-        '<span class="u3j-when">{}</span><span class="u3j-sub u3j-when">{}</span>'
-        '<span class="u3j-sub">{}</span>{}',
-        _stamp(at, zone, seconds),
-        _stamp(at, UTC_ZONE, seconds),
-        distance,
-        format_html('<span class="u3j-sub u3j-note">{}</span>', note) if note else "",
-    )
 
 
 # -- what a Task row means now ----------------------------------------------------------------
@@ -140,13 +72,6 @@ def _schedule_of(task: Task) -> _Schedule | None:
 def _live_handle(task: Task) -> TaskHandle | None:
     """The declaration "Run now" would call: none for a task removed from code."""
     return registry.get_task(task.name) if task.declared else None
-
-
-def _job_link(job_id: int | None, text: str) -> SafeString:
-    if job_id is None:
-        return format_html("{}", text)
-    url = reverse("admin:ultimat3_jobs_job_change", args=[job_id])
-    return format_html('<a href="{}">{}</a>', url, text)
 
 
 # -- tasks --------------------------------------------------------------------------------------
@@ -223,9 +148,9 @@ class TaskAdmin(admin.ModelAdmin):
         "paused_at_column",
     ]
 
-    first_seen_column = _utc_column("first_seen_at", "First seen")
-    synced_column = _utc_column("synced_at", "Synced")
-    paused_at_column = _utc_column("paused_at", "Paused at")
+    first_seen_column = utc_column("first_seen_at", "First seen")
+    synced_column = utc_column("synced_at", "Synced")
+    paused_at_column = utc_column("paused_at", "Paused at")
 
     # -- columns --
 
@@ -254,7 +179,7 @@ class TaskAdmin(admin.ModelAdmin):
             note = "paused: will be skipped"
         else:
             note = ""
-        return _both_zones(at, schedule.zone, seconds=schedule.schedule.has_seconds, note=note)
+        return both_zones(at, schedule.zone, seconds=schedule.schedule.has_seconds, note=note)
 
     @admin.display(description="Last fired", ordering="last_fired_at")
     def last_fired_column(self, task: Task) -> SafeString | str:
@@ -262,7 +187,7 @@ class TaskAdmin(admin.ModelAdmin):
             return "never"
         schedule = _schedule_of(task)
         zone = schedule.zone if schedule is not None else UTC_ZONE
-        return _both_zones(task.last_fired_at, zone, seconds=True)
+        return both_zones(task.last_fired_at, zone, seconds=True)
 
     @admin.display(description="Catch-up", ordering="catch_up")
     def catch_up_column(self, task: Task) -> str:
@@ -355,7 +280,7 @@ class TaskAdmin(admin.ModelAdmin):
         context = {
             "title": "Scheduled tasks",
             "scheduler_status": status,
-            "scheduler_last_round": _last_round(status.last_round_at, age),
+            "scheduler_last_round": last_round(status.last_round_at, age),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context=context)
@@ -398,8 +323,8 @@ class TaskAdmin(admin.ModelAdmin):
             kind = describe_occurrence(schedule.schedule, schedule.zone, at)
             rows.append(
                 {
-                    "local": _stamp(at, schedule.zone, seconds),
-                    "utc": _stamp(at, utc, seconds),
+                    "local": stamp(at, schedule.zone, seconds),
+                    "utc": stamp(at, utc, seconds),
                     "kind": kind,
                     "note": OCCURRENCE_NOTES[kind],
                 }
@@ -407,33 +332,25 @@ class TaskAdmin(admin.ModelAdmin):
         return rows
 
     def _history(self, task: Task) -> list[dict[str, Any]]:
-        records = list(Occurrence.objects.filter(task=task.name)[:HISTORY])
-        keys = {entry.get("key") for record in records for entry in record.jobs}
-        ids = dict(Job.objects.filter(key__in=[k for k in keys if k]).values_list("key", "pk"))
         schedule = _schedule_of(task)
         zone = schedule.zone if schedule is not None else UTC_ZONE
         rows = []
-        for record in records:
-            jobs = [
-                {
-                    "job": entry.get("job", ""),
-                    "key": entry.get("key", ""),
-                    "created": bool(entry.get("created")),
-                    "id": ids.get(entry.get("key", "")),
-                }
-                for entry in record.jobs
-            ]
+        for entry in history.recent(task.name, HISTORY):
+            record = entry.record
             first, last = record.occurrence, record.last_occurrence
             rows.append(
                 {
-                    "recorded": _stamp(record.recorded_at, UTC_ZONE, seconds=True),
+                    "recorded": stamp(record.recorded_at, UTC_ZONE, seconds=True),
                     "outcome": record.outcome,
-                    "outcome_label": _outcome_label(record.outcome),
-                    "first": _stamp(first, zone) if first else "",
-                    "last": _stamp(last, zone) if last and last != first else "",
+                    "outcome_label": history.outcome_label(record.outcome),
+                    "first": stamp(first, zone) if first else "",
+                    "last": stamp(last, zone) if last and last != first else "",
                     "count": record.count,
                     "catch_up": record.catch_up,
-                    "jobs": jobs,
+                    "jobs": [
+                        {"job": job.job, "key": job.key, "created": job.created, "id": pk}
+                        for job, pk in entry.jobs
+                    ],
                     "by": record.user or record.node,
                     "detail": record.detail,
                 }
@@ -488,52 +405,18 @@ class TaskAdmin(admin.ModelAdmin):
             for task in tasks:
                 self._run_one(request, task)
             return HttpResponseRedirect(next_url)
-        previews = [self._preview(task) for task in tasks]
+        previews = [preview(_live_handle(task), task.name) for task in tasks]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Run tasks now?" if len(tasks) > 1 else f"Run {tasks[0].name} now?",
             "previews": previews,
-            "runnable": any(p["runnable"] for p in previews),
+            "runnable": any(p.runnable for p in previews),
             "ids": [task.pk for task in tasks],
             "next_url": next_url,
             "cancel_url": next_url,
         }
         return TemplateResponse(request, "admin/ultimat3_jobs/task/run_now.html", context)
-
-    def _preview(self, task: Task) -> dict[str, Any]:
-        """What running ``task`` now would enqueue, and which of those jobs already exist.
-
-        Calls the task's function, which only returns entries: nothing is written.
-        """
-        handle = _live_handle(task)
-        preview: dict[str, Any] = {"task": task, "runnable": handle is not None, "entries": []}
-        if handle is None:
-            preview["problem"] = "It is no longer declared in code, so it cannot run."
-            return preview
-        try:
-            entries = handle.entries()
-            keys = [(job, job.declared_key(data)) for job, data in entries]
-        except UltimateError as error:
-            preview["problem"] = f"{error.message}. Fix: {error.fix}."
-            preview["runnable"] = False
-            return preview
-        except Exception as error:  # A key callable that raised: show it rather than a 500.
-            preview["problem"] = f"{type(error).__name__}: {error}"
-            preview["runnable"] = False
-            return preview
-        present = dict(
-            Job.objects.filter(key__in=[k for _, k in keys if k]).values_list("key", "pk")
-        )
-        preview["entries"] = [
-            {
-                "job": job.name,
-                "key": key or "a new key for each run",
-                "present_id": present.get(key) if key else None,
-            }
-            for job, key in keys
-        ]
-        return preview
 
     def _run_one(self, request: HttpRequest, task: Task) -> None:
         handle = _live_handle(task)
@@ -569,7 +452,7 @@ def _run_message(run: ManualRun) -> tuple[int, SafeString]:
         (
             (
                 r.job,
-                _job_link(r.result.job_id, f"#{r.result.job_id}"),
+                job_link(r.result.job_id, f"#{r.result.job_id}"),
                 r.result.key,
                 "created" if r.result.created else "already present, not enqueued again",
             )
@@ -579,238 +462,3 @@ def _run_message(run: ManualRun) -> tuple[int, SafeString]:
     if run.created:
         return messages.SUCCESS, format_html("Ran {} now: {}.", run.task, parts)
     return messages.WARNING, format_html("Ran {} now, nothing new: {}.", run.task, parts)
-
-
-# -- jobs ---------------------------------------------------------------------------------------
-
-
-@admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
-    """Jobs: filter, search, and retry failed or cancel queued ones.
-
-    Rows are written by the queue and the workers; the admin only moves a job between
-    statuses, with conditional updates so a worker that claimed it meanwhile wins.
-    """
-
-    list_display = [
-        "id",
-        "name",
-        "status_column",
-        "queue",
-        "task",
-        "key_column",
-        "attempts_column",
-        "run_at_column",
-        "finished_column",
-        "enqueued_by",
-    ]
-    list_display_links = ["id", "name"]
-    list_filter = ["status", "task", "queue", "enqueued_by", "catch_up"]
-    search_fields = ["key", "name", "input", "last_error"]
-    actions = ["retry_failed", "cancel_queued"]
-    fieldsets = [
-        (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
-        ("Origin", {"fields": ["task_column", "occurrence_column", "catch_up", "enqueued_by"]}),
-        (
-            "Runs",
-            {
-                "fields": [
-                    "attempts_column",
-                    "run_at_column",
-                    "created_column",
-                    "started_column",
-                    "finished_column",
-                    "worker",
-                    "error_column",
-                ]
-            },
-        ),
-    ]
-    readonly_fields = [
-        "name",
-        "key",
-        "status_column",
-        "queue",
-        "input_column",
-        "task_column",
-        "occurrence_column",
-        "catch_up",
-        "enqueued_by",
-        "attempts_column",
-        "run_at_column",
-        "created_column",
-        "started_column",
-        "finished_column",
-        "worker",
-        "error_column",
-    ]
-
-    occurrence_column = _utc_column("occurrence", "Occurrence")
-    run_at_column = _utc_column("run_at", "Run at")
-    created_column = _utc_column("created_at", "Created")
-    started_column = _utc_column("started_at", "Started")
-    finished_column = _utc_column("finished_at", "Finished")
-
-    def changelist_view(
-        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        return super().changelist_view(
-            request, extra_context={"title": "Jobs", **(extra_context or {})}
-        )
-
-    @admin.display(description="Key", ordering="key")
-    def key_column(self, job: Job) -> SafeString:
-        return format_html('<span class="u3j-key" title="{}">{}</span>', job.key, job.key)
-
-    @admin.display(description="Status", ordering="status")
-    def status_column(self, job: Job) -> SafeString:
-        return format_html('<span class="u3j-badge u3j-{}">{}</span>', job.status, job.status)
-
-    @admin.display(description="Attempts", ordering="attempts")
-    def attempts_column(self, job: Job) -> str:
-        return f"{job.attempts} / {job.max_attempts}"
-
-    @admin.display(description="Input")
-    def input_column(self, job: Job) -> SafeString:
-        return format_html('<pre class="u3j-pre">{}</pre>', json.dumps(job.input, indent=2))
-
-    @admin.display(description="Last error")
-    def error_column(self, job: Job) -> SafeString | str:
-        if not job.last_error:
-            return "-"
-        return format_html('<pre class="u3j-pre">{}</pre>', job.last_error)
-
-    @admin.display(description="Task")
-    def task_column(self, job: Job) -> SafeString | str:
-        if not job.task:
-            return "-"
-        pk = Task.objects.filter(name=job.task).values_list("pk", flat=True).first()
-        if pk is None:
-            return job.task
-        url = reverse("admin:ultimat3_jobs_task_change", args=[pk])
-        return format_html('<a href="{}">{}</a>', url, job.task)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # Jobs are enqueued by code, the scheduler or "Run now".
-
-    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        # "change" gates the list's actions; a job's own page stays read-only, because saving
-        # it would write back every column as loaded over what a worker wrote meanwhile.
-        return obj is None and super().has_change_permission(request, obj)
-
-    @admin.action(permissions=["change"], description="Retry selected failed jobs")
-    def retry_failed(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Failed -> queued, due now, with a fresh set of attempts.
-
-        ``attempts`` goes back to 0, so the job gets its full ``max_attempts`` again and the
-        first retry is not delayed by the backoff of the failures before it. ``last_error``
-        stays until the next attempt writes its own, so the reason is still in view.
-        """
-        failed = queryset.filter(status=JobStatus.FAILED)
-        queues = list(failed.values_list("queue", flat=True).distinct())
-        count = failed.update(
-            status=JobStatus.QUEUED,
-            attempts=0,
-            run_at=clock.now(),
-            started_at=None,
-            finished_at=None,
-            worker="",
-        )
-        notify(queues)
-        self._report(request, count, queryset.count(), "requeued", "failed")
-
-    @admin.action(permissions=["change"], description="Cancel selected queued jobs")
-    def cancel_queued(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Queued -> cancelled. A job a worker already claimed is running and is left alone."""
-        count = queryset.filter(status=JobStatus.QUEUED).update(
-            status=JobStatus.CANCELLED, finished_at=clock.now()
-        )
-        self._report(request, count, queryset.count(), "cancelled", "queued")
-
-    def _report(
-        self, request: HttpRequest, done: int, selected: int, verb: str, status: str
-    ) -> None:
-        plural = "job" if done == 1 else "jobs"
-        text = f"{verb.capitalize()} {done} {status} {plural}."
-        skipped = selected - done
-        if skipped:
-            text += f" Left {skipped} alone: not {status} (any more)."
-        level = messages.SUCCESS if done and not skipped else messages.WARNING
-        self.message_user(request, text, level)
-
-
-# -- read-only history and nodes ----------------------------------------------------------------
-
-
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the scheduler writes; the admin only shows them."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-@admin.register(Occurrence)
-class OccurrenceAdmin(_ReadOnlyAdmin):
-    """What the scheduler (or a person) did with each occurrence of each task."""
-
-    list_display = [
-        "recorded_column",
-        "task",
-        "outcome_column",
-        "first_column",
-        "last_column",
-        "count",
-        "catch_up",
-        "jobs_column",
-        "node",
-        "user",
-        "detail",
-    ]
-    list_filter = ["outcome", "task", "catch_up"]
-    search_fields = ["task", "detail", "user"]
-    recorded_column = _utc_column("recorded_at", "Recorded")
-    first_column = _utc_column("occurrence", "Occurrence")
-    last_column = _utc_column("last_occurrence", "Last occurrence")
-
-    @admin.display(description="Outcome", ordering="outcome")
-    def outcome_column(self, record: Occurrence) -> SafeString:
-        label = _outcome_label(record.outcome)
-        return format_html('<span class="u3j-badge u3j-{}">{}</span>', record.outcome, label)
-
-    @admin.display(description="Jobs")
-    def jobs_column(self, record: Occurrence) -> SafeString | str:
-        if not record.jobs:
-            return "-"
-        return format_html_join(
-            mark_safe("<br>"),
-            "{} [{}] {}",
-            (
-                (e.get("job", ""), e.get("key", ""), "created" if e.get("created") else "present")
-                for e in record.jobs
-            ),
-        )
-
-
-@admin.register(Node)
-class NodeAdmin(_ReadOnlyAdmin):
-    """Scheduler and worker processes, as their heartbeats last described them."""
-
-    list_display = [
-        "node_id",
-        "role",
-        "host",
-        "pid",
-        "leader",
-        "is_leader",
-        "last_seen_at",
-        "last_round_at",
-        "clock_skew_ms",
-        "stopped_at",
-    ]
-    list_filter = ["role", "is_leader"]

@@ -1,0 +1,155 @@
+"""The jobs admin: filter, search, retry failed jobs and cancel queued ones."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from .. import jobstore
+from ..models import Job, Task
+from .display import utc_column
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs: filter, search, and retry failed or cancel queued ones.
+
+    Rows are written by the queue and the workers; the admin only moves a job between
+    statuses, with conditional updates so a worker that claimed it meanwhile wins.
+    """
+
+    list_display = [
+        "id",
+        "name",
+        "status_column",
+        "queue",
+        "task",
+        "key_column",
+        "attempts_column",
+        "run_at_column",
+        "finished_column",
+        "enqueued_by",
+    ]
+    list_display_links = ["id", "name"]
+    list_filter = ["status", "task", "queue", "enqueued_by", "catch_up"]
+    search_fields = ["key", "name", "input", "last_error"]
+    actions = ["retry_failed", "cancel_queued"]
+    fieldsets = [
+        (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
+        ("Origin", {"fields": ["task_column", "occurrence_column", "catch_up", "enqueued_by"]}),
+        (
+            "Runs",
+            {
+                "fields": [
+                    "attempts_column",
+                    "run_at_column",
+                    "created_column",
+                    "started_column",
+                    "finished_column",
+                    "worker",
+                    "error_column",
+                ]
+            },
+        ),
+    ]
+    readonly_fields = [
+        "name",
+        "key",
+        "status_column",
+        "queue",
+        "input_column",
+        "task_column",
+        "occurrence_column",
+        "catch_up",
+        "enqueued_by",
+        "attempts_column",
+        "run_at_column",
+        "created_column",
+        "started_column",
+        "finished_column",
+        "worker",
+        "error_column",
+    ]
+
+    occurrence_column = utc_column("occurrence", "Occurrence")
+    run_at_column = utc_column("run_at", "Run at")
+    created_column = utc_column("created_at", "Created")
+    started_column = utc_column("started_at", "Started")
+    finished_column = utc_column("finished_at", "Finished")
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().changelist_view(
+            request, extra_context={"title": "Jobs", **(extra_context or {})}
+        )
+
+    @admin.display(description="Key", ordering="key")
+    def key_column(self, job: Job) -> SafeString:
+        return format_html('<span class="u3j-key" title="{}">{}</span>', job.key, job.key)
+
+    @admin.display(description="Status", ordering="status")
+    def status_column(self, job: Job) -> SafeString:
+        return format_html('<span class="u3j-badge u3j-{}">{}</span>', job.status, job.status)
+
+    @admin.display(description="Attempts", ordering="attempts")
+    def attempts_column(self, job: Job) -> str:
+        return f"{job.attempts} / {job.max_attempts}"
+
+    @admin.display(description="Input")
+    def input_column(self, job: Job) -> SafeString:
+        return format_html('<pre class="u3j-pre">{}</pre>', json.dumps(job.input, indent=2))
+
+    @admin.display(description="Last error")
+    def error_column(self, job: Job) -> SafeString | str:
+        if not job.last_error:
+            return "-"
+        return format_html('<pre class="u3j-pre">{}</pre>', job.last_error)
+
+    @admin.display(description="Task")
+    def task_column(self, job: Job) -> SafeString | str:
+        if not job.task:
+            return "-"
+        pk = Task.objects.filter(name=job.task).values_list("pk", flat=True).first()
+        if pk is None:
+            return job.task
+        url = reverse("admin:ultimat3_jobs_task_change", args=[pk])
+        return format_html('<a href="{}">{}</a>', url, job.task)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # Jobs are enqueued by code, the scheduler or "Run now".
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # "change" gates the list's actions; a job's own page stays read-only, because saving
+        # it would write back every column as loaded over what a worker wrote meanwhile.
+        return obj is None and super().has_change_permission(request, obj)
+
+    @admin.action(permissions=["change"], description="Retry selected failed jobs")
+    def retry_failed(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Failed -> queued, due now, with a fresh set of attempts (``jobstore.retry_failed``)."""
+        count = jobstore.retry_failed(queryset)
+        self._report(request, count, queryset.count(), "requeued", "failed")
+
+    @admin.action(permissions=["change"], description="Cancel selected queued jobs")
+    def cancel_queued(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Queued -> cancelled. A job a worker already claimed is running and is left alone."""
+        count = jobstore.cancel_queued(queryset)
+        self._report(request, count, queryset.count(), "cancelled", "queued")
+
+    def _report(
+        self, request: HttpRequest, done: int, selected: int, verb: str, status: str
+    ) -> None:
+        plural = "job" if done == 1 else "jobs"
+        text = f"{verb.capitalize()} {done} {status} {plural}."
+        skipped = selected - done
+        if skipped:
+            text += f" Left {skipped} alone: not {status} (any more)."
+        level = messages.SUCCESS if done and not skipped else messages.WARNING
+        self.message_user(request, text, level)

@@ -1,0 +1,147 @@
+"""Occurrence records: what was decided about each occurrence, written and read in one shape.
+
+The scheduler's round (fired, dropped, skipped while paused) and "Run now" (manual) write them;
+the admin reads a task's recent history back with the ids of the jobs each record produced.
+``Occurrence.jobs`` is built and parsed only here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from . import sql
+from .catchup import Span
+from .db import json_rows
+from .jobstore import ids_of
+from .models import Occurrence, Outcome
+
+#: How each outcome reads in the admin.
+OUTCOME_LABELS = {
+    Outcome.FIRED.value: "fired",
+    Outcome.DROPPED.value: "dropped",
+    Outcome.PAUSED.value: "skipped (paused)",
+    Outcome.MANUAL.value: "manual",
+}
+
+
+@dataclass(frozen=True)
+class RecordedJob:
+    """One job a record produced: its name, its key, and whether that key was new."""
+
+    job: str
+    key: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """A record, with the id of each of its jobs that still exists (pruned ones have none)."""
+
+    record: Occurrence
+    jobs: list[tuple[RecordedJob, int | None]]
+
+
+def outcome_label(outcome: str) -> str:
+    return OUTCOME_LABELS.get(outcome, outcome)
+
+
+def _jobs_field(jobs: Iterable[RecordedJob]) -> list[dict[str, Any]]:
+    return [{"job": j.job, "key": j.key, "created": j.created} for j in jobs]
+
+
+def recorded_jobs(record: Occurrence) -> list[RecordedJob]:
+    """The jobs of a record, tolerant of rows written by hand or by older releases."""
+    return [
+        RecordedJob(str(e.get("job", "")), str(e.get("key", "")), bool(e.get("created")))
+        for e in record.jobs
+        if isinstance(e, dict)
+    ]
+
+
+def fired(
+    task: str,
+    occurrence: datetime,
+    *,
+    catch_up: bool,
+    jobs: Iterable[RecordedJob],
+    at: datetime,
+    node: str,
+) -> dict[str, Any]:
+    """The row of an occurrence a round fired."""
+    span = Span(occurrence, occurrence, 1)
+    return _row(task, Outcome.FIRED, span, at=at, node=node, catch_up=catch_up, jobs=jobs)
+
+
+def decided(
+    task: str, outcome: str, span: Span, *, detail: str, at: datetime, node: str
+) -> dict[str, Any]:
+    """The row of occurrences decided without firing: dropped, or skipped while paused."""
+    detail += " (at least)" if span.at_least else ""
+    return _row(task, outcome, span, at=at, node=node, detail=detail)
+
+
+def _row(
+    task: str,
+    outcome: str,
+    span: Span,
+    *,
+    at: datetime,
+    node: str = "",
+    user: str = "",
+    detail: str = "",
+    catch_up: bool = False,
+    jobs: Iterable[RecordedJob] = (),
+) -> dict[str, Any]:
+    return {
+        "task": task,
+        "outcome": str(outcome),
+        "occurrence": span.first,
+        "last_occurrence": span.last,
+        "count": span.count,
+        "catch_up": catch_up,
+        "jobs": _jobs_field(jobs),
+        "recorded_at": at,
+        "node": node,
+        "user": user,
+        "detail": detail,
+    }
+
+
+def write(rows: Sequence[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
+    """Insert records in the caller's transaction: one statement on PostgreSQL."""
+    if not rows:
+        return
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql.INSERT_OCCURRENCES, [json_rows(rows)])
+        return
+    Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in rows])
+
+
+def manual(
+    task: str,
+    jobs: Iterable[RecordedJob],
+    *,
+    at: datetime,
+    user: str,
+    detail: str,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Occurrence:
+    """Record a manual run of ``task`` by ``user`` and return the record."""
+    row = _row(task, Outcome.MANUAL, Span(at, at, 1), at=at, user=user, detail=detail, jobs=jobs)
+    return Occurrence.objects.using(using).create(**row)
+
+
+def recent(task: str, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[HistoryEntry]:
+    """The latest ``limit`` records of ``task``, newest first: two queries."""
+    records = list(Occurrence.objects.using(using).filter(task=task)[:limit])
+    parsed = [(record, recorded_jobs(record)) for record in records]
+    ids = ids_of({job.key for _, jobs in parsed for job in jobs}, using=using)
+    return [
+        HistoryEntry(record, [(job, ids.get(job.key)) for job in jobs]) for record, jobs in parsed
+    ]

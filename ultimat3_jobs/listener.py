@@ -1,0 +1,111 @@
+"""LISTEN/NOTIFY, both sides: enqueues notify a channel, idle workers listen on it.
+
+PostgreSQL only; elsewhere ``notify`` does nothing and workers poll. Polling stays the fallback
+everywhere: a lost LISTEN connection is logged and retried, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .db import dedicated_connection
+from .logs import emit, failure_fields
+
+logger = logging.getLogger("ultimat3_jobs.worker")
+
+#: The channel workers LISTEN on; the payload is the queue name.
+NOTIFY_CHANNEL = "ultimat3_jobs"
+
+
+def notify(queues: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> None:
+    """Wake LISTENing workers; inside a transaction PostgreSQL delivers it at commit."""
+    connection = connections[using]
+    names = sorted(set(queues))
+    if connection.vendor != "postgresql" or not names:
+        return
+    with connection.cursor() as cursor:
+        for queue in names:
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
+
+
+class Listener:
+    """LISTEN for enqueues on a connection of its own; call ``wake`` for one of our queues."""
+
+    #: Seconds of silence after which the connection is checked with a query.
+    CHECK_AFTER = 30.0
+
+    def __init__(
+        self,
+        *,
+        using: str,
+        queues: frozenset[str] | None,
+        wake: Callable[[], None],
+        retry_after: float,
+    ) -> None:
+        self.using = using
+        self.queues = queues
+        self.wake = wake
+        self.retry_after = retry_after
+        self.listening = threading.Event()
+        self._stop = threading.Event()
+        # Written to on stop, so the select() below returns at once instead of at a timeout.
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="ultimat3-worker-listen", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return dedicated_connection(self.using, "ultimat3_jobs worker listen")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            conn = None
+            try:
+                conn = self._connect()
+                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                self.listening.set()
+                # Whatever was enqueued while we were not listening is due now.
+                self.wake()
+                self._listen(conn)
+            except (psycopg.Error, OSError) as error:
+                self.listening.clear()
+                if self._stop.is_set():
+                    break
+                emit(logger, "jobs.worker.listen-lost", logging.WARNING, **failure_fields(error))
+                self._stop.wait(self.retry_after)
+            finally:
+                self.listening.clear()
+                if conn is not None:
+                    conn.close()
+
+    def _listen(self, conn: psycopg.Connection[Any]) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([conn.fileno(), self._stop_r], [], [], self.CHECK_AFTER)
+            if self._stop_r in ready:
+                return
+            if not ready:
+                conn.execute("SELECT 1")  # Long silence: make sure the connection still works.
+                continue
+            for note in conn.notifies(timeout=0):
+                if self.queues is None or note.payload in self.queues:
+                    self.wake()

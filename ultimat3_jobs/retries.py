@@ -1,0 +1,48 @@
+"""Retry timing, pure: how long a failed job waits, and how long a failing loop backs off.
+
+Nothing here reads a clock or the database, so both policies are tested as plain functions.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+
+#: ``last_error`` keeps the end of a traceback this long: the raise site is at the end.
+ERROR_LIMIT = 20_000
+#: Longest wait between two passes of a loop (scheduler rounds, worker claims) that keep failing.
+MAX_LOOP_BACKOFF = timedelta(seconds=30)
+
+
+def retry_delay(
+    attempts: int,
+    *,
+    base: float,
+    cap: timedelta,
+    rand: Callable[[], float] = random.random,
+) -> timedelta:
+    """How long a job waits after failing attempt ``attempts``: ``base ** attempts`` capped,
+    with full jitter (uniform from zero), so the failures of one outage do not retry in step.
+    """
+    try:
+        ceiling = min(cap.total_seconds(), base ** max(attempts, 0))
+    except OverflowError:
+        ceiling = cap.total_seconds()
+    return timedelta(seconds=ceiling * rand())
+
+
+def loop_backoff(interval: timedelta, failures: int) -> timedelta:
+    """The wait after ``failures`` failed passes in a row: doubling from ``interval``, capped.
+
+    The cap is ``MAX_LOOP_BACKOFF``, or ``interval`` itself when that is longer, so a slow loop
+    never polls faster because its database is down.
+    """
+    return min(interval * 2 ** min(max(failures, 0), 5), max(MAX_LOOP_BACKOFF, interval))
+
+
+def format_error(error: BaseException) -> str:
+    """The traceback as stored in ``last_error``: the end kept, and no NUL PostgreSQL refuses."""
+    text = "".join(traceback.format_exception(error)).replace("\x00", "\\x00")
+    return text if len(text) <= ERROR_LIMIT else "...\n" + text[-ERROR_LIMIT:]

@@ -27,7 +27,7 @@ worker: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy ultimat3_jobs testproject
+	$(VENV)/bin/mypy ultimat3_jobs testproject tests bench
 	$(PY) manage.py makemigrations --check --dry-run
 
 test: lint

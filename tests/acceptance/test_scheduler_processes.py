@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 from django.db import close_old_connections, connection
@@ -36,9 +37,8 @@ FAST = {"TICK_INTERVAL": 0.2, "LEASE_TTL": 2, "HEARTBEAT_INTERVAL": 1}
 
 def occurrences(task: str = TASK) -> list[datetime]:
     close_old_connections()
-    return list(
-        Job.objects.filter(task=task).order_by("occurrence").values_list("occurrence", flat=True)
-    )
+    rows = Job.objects.filter(task=task).order_by("occurrence")
+    return cast(list[datetime], list(rows.values_list("occurrence", flat=True)))
 
 
 def assert_every_occurrence_exactly_once(task: str = TASK) -> list[datetime]:

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
-from ultimat3_jobs.leaders import LeaseLeader, SoleLeader
+from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
@@ -20,7 +20,7 @@ T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
 
 
 def round_over(
-    count: int, clock: FrozenClock, leader: object = None
+    count: int, clock: FrozenClock, leader: LeaderElection | None = None
 ) -> tuple[Scheduler, DatabaseState]:
     tasks = make_tasks(count)
     state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
@@ -29,7 +29,7 @@ def round_over(
         leader=leader or SoleLeader(),
         clock=clock,
         tasks=tasks,
-        drain_on_shutdown=False,  # type: ignore[arg-type]
+        drain_on_shutdown=False,
     )
     state.sync(tasks)
     scheduler.tick()  # arms every task

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ultimat3_jobs import JobNameTakenError, UltimateError, job, task
+from ultimat3_jobs import Entry, JobNameTakenError, UltimateError, job, task
 from ultimat3_jobs.errors import (
     InvalidCatchUpError,
     InvalidCronError,
@@ -24,7 +24,7 @@ def test_task__bogota_is_refused_with_a_fix_naming_full_zone_ids() -> None:
     with pytest.raises(InvalidTimezoneError) as caught:
 
         @task(cron="0 3 * * *", tz="Bogota")
-        def nightly(occurrence: datetime) -> list[object]:
+        def nightly(occurrence: datetime) -> list[Entry]:
             return []
 
     error = caught.value
@@ -37,7 +37,7 @@ def test_task__bogota_is_refused_with_a_fix_naming_full_zone_ids() -> None:
 
 def test_task__full_zone_id_is_accepted() -> None:
     @task(cron="0 3 * * *", tz="America/Bogota")
-    def nightly(occurrence: datetime) -> list[object]:
+    def nightly(occurrence: datetime) -> list[Entry]:
         return []
 
     assert nightly.tz == "America/Bogota"
@@ -48,7 +48,7 @@ def test_task__missing_tz_fails_with_a_fix(tz: str | None) -> None:
     with pytest.raises(MissingTimezoneError) as caught:
 
         @task(cron="0 3 * * *", tz=tz)
-        def nightly(occurrence: datetime) -> list[object]:
+        def nightly(occurrence: datetime) -> list[Entry]:
             return []
 
     assert caught.value.code == "jobs.task.tz-missing"
@@ -59,7 +59,7 @@ def test_task__bad_cron_fails_at_declaration() -> None:
     with pytest.raises(InvalidCronError) as caught:
 
         @task(cron="61 * * * *", tz="UTC")
-        def broken(occurrence: datetime) -> list[object]:
+        def broken(occurrence: datetime) -> list[Entry]:
             return []
 
     assert "minute" in caught.value.message
@@ -74,7 +74,7 @@ def test_task__bad_catch_up_fails_at_declaration(options: dict[str, object], nee
     with pytest.raises(InvalidCatchUpError) as caught:
 
         @task(cron="0 3 * * *", tz="UTC", **options)  # type: ignore[arg-type]
-        def nightly(occurrence: datetime) -> list[object]:
+        def nightly(occurrence: datetime) -> list[Entry]:
             return []
 
     assert needle in caught.value.message
@@ -83,13 +83,13 @@ def test_task__bad_catch_up_fails_at_declaration(options: dict[str, object], nee
 
 def test_registry__different_task_under_a_taken_name_raises() -> None:
     @task(cron="0 3 * * *", tz="UTC", name="shared.name")
-    def first(occurrence: datetime) -> list[object]:
+    def first(occurrence: datetime) -> list[Entry]:
         return []
 
     with pytest.raises(JobNameTakenError) as caught:
 
         @task(cron="0 4 * * *", tz="UTC", name="shared.name")
-        def second(occurrence: datetime) -> list[object]:
+        def second(occurrence: datetime) -> list[Entry]:
             return []
 
     assert caught.value.code == "jobs.name-taken"
@@ -99,7 +99,7 @@ def test_registry__different_task_under_a_taken_name_raises() -> None:
 def test_registry__same_declaration_twice_is_one_registration() -> None:
     registry = Registry()
 
-    def nightly(occurrence: datetime) -> list[object]:
+    def nightly(occurrence: datetime) -> list[Entry]:
         return []
 
     from ultimat3_jobs.cron import parse
@@ -121,7 +121,7 @@ def test_registry__same_declaration_twice_is_one_registration() -> None:
 
 
 def test_registry__one_declaration_under_two_names_is_refused() -> None:
-    def nightly(occurrence: datetime) -> list[object]:
+    def nightly(occurrence: datetime) -> list[Entry]:
         return []
 
     task(cron="0 3 * * *", tz="UTC", name="a.nightly")(nightly)
@@ -173,7 +173,7 @@ def test_task__entries_get_the_occurrence_in_the_task_zone() -> None:
     def send(day: str) -> None: ...
 
     @task(cron="0 20 * * *", tz="America/Los_Angeles")
-    def evening(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def evening(occurrence: datetime) -> list[Entry]:
         return [(send, {"day": occurrence.date().isoformat()})]
 
     # 2026-03-09T03:00Z is 20:00 on the 8th in Los Angeles: the payload is for the 8th.
@@ -183,7 +183,7 @@ def test_task__entries_get_the_occurrence_in_the_task_zone() -> None:
 
 def test_task__entries_that_raise_become_a_task_error_with_a_fix() -> None:
     @task(cron="0 3 * * *", tz="UTC")
-    def broken(occurrence: datetime) -> list[object]:
+    def broken(occurrence: datetime) -> list[Entry]:
         raise RuntimeError("boom")
 
     with pytest.raises(TaskEntriesError) as caught:
@@ -205,7 +205,7 @@ def test_task__describe_is_json_safe_with_jobs_in_declaration_order() -> None:
     @task(
         cron="0 3 * * *", tz="Europe/Paris", catch_up="run-all", max_catch_up=5, name="unit.nightly"
     )
-    def nightly(occurrence: datetime) -> list[tuple[object, dict[str, object]]]:
+    def nightly(occurrence: datetime) -> list[Entry]:
         return [(b_second, {}), (a_first, {})]
 
     described = nightly.describe()
@@ -222,7 +222,7 @@ def test_task__describe_is_json_safe_with_jobs_in_declaration_order() -> None:
 
 def test_task__next_runs_follow_the_zone() -> None:
     @task(cron="30 2 * * *", tz="America/New_York")
-    def early(occurrence: datetime) -> list[object]:
+    def early(occurrence: datetime) -> list[Entry]:
         return []
 
     runs = early.next_runs(2, after=datetime(2026, 3, 7, 12, tzinfo=UTC))

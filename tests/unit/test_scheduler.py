@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from ultimat3_jobs import job, shutdown, task
+from ultimat3_jobs import Entry, job, shutdown, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.planner import occurrence_key
-from ultimat3_jobs.registry import TaskHandle
+from ultimat3_jobs.registry import CatchUp, TaskHandle
 from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import TaskState
 from ultimat3_jobs.testing import MemoryState
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
@@ -25,24 +28,22 @@ T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
 def record(label: str) -> None: ...
 
 
-def hourly(name: str, catch_up: str = "skip", max_catch_up: int = 10) -> TaskHandle:
-    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+def hourly(name: str, catch_up: CatchUp = "skip", max_catch_up: int = 10) -> TaskHandle:
+    def entries(occurrence: datetime) -> list[Entry]:
         return [(record, {"label": occurrence.isoformat()})]
 
     entries.__qualname__ = f"hourly_{name}"
     return task(
         cron="0 * * * *", tz="UTC", name=name, catch_up=catch_up, max_catch_up=max_catch_up
-    )(  # type: ignore[arg-type]
-        entries
-    )
+    )(entries)
 
 
-def build(*tasks: TaskHandle, **options: object) -> tuple[Scheduler, MemoryState, FrozenClock]:
+def build(*tasks: TaskHandle, **options: Any) -> tuple[Scheduler, MemoryState, FrozenClock]:
     state = MemoryState()
     clock = FrozenClock(T0)
     scheduler = Scheduler(
         state=state, clock=clock, tasks=list(tasks), drain_on_shutdown=False, **options
-    )  # type: ignore[arg-type]
+    )
     state.sync(list(tasks))
     return scheduler, state, clock
 
@@ -78,7 +79,12 @@ def test_tick__nothing_due_touches_no_task() -> None:
     scheduler.tick()
     loads = []
     original = state.load
-    state.load = lambda names=None: loads.append(names) or original(names)  # type: ignore[method-assign]
+
+    def load(names: Sequence[str] | None = None) -> dict[str, TaskState]:
+        loads.append(names)
+        return original(names)
+
+    state.load = load  # type: ignore[method-assign]
     clock.advance(600)
     assert scheduler.tick() == []
     assert loads == []
@@ -144,11 +150,11 @@ def test_run_all__fires_the_most_recent_max_catch_up_in_order() -> None:
 
 
 def test_run_all__per_second_task_after_a_day_fires_only_the_latest() -> None:
-    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def entries(occurrence: datetime) -> list[Entry]:
         return [(record, {"label": occurrence.isoformat()})]
 
     handle = task(cron="* * * * * *", tz="UTC", name="t.sec", catch_up="run-all", max_catch_up=3)(
-        entries  # type: ignore[arg-type]
+        entries
     )
     scheduler, _, clock = build(handle)
     scheduler.tick()
@@ -164,13 +170,13 @@ def test_tick__a_failing_task_does_not_stop_the_others_and_is_retried(
 ) -> None:
     calls = {"n": 0}
 
-    def flaky(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def flaky(occurrence: datetime) -> list[Entry]:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("database of digests is down")
         return [(record, {"label": "flaky"})]
 
-    failing = task(cron="0 * * * *", tz="UTC", name="t.flaky")(flaky)  # type: ignore[arg-type]
+    failing = task(cron="0 * * * *", tz="UTC", name="t.flaky")(flaky)
     healthy = hourly("t.healthy")
     scheduler, _, clock = build(failing, healthy)
     scheduler.tick()
@@ -191,12 +197,12 @@ def test_tick__a_failing_task_does_not_stop_the_others_and_is_retried(
 def test_tick__concurrent_calls_join_one_round() -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def slow(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def slow(occurrence: datetime) -> list[Entry]:
         entered.set()
         release.wait(5)
         return [(record, {"label": "slow"})]
 
-    handle = task(cron="0 * * * *", tz="UTC", name="t.slow")(slow)  # type: ignore[arg-type]
+    handle = task(cron="0 * * * *", tz="UTC", name="t.slow")(slow)
     scheduler, state, clock = build(handle)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
@@ -217,7 +223,7 @@ def test_tick__concurrent_calls_join_one_round() -> None:
 def test_stop__between_tasks_stops_now_and_leaves_the_rest_for_later() -> None:
     scheduler_ref: list[Scheduler] = []
 
-    def stopper(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def stopper(occurrence: datetime) -> list[Entry]:
         stopping = threading.Thread(target=scheduler_ref[0].stop, args=("test",))
         stopping.start()
         deadline = time.monotonic() + 5
@@ -225,7 +231,7 @@ def test_stop__between_tasks_stops_now_and_leaves_the_rest_for_later() -> None:
             time.sleep(0.001)
         return [(record, {"label": "a"})]
 
-    first = task(cron="0 * * * *", tz="UTC", name="t.a-first")(stopper)  # type: ignore[arg-type]
+    first = task(cron="0 * * * *", tz="UTC", name="t.a-first")(stopper)
     second = hourly("t.b-second")
     scheduler, state, clock = build(first, second)
     scheduler_ref.append(scheduler)
@@ -262,6 +268,7 @@ def test_stop__concurrent_stops_join_one_teardown() -> None:
 
     class CountingLeader:
         name = "counting"
+        renew_every: timedelta | None = None
 
         def acquire(self) -> bool:
             return True
@@ -363,10 +370,10 @@ def test_pause__occurrences_are_recorded_as_paused_not_fired() -> None:
 
 
 def test_occurrence_key__entries_of_one_occurrence_never_share_a_key() -> None:
-    def twice(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def twice(occurrence: datetime) -> list[Entry]:
         return [(record, {"label": "same"}), (record, {"label": "same"}), (record, {"label": "x"})]
 
-    handle = task(cron="0 * * * *", tz="UTC", name="t.twice")(twice)  # type: ignore[arg-type]
+    handle = task(cron="0 * * * *", tz="UTC", name="t.twice")(twice)
     scheduler, _, clock = build(handle)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
@@ -395,15 +402,15 @@ def test_leadership__a_long_round_renews_between_tasks_and_stops_when_lost() -> 
     class LeaseLike(ScriptedLeader):
         renew_every = timedelta(milliseconds=20)
 
-    def slow(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def slow(occurrence: datetime) -> list[Entry]:
         time.sleep(0.05)
         return [(record, {"label": "slow"})]
 
-    def also_slow(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+    def also_slow(occurrence: datetime) -> list[Entry]:
         return slow(occurrence)
 
-    first = task(cron="0 * * * *", tz="UTC", name="t.long-a")(slow)  # type: ignore[arg-type]
-    second = task(cron="0 * * * *", tz="UTC", name="t.long-b")(also_slow)  # type: ignore[arg-type]
+    first = task(cron="0 * * * *", tz="UTC", name="t.long-a")(slow)
+    second = task(cron="0 * * * *", tz="UTC", name="t.long-b")(also_slow)
     leader = LeaseLike([True, True, False])  # arm round, dispatch round, renewal mid-round
     scheduler, state, clock = build(first, second, leader=leader)
     scheduler.tick()

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from ultimat3_jobs import job, task
+from ultimat3_jobs import Entry, job, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.testing import MemoryState
@@ -20,7 +20,7 @@ def noop() -> None: ...
 
 
 def walk(cron: str, tz: str, start: datetime, hours: int, catch_up: str = "skip") -> list[str]:
-    def entries(occurrence: datetime) -> list[tuple[object, dict[str, object]]]:
+    def entries(occurrence: datetime) -> list[Entry]:
         return [(noop, {})]
 
     handle = task(cron=cron, tz=tz, name=f"dst.{abs(hash((cron, tz, start)))}", catch_up=catch_up)(  # type: ignore[arg-type]

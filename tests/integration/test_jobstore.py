@@ -1,0 +1,102 @@
+"""The job store against a real database: every transition is conditional on the row's owner."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.integration.factories import demo_ping
+from ultimat3_jobs import jobstore
+from ultimat3_jobs.models import Job, JobStatus
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> Job:
+    return Job.objects.create(
+        name="demo.ping",
+        key=f"demo.ping:{uuid.uuid4().hex}",
+        input={"label": "x"},
+        status=JobStatus.RUNNING,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        run_at=T0,
+        created_at=T0,
+        worker=worker,
+    )
+
+
+def status_of(job: Job) -> tuple[str, str, str]:
+    row = Job.objects.get(pk=job.pk)
+    return row.status, row.worker, row.last_error
+
+
+@pytest.mark.django_db
+def test_succeed__writes_only_a_job_the_worker_still_holds() -> None:
+    mine, theirs = running("w1"), running("w2")
+    assert jobstore.succeed(using="default", job_id=mine.pk, worker="w1", now=T0)
+    assert not jobstore.succeed(using="default", job_id=theirs.pk, worker="w1", now=T0)
+    assert status_of(mine) == (JobStatus.SUCCEEDED, "w1", "")
+    assert status_of(theirs) == (JobStatus.RUNNING, "w2", "")
+
+
+@pytest.mark.django_db
+def test_retry__queues_the_job_again_with_its_error_and_no_owner() -> None:
+    job = running("w1")
+    later = T0 + timedelta(seconds=4)
+    assert jobstore.retry(using="default", job_id=job.pk, worker="w1", run_at=later, error="boom")
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.worker, row.last_error, row.run_at) == (
+        JobStatus.QUEUED,
+        "",
+        "boom",
+        later,
+    )
+    # Queued now, so a second outcome for the same attempt is refused.
+    assert not jobstore.fail(using="default", job_id=job.pk, worker="w1", now=T0, error="x")
+
+
+@pytest.mark.django_db
+def test_give_back__requeues_or_fails_by_attempts_left() -> None:
+    spare, spent, other = running("w1"), running("w1", attempts=3), running("w2")
+    jobstore.give_back(using="default", job_ids=[spare.pk, spent.pk, other.pk], worker="w1", now=T0)
+    assert status_of(spare)[0] == JobStatus.QUEUED
+    assert status_of(spent)[0] == JobStatus.FAILED
+    assert status_of(spent)[2].endswith("no attempts left")
+    assert status_of(other) == (JobStatus.RUNNING, "w2", "")
+
+
+@pytest.mark.django_db
+def test_retry_failed_and_cancel_queued__move_only_rows_in_the_right_status() -> None:
+    failed = running("w1")
+    jobstore.fail(using="default", job_id=failed.pk, worker="w1", now=T0, error="boom")
+    queued = Job.objects.create(
+        name="demo.ping", key="q:1", input={}, run_at=T0, created_at=T0, status=JobStatus.QUEUED
+    )
+    busy = running("w3")
+    every = Job.objects.filter(pk__in=[failed.pk, queued.pk, busy.pk])
+    assert jobstore.retry_failed(every, now=T0) == 1
+    row = Job.objects.get(pk=failed.pk)
+    assert (row.status, row.attempts, row.last_error) == (JobStatus.QUEUED, 0, "boom")
+    assert jobstore.cancel_queued(every, now=T0) == 2  # the retried one and the queued one
+    assert status_of(busy)[0] == JobStatus.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_round__reports_created_and_existing_keys() -> None:
+    ping = demo_ping()
+
+    def row(key: str) -> dict[str, Any]:
+        return jobstore.job_fields(
+            ping, {"label": key}, key=key, run_at=None, queue=None, enqueued_by="scheduler", now=T0
+        )
+
+    first = jobstore.insert_round([row("a"), row("b")])
+    again = jobstore.insert_round([row("b"), row("c")])
+    assert {key: created for key, (_, created) in first.items()} == {"a": True, "b": True}
+    assert {key: created for key, (_, created) in again.items()} == {"b": False, "c": True}
+    assert again["b"][0] == first["b"][0]
+    assert Job.objects.filter(key__in=["a", "b", "c"]).count() == 3

@@ -1,0 +1,97 @@
+"""The package's layout, read from its source with ``ast``: no import cycle, no shadowed names."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ultimat3_jobs"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(path): path for path in PACKAGE.rglob("*.py") if "migrations" not in path.parts
+    }
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_time_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported: module level, outside TYPE_CHECKING."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If) and not _is_type_checking(node):
+            pending.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            pending.extend(node.body + node.orelse + node.finalbody)
+            for handler in node.handlers:
+                pending.extend(handler.body)
+    return found
+
+
+def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in _import_time_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join([*anchor, *([base] if base else [])])
+        targets.add(base)
+        # ``from . import clock`` imports the module ``clock``, not only the package.
+        targets.update(f"{base}.{alias.name}" for alias in node.names)
+    return {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+
+
+def test_layout__no_import_cycle_between_modules_at_import_time() -> None:
+    modules = _modules()
+    graph = {name: _edges(name, path, modules) for name, path in modules.items()}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str], done: set[str]) -> None:
+        if node in trail:
+            cycles.append([*trail[trail.index(node) :], node])
+            return
+        if node in done:
+            return
+        for target in sorted(graph[node]):
+            visit(target, [*trail, node], done)
+        done.add(node)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        visit(name, [], done)
+    assert cycles == []
+
+
+def test_layout__the_graph_reader_sees_a_known_edge() -> None:
+    # Guards the reader itself: the worker imports the job store at import time.
+    modules = _modules()
+    assert "ultimat3_jobs.jobstore" in _edges(
+        "ultimat3_jobs.worker", modules["ultimat3_jobs.worker"], modules
+    )
+
+
+def test_layout__no_module_is_named_after_a_standard_library_module() -> None:
+    clashes = sorted(
+        name for name in _modules() if name.rpartition(".")[2] in sys.stdlib_module_names
+    )
+    assert clashes == []

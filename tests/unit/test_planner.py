@@ -18,7 +18,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 GRACE = timedelta(seconds=60)
 
 
-@job
+@job(name="planner.record")
 def record(label: str) -> None: ...
 
 

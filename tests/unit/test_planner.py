@@ -9,7 +9,7 @@ import pytest
 from ultimat3_jobs import Entry, job, task
 from ultimat3_jobs.clock import ONE_MS
 from ultimat3_jobs.cron import next_occurrence
-from ultimat3_jobs.planner import RoundPlan, plan_task
+from ultimat3_jobs.planner import RoundPlan, TaskStep, plan_task
 from ultimat3_jobs.registry import TaskHandle
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
@@ -31,9 +31,11 @@ def hourly(name: str, *, fail: bool = False) -> TaskHandle:
     return task(cron="0 * * * *", tz="UTC", name=name)(entries)
 
 
-def plan(handle: TaskHandle, watermark: datetime | None, *, paused: bool = False) -> RoundPlan:
+def plan(
+    handle: TaskHandle, watermark: datetime | None, *, paused: bool = False
+) -> tuple[RoundPlan, TaskStep]:
     result = RoundPlan(now=T0)
-    plan_task(
+    step = plan_task(
         handle,
         watermark=watermark,
         paused=paused,
@@ -42,17 +44,18 @@ def plan(handle: TaskHandle, watermark: datetime | None, *, paused: bool = False
         next_after=lambda at: next_occurrence(handle.schedule, handle.zone, at),
         plan=result,
     )
-    return result
+    return result, step
 
 
 def test_plan_task__first_sight_arms_just_before_the_next_occurrence() -> None:
-    result = plan(hourly("p.arm"), None)
+    result, step = plan(hourly("p.arm"), None)
+    assert step.armed
     assert result.watermarks == {"p.arm": (None, T0 + timedelta(hours=1) - ONE_MS)}
     assert result.fired == [] and result.records == []
 
 
 def test_plan_task__an_on_time_occurrence_fires_with_its_occurrence_key() -> None:
-    result = plan(hourly("p.fire"), T0 - timedelta(minutes=30))
+    result, _ = plan(hourly("p.fire"), T0 - timedelta(minutes=30))
     [fired] = result.fired
     assert fired.occurrence == T0
     assert fired.jobs[0].key.startswith(f"p.fire:{int(T0.timestamp() * 1000)}:")
@@ -60,7 +63,7 @@ def test_plan_task__an_on_time_occurrence_fires_with_its_occurrence_key() -> Non
 
 
 def test_plan_task__paused_records_the_span_and_fires_nothing() -> None:
-    result = plan(hourly("p.paused"), T0 - timedelta(hours=3, minutes=30), paused=True)
+    result, _ = plan(hourly("p.paused"), T0 - timedelta(hours=3, minutes=30), paused=True)
     assert result.fired == []
     [record_] = result.records
     assert (record_.outcome, record_.span.count) == ("paused", 4)  # 09:00 to 12:00
@@ -69,17 +72,7 @@ def test_plan_task__paused_records_the_span_and_fires_nothing() -> None:
 
 def test_plan_task__failing_entries_keep_the_occurrence_for_the_next_round() -> None:
     watermark = T0 - timedelta(minutes=30)
-    result = RoundPlan(now=T0)
-    handle = hourly("p.fails", fail=True)
-    step = plan_task(
-        handle,
-        watermark=watermark,
-        paused=False,
-        now=T0,
-        misfire_grace=GRACE,
-        next_after=lambda at: next_occurrence(handle.schedule, handle.zone, at),
-        plan=result,
-    )
+    result, step = plan(hourly("p.fails", fail=True), watermark)
     assert step.failed is not None and step.failed[0] == T0
     assert step.next_due == T0
     assert result.fired == []

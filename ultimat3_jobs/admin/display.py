@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -73,3 +73,8 @@ def job_link(job_id: int | None, text: str) -> SafeString:
         return format_html("{}", text)
     url = reverse("admin:ultimat3_jobs_job_change", args=[job_id])
     return format_html('<a href="{}">{}</a>', url, text)
+
+
+def fields_of(fieldsets: Sequence[tuple[Any, Any]], *, editable: tuple[str, ...] = ()) -> list[str]:
+    """Every field a page's fieldsets show, but ``editable``: its read-only fields, in order."""
+    return [f for _, options in fieldsets for f in options["fields"] if f not in editable]

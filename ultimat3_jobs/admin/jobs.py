@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 
 from .. import jobstore
 from ..models import Job, Task
-from .display import utc_column
+from .display import fields_of, utc_column
 
 
 @admin.register(Job)
@@ -59,24 +59,7 @@ class JobAdmin(admin.ModelAdmin):
             },
         ),
     ]
-    readonly_fields = [
-        "name",
-        "key",
-        "status_column",
-        "queue",
-        "input_column",
-        "task_column",
-        "occurrence_column",
-        "catch_up",
-        "enqueued_by",
-        "attempts_column",
-        "run_at_column",
-        "created_column",
-        "started_column",
-        "finished_column",
-        "worker",
-        "error_column",
-    ]
+    readonly_fields = fields_of(fieldsets)
 
     occurrence_column = utc_column("occurrence", "Occurrence")
     run_at_column = utc_column("run_at", "Run at")

@@ -34,7 +34,7 @@ from ..manual import ManualRun, preview, run_now
 from ..models import Task
 from ..registry import TaskHandle, registry
 from ..status import scheduler_status
-from .display import UTC_ZONE, both_zones, job_link, last_round, stamp, utc_column
+from .display import UTC_ZONE, both_zones, fields_of, job_link, last_round, stamp, utc_column
 
 #: How many upcoming runs the task page previews, and how many past records it lists.
 NEXT_RUNS = 10
@@ -133,20 +133,7 @@ class TaskAdmin(admin.ModelAdmin):
         ("Watermark", {"fields": ["last_fired_column", "first_seen_column", "synced_column"]}),
         ("Pause", {"fields": ["paused", "paused_note", "paused_by", "paused_at_column"]}),
     ]
-    readonly_fields = [
-        "name",
-        "schedule_column",
-        "dst_column",
-        "tz",
-        "catch_up_column",
-        "jobs_column",
-        "declared_column",
-        "last_fired_column",
-        "first_seen_column",
-        "synced_column",
-        "paused_by",
-        "paused_at_column",
-    ]
+    readonly_fields = fields_of(fieldsets, editable=("paused", "paused_note"))
 
     first_seen_column = utc_column("first_seen_at", "First seen")
     synced_column = utc_column("synced_at", "Synced")

@@ -139,7 +139,6 @@ class _WallMatcher:
     """Finds matching naive wall-clock times: plain calendar arithmetic, no zone involved."""
 
     __slots__ = (
-        "_croniter",
         "_day_or",
         "_doms",
         "_dows",
@@ -149,33 +148,30 @@ class _WallMatcher:
         "_minutes",
         "_months",
         "_seconds",
+        "_walkers",
         "unit",
     )
 
-    def __init__(self, fields: list[str], expanded: list[list[int | str]]) -> None:
+    def __init__(
+        self,
+        fields: list[str],
+        expanded: list[list[int | str]],
+        walkers: tuple[croniter[datetime], ...],
+    ) -> None:
         self._has_seconds = len(fields) == 6
         self.unit = _SECOND if self._has_seconds else _MINUTE
         minutes, hours, doms, months, dows = expanded[:5]
-        # Vixie cron: when both day fields are restricted, a day matching either one is enough.
-        self._day_or = doms[0] != "*" and dows[0] != "*"
+        self._day_or = _days_ored(fields)
         self._minutes = _values(minutes, 0, 59)
         self._hours = _values(hours, 0, 23)
         self._seconds = _values(expanded[5], 0, 59) if self._has_seconds else (0,)
         self._months = _values(months, 1, 12)
         self._doms = frozenset(_values(doms, 1, 31))
         self._dows = frozenset(_values(dows, 0, 6))
-        self._croniter: croniter[datetime] | None = None
         self._lock = threading.Lock()
-        dom_text, dow_text = fields[-3].lower(), fields[-1].lower()
-        if "l" in dom_text or "w" in dom_text or "l" in dow_text or "#" in dow_text:
-            # L, W and # depend on the shape of each month; croniter walks those, one caller
-            # at a time since an instance keeps its position between calls.
-            self._croniter = croniter(
-                " ".join(fields),
-                _PROBE_START,
-                ret_type=datetime,
-                second_at_beginning=self._has_seconds,
-            )
+        # L, W and # depend on the shape of each month; croniter walks those, one caller at a
+        # time since an instance keeps its position between calls.
+        self._walkers = walkers if _month_shaped(fields) else ()
 
     def first_after(self, wall: datetime) -> datetime:
         """The first matching wall time strictly after ``wall``."""
@@ -191,13 +187,12 @@ class _WallMatcher:
             start = wall.replace(second=0, microsecond=0)
         if start < wall:
             start += self.unit
-        if self._croniter is not None:
+        if self._walkers:
             # croniter answers "strictly after" and goes through float timestamps: asking from
             # half a unit before keeps the answer exact far from 1970.
+            since = start - self.unit / 2
             with self._lock:
-                found: datetime = self._croniter.get_next(
-                    datetime, start_time=start - self.unit / 2
-                )
+                found: datetime = min(w.get_next(datetime, start_time=since) for w in self._walkers)
             return found
         day = start.date()
         if self._day_matches(day):
@@ -257,6 +252,39 @@ class _WallMatcher:
         return hours[i], minutes[0], seconds[0]
 
 
+def _unrestricted(day_field: str) -> bool:
+    # crontab(5): a day field is restricted when it does not start with "*"; "?" reads as "*".
+    return day_field.startswith(("*", "?"))
+
+
+def _days_ored(fields: list[str]) -> bool:
+    """Vixie cron: a day matching either day field is enough when both are restricted.
+
+    Read from the raw text, as cron does: "*/7" is unrestricted (so it narrows the other field)
+    while "1-31" is restricted although it names every day.
+    """
+    return not _unrestricted(fields[-3]) and not _unrestricted(fields[-1])
+
+
+def _month_shaped(fields: list[str]) -> bool:
+    dom, dow = fields[-3].lower(), fields[-1].lower()
+    return "l" in dom or "w" in dom or "l" in dow or "#" in dow
+
+
+def _walk_exprs(fields: list[str]) -> tuple[str, ...]:
+    """Expressions whose matches, each an intersection of all fields, together make the schedule.
+
+    Two halves when the day fields are ORed: croniter intersects a ``#``, ``L`` or ``W`` day
+    with the other day field instead of adding to it, so each half is walked on its own.
+    """
+    if not _days_ored(fields):
+        return (" ".join(fields),)
+    return (
+        " ".join([*fields[:-1], "*"]),
+        " ".join([*fields[:-3], "*", *fields[-2:]]),
+    )
+
+
 def _values(expanded: list[int | str], low: int, high: int) -> tuple[int, ...]:
     if expanded[0] == "*":
         return tuple(range(low, high + 1))
@@ -278,11 +306,11 @@ class CronSchedule:
     _matcher: _WallMatcher = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        has_seconds, fields, expanded = _validate(self.expr)
+        has_seconds, fields, expanded, walkers = _validate(self.expr)
         hour_text = fields[2] if has_seconds else fields[1]
         object.__setattr__(self, "has_seconds", has_seconds)
         object.__setattr__(self, "wall_clock", not hour_text.startswith("*"))
-        object.__setattr__(self, "_matcher", _WallMatcher(fields, expanded))
+        object.__setattr__(self, "_matcher", _WallMatcher(fields, expanded, walkers))
 
 
 def parse(expr: str) -> CronSchedule:
@@ -308,7 +336,9 @@ def _not_a_string(expr: object) -> InvalidCronError:
     )
 
 
-def _validate(expr: object) -> tuple[bool, list[str], list[list[int | str]]]:
+def _validate(
+    expr: object,
+) -> tuple[bool, list[str], list[list[int | str]], tuple[croniter[datetime], ...]]:
     if not isinstance(expr, str):
         raise _not_a_string(expr)
     fields: list[str] = _FIELD_TOKEN.findall(expr)
@@ -343,29 +373,59 @@ def _validate(expr: object) -> tuple[bool, list[str], list[list[int | str]]]:
         expanded, _nth = croniter.expand(expr, second_at_beginning=has_seconds)
     except CroniterError as exc:
         raise _field_error(expr, fields, specs, exc) from exc
-    try:
-        croniter(
-            expr,
+    walkers = []
+    never: CroniterBadDateError | None = None
+    for walk in _walk_exprs(fields):
+        # day_or=False: each expression is an intersection; the ORed halves are separate ones.
+        walker = croniter(
+            walk,
             _PROBE_START,
             ret_type=datetime,
+            day_or=False,
             second_at_beginning=has_seconds,
             max_years_between_matches=_MATCH_HORIZON_YEARS,
-        ).get_next(datetime)
-    except CroniterBadDateError as exc:
-        dom, month, dow = fields[-3:]
-        days = "" if dow in ("*", "?") else f' on day-of-week "{dow}"'
-        raise InvalidCronError(
-            f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month '
-            f'"{month}"{days}',
-            fix='use a day that exists in that month, e.g. "0 0 28 2 *", or "0 0 L 2 *" for the '
-            "last day of February",
-            cause=exc,
-        ) from exc
-    except CroniterError as exc:
-        raise InvalidCronError(
-            f'cron "{expr}" is not a valid expression: {exc}', fix=_FIELD_COUNT_FIX, cause=exc
-        ) from exc
-    return has_seconds, fields, [list(values) for values in expanded]
+        )
+        try:
+            walker.get_next(datetime)
+        except CroniterBadDateError as exc:
+            # Under the OR rule a half that never matches adds no dates; the other may still.
+            never = exc
+            continue
+        except CroniterError as exc:
+            raise InvalidCronError(
+                f'cron "{expr}" is not a valid expression: {exc}', fix=_FIELD_COUNT_FIX, cause=exc
+            ) from exc
+        walkers.append(walker)
+    if not walkers:
+        raise _never_matches(expr, fields, never)
+    return has_seconds, fields, [list(values) for values in expanded], tuple(walkers)
+
+
+def _never_matches(expr: str, fields: list[str], cause: Exception | None) -> InvalidCronError:
+    dom, month, dow = fields[-3:]
+    fix = (
+        'use a day that exists in that month, e.g. "0 0 28 2 *", or "0 0 L 2 *" for the last '
+        "day of February"
+    )
+    if _days_ored(fields):
+        days = f', nor does any fall on day-of-week "{dow}"'
+    elif dow in ("*", "?"):
+        days = ""
+    else:
+        days = f' on day-of-week "{dow}"'
+        starred = dom if _unrestricted(dom) else dow
+        if starred not in ("*", "?"):
+            fix += (
+                f'; a day field starting with "*" (here "{starred}") must match as well: to run '
+                'when either day field matches, write it without the leading "*", e.g. "1-31/2" '
+                'rather than "*/2"'
+            )
+    return InvalidCronError(
+        f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month '
+        f'"{month}"{days}',
+        fix=fix,
+        cause=cause,
+    )
 
 
 def _field_error(

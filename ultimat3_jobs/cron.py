@@ -10,7 +10,12 @@ The DST rule (SPEC §3), keyed on the raw hour field:
   wall times that occur twice fire twice;
 - any other hour field makes a **wall-clock** schedule: it fires once per matching local slot,
   at the first of two instants when the slot repeats, and at the end of the gap when the slot
-  does not exist. A local date that never existed at all has no slots.
+  does not exist. A local date that never existed at all has no slots. Two keyword options
+  change that per task: ``dst_gap="skip"`` drops a slot inside a gap for that day, and
+  ``dst_repeat="both"`` fires a repeated slot at both of its instants.
+
+Day-of-month and day-of-week follow Vixie cron, read from the raw text: when neither starts
+with ``*`` a day matching either is enough; otherwise both must match.
 
 croniter parses and validates the expression; the wall-clock walk and the zone handling are
 done here, because croniter's own DST handling runs fixed-hour jobs twice in a repeated hour.
@@ -25,17 +30,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
-from typing import Final, Literal
+from typing import Final, Literal, cast
 from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from ultimat3_jobs.errors import InvalidCronError
+from ultimat3_jobs.errors import InvalidCronError, InvalidDstOptionError
 
 __all__ = [
     "CronSchedule",
+    "DstGap",
+    "DstRepeat",
     "OccurrenceKind",
     "between",
+    "check_dst_options",
     "describe_occurrence",
     "next_occurrence",
     "occurrences",
@@ -43,6 +51,14 @@ __all__ = [
 ]
 
 OccurrenceKind = Literal["normal", "gap-shifted", "repeated-first", "repeated"]
+
+#: What a wall-clock slot inside a DST gap does: fire at the end of the gap, or not that day.
+DstGap = Literal["end-of-gap", "skip"]
+#: What a wall-clock slot that occurs twice does: fire at the first instant only, or at both.
+DstRepeat = Literal["first", "both"]
+
+_DST_GAPS: Final = ("end-of-gap", "skip")
+_DST_REPEATS: Final = ("first", "both")
 
 _SECOND: Final = timedelta(seconds=1)
 _MINUTE: Final = timedelta(minutes=1)
@@ -176,8 +192,8 @@ class _WallMatcher:
     def first_after(self, wall: datetime) -> datetime:
         """The first matching wall time strictly after ``wall``."""
         if self._has_seconds:
-            return self.first_at_or_after(wall.replace(microsecond=0) + _SECOND)
-        return self.first_at_or_after(wall.replace(second=0, microsecond=0) + _MINUTE)
+            return self._first_from(wall.replace(microsecond=0) + _SECOND)
+        return self._first_from(wall.replace(second=0, microsecond=0) + _MINUTE)
 
     def first_at_or_after(self, wall: datetime) -> datetime:
         """The first matching wall time at or after ``wall``."""
@@ -187,6 +203,10 @@ class _WallMatcher:
             start = wall.replace(second=0, microsecond=0)
         if start < wall:
             start += self.unit
+        return self._first_from(start)
+
+    def _first_from(self, start: datetime) -> datetime:
+        # `start` is on a whole unit: the first matching wall time at or after it.
         if self._walkers:
             # croniter answers "strictly after" and goes through float timestamps: asking from
             # half a unit before keeps the answer exact far from 1970.
@@ -421,8 +441,7 @@ def _never_matches(expr: str, fields: list[str], cause: Exception | None) -> Inv
                 'rather than "*/2"'
             )
     return InvalidCronError(
-        f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month '
-        f'"{month}"{days}',
+        f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month "{month}"{days}',
         fix=fix,
         cause=cause,
     )
@@ -466,13 +485,48 @@ def _field_problem(spec: _Field, token: str) -> str:
     )
 
 
-def next_occurrence(expr: str | CronSchedule, tz: str | ZoneInfo, after: datetime) -> datetime:
+def check_dst_options(dst_gap: object, dst_repeat: object, owner: str) -> tuple[DstGap, DstRepeat]:
+    """Return ``(dst_gap, dst_repeat)`` when both are valid; raises :class:`InvalidDstOptionError`.
+
+    ``owner`` names where the values came from (``'task "nightly"'``) for the message.
+    """
+    if not (isinstance(dst_gap, str) and dst_gap in _DST_GAPS):
+        raise InvalidDstOptionError(
+            f'{owner}: dst_gap must be "end-of-gap" or "skip", got {dst_gap!r}',
+            fix='use dst_gap="end-of-gap" (a time skipped by the clock change runs when the gap '
+            'ends, the default) or dst_gap="skip" (it does not run that day)',
+            cause=dst_gap,
+        )
+    if not (isinstance(dst_repeat, str) and dst_repeat in _DST_REPEATS):
+        raise InvalidDstOptionError(
+            f'{owner}: dst_repeat must be "first" or "both", got {dst_repeat!r}',
+            fix='use dst_repeat="first" (a time the clock change repeats runs once, at its first '
+            'pass, the default) or dst_repeat="both" (it runs at both passes)',
+            cause=dst_repeat,
+        )
+    return cast("DstGap", dst_gap), cast("DstRepeat", dst_repeat)
+
+
+def next_occurrence(
+    expr: str | CronSchedule,
+    tz: str | ZoneInfo,
+    after: datetime,
+    *,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
+) -> datetime:
     """The first occurrence strictly after the aware datetime ``after``, as an aware UTC datetime.
 
-    ``expr`` is read as wall-clock time in ``tz`` under the DST rule of this module. Raises
-    :class:`InvalidCronError` for a bad expression, ValueError/TypeError for a naive ``after``.
+    ``expr`` is read as wall-clock time in ``tz`` under the DST rule of this module;
+    ``dst_gap`` and ``dst_repeat`` choose it for wall-clock schedules and do nothing for
+    real-time ones. Raises :class:`InvalidCronError` for a bad expression,
+    :class:`InvalidDstOptionError` for a bad option, ValueError/TypeError for a naive ``after``.
     """
-    return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"))
+    if dst_gap == "end-of-gap" and dst_repeat == "first":
+        # The scheduler's hot path: the default rule, with no validation to pay for.
+        return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"), False, False)
+    skip, both = _dst_flags(dst_gap, dst_repeat, "next_occurrence")
+    return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"), skip, both)
 
 
 def occurrences(
@@ -480,6 +534,9 @@ def occurrences(
     tz: str | ZoneInfo,
     after: datetime,
     until: datetime | None = None,
+    *,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> Iterator[datetime]:
     """Successive occurrences strictly after ``after`` and up to ``until`` inclusive.
 
@@ -487,7 +544,8 @@ def occurrences(
     """
     schedule, zone, start = _schedule(expr), _zone(tz), _as_utc(after, "after")
     end = None if until is None else _as_utc(until, "until")
-    return _iterate(schedule, zone, start, end)
+    skip, both = _dst_flags(dst_gap, dst_repeat, "occurrences")
+    return _iterate(schedule, zone, start, end, skip, both)
 
 
 def between(
@@ -498,6 +556,8 @@ def between(
     limit: int | None = None,
     *,
     keep: Literal["earliest", "latest"] = "earliest",
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> list[datetime]:
     """Occurrences ``o`` with ``start_exclusive < o <= end_inclusive``, in ascending order.
 
@@ -514,13 +574,14 @@ def between(
         raise ValueError(f"limit must not be negative, got {limit}")
     if keep not in ("earliest", "latest"):
         raise ValueError(f'keep must be "earliest" or "latest", got {keep!r}')
+    skip, both = _dst_flags(dst_gap, dst_repeat, "between")
     if limit == 0 or end <= start:
         return []
     if limit is None:
-        return list(_iterate(schedule, zone, start, end))
+        return list(_iterate(schedule, zone, start, end, skip, both))
     if keep == "earliest":
         found: list[datetime] = []
-        for occurrence in _iterate(schedule, zone, start, end):
+        for occurrence in _iterate(schedule, zone, start, end, skip, both):
             found.append(occurrence)
             if len(found) == limit:
                 break
@@ -529,29 +590,38 @@ def between(
     window = schedule._matcher.unit * limit
     while True:
         low = max(start, end - window)
-        found = list(_iterate(schedule, zone, low, end))
+        found = list(_iterate(schedule, zone, low, end, skip, both))
         if len(found) >= limit or low == start:
             return found[-limit:]
         window *= 2
 
 
 def describe_occurrence(
-    expr: str | CronSchedule, tz: str | ZoneInfo, occurrence: datetime
+    expr: str | CronSchedule,
+    tz: str | ZoneInfo,
+    occurrence: datetime,
+    *,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> OccurrenceKind:
     """How the DST rule placed ``occurrence``, for admin previews.
 
     - ``"normal"``: the local wall time at that instant is one the expression names, and it
       occurs once;
     - ``"gap-shifted"``: a wall-clock slot that fell in a DST gap, fired at the gap's end (the
-      local wall time there is not itself one the expression names);
+      local wall time there is not itself one the expression names); never under
+      ``dst_gap="skip"``;
     - ``"repeated-first"``: the local wall time occurs twice and this is the first pass;
-    - ``"repeated"``: the second pass of a repeated wall time (real-time schedules only).
+    - ``"repeated"``: the second pass of a repeated wall time (real-time schedules, and
+      wall-clock ones under ``dst_repeat="both"``).
 
-    Raises ValueError when ``occurrence`` is not an occurrence of the schedule.
+    Raises ValueError when ``occurrence`` is not an occurrence of the schedule under the
+    options given.
     """
     schedule, zone = _schedule(expr), _zone(tz)
     instant = _as_utc(occurrence, "occurrence")
-    if _next(schedule, zone, instant - _MICROSECOND) != instant:
+    skip, both = _dst_flags(dst_gap, dst_repeat, "describe_occurrence")
+    if _next(schedule, zone, instant - _MICROSECOND, skip, both) != instant:
         raise ValueError(
             f"{instant.isoformat()} is not an occurrence of cron {schedule.expr!r} in {zone}"
         )
@@ -563,6 +633,12 @@ def describe_occurrence(
     if schedule.wall_clock and not schedule._matcher.matches(local.replace(tzinfo=None)):
         return "gap-shifted"
     return "normal"
+
+
+def _dst_flags(dst_gap: object, dst_repeat: object, owner: str) -> tuple[bool, bool]:
+    """``(skip gaps, fire both passes)`` for valid options."""
+    gap, repeat = check_dst_options(dst_gap, dst_repeat, owner)
+    return gap == "skip", repeat == "both"
 
 
 def _schedule(expr: str | CronSchedule) -> CronSchedule:
@@ -589,25 +665,46 @@ def _as_utc(value: datetime, name: str) -> datetime:
 
 
 def _iterate(
-    schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime | None
+    schedule: CronSchedule,
+    zone: ZoneInfo,
+    after: datetime,
+    until: datetime | None,
+    skip_gaps: bool,
+    both_passes: bool,
 ) -> Iterator[datetime]:
     while True:
-        after = _next(schedule, zone, after)
+        after = _next(schedule, zone, after, skip_gaps, both_passes)
         if until is not None and after > until:
             return
         yield after
 
 
-def _next(schedule: CronSchedule, zone: ZoneInfo, after: datetime) -> datetime:
+def _next(
+    schedule: CronSchedule, zone: ZoneInfo, after: datetime, skip_gaps: bool, both_passes: bool
+) -> datetime:
     if schedule.wall_clock:
-        return _next_wall_clock(schedule._matcher, zone, after)
+        return _next_wall_clock(schedule._matcher, zone, after, skip_gaps, both_passes)
     return _next_real_time(schedule._matcher, zone, after)
 
 
-def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> datetime:
+def _next_wall_clock(
+    matcher: _WallMatcher, zone: ZoneInfo, after: datetime, skip_gaps: bool, both_passes: bool
+) -> datetime:
     # Each slot maps to one instant and that mapping never goes backwards, so every slot at or
     # before after's local wall time maps at or before `after`: start the walk just past it.
-    wall = matcher.first_after(after.astimezone(zone).replace(tzinfo=None))
+    local = after.astimezone(zone)
+    wall = matcher.first_after(local.replace(tzinfo=None))
+    if both_passes and local.fold == 0 and local.replace(fold=1).utcoffset() != local.utcoffset():
+        # `after` is in the first pass of a repeated window. Every first pass comes before every
+        # second pass, so with no slot left in this first pass the answer is the second pass
+        # of the window's earliest slot.
+        change = _offset_change(zone, after, local.replace(fold=1).astimezone(UTC))
+        window_start = _wall(change, _offset_at(zone, change))
+        window_end = _wall(change, _offset_at(zone, after))
+        if wall >= window_end:
+            again = matcher.first_at_or_after(window_start)
+            if again < window_end:
+                return again.replace(tzinfo=zone, fold=1).astimezone(UTC)
     while True:
         first = wall.replace(tzinfo=zone).astimezone(UTC)
         second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
@@ -618,6 +715,8 @@ def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> 
             # `after` is in the second pass; jump past the repeated window in one go.
             if first > after:
                 return first
+            if both_passes and second > after:
+                return second
             end = _offset_change(zone, first, second)
             wall = matcher.first_at_or_after(_wall(end, _offset_at(zone, first)))
             continue
@@ -631,6 +730,9 @@ def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> 
             if gap_start <= day and day + _DAY <= gap_end:
                 # This local date never existed (Pacific/Apia, 2011-12-30): no slots at all.
                 wall = matcher.first_at_or_after(day + _DAY)
+                continue
+            if skip_gaps:
+                wall = matcher.first_at_or_after(gap_end)
                 continue
             instant = end
         if instant > after:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -243,6 +244,17 @@ class Scenario:
     dst_gap: DstGap = "end-of-gap"
     dst_repeat: DstRepeat = "first"
 
+    @property
+    def options(self) -> DstOptions:
+        return {"dst_gap": self.dst_gap, "dst_repeat": self.dst_repeat}
+
+
+class DstOptions(TypedDict):
+    """The keyword options of the cron functions, to pass as ``**options``."""
+
+    dst_gap: DstGap
+    dst_repeat: DstRepeat
+
 
 @st.composite
 def scenarios(draw: st.DrawFn, *, with_seconds: bool = True) -> Scenario:
@@ -282,7 +294,7 @@ def scenarios(draw: st.DrawFn, *, with_seconds: bool = True) -> Scenario:
 @given(scenario=scenarios())
 def test_occurrences__increase_match_and_follow_the_dst_rule(scenario: Scenario) -> None:
     expr, zone = scenario.expr, scenario.zone
-    options = {"dst_gap": scenario.dst_gap, "dst_repeat": scenario.dst_repeat}
+    options = scenario.options
     schedule = parse(expr)
     matcher = Matcher.of(expr)
     # Past the change and a few hours on, or 300 occurrences for the densest expressions.
@@ -332,7 +344,7 @@ def test_next_occurrence__from_anywhere_between_two_occurrences(
     scenario: Scenario, data: st.DataObject
 ) -> None:
     expr, zone = scenario.expr, scenario.zone
-    options = {"dst_gap": scenario.dst_gap, "dst_repeat": scenario.dst_repeat}
+    options = scenario.options
     first, second = take(occurrences(expr, zone, scenario.after, **options), 2)
     # Any instant from one occurrence up to just before the next leads to the next.
     span = int((second - first) / timedelta(microseconds=1))

@@ -10,7 +10,12 @@ The DST rule (SPEC §3), keyed on the raw hour field:
   wall times that occur twice fire twice;
 - any other hour field makes a **wall-clock** schedule: it fires once per matching local slot,
   at the first of two instants when the slot repeats, and at the end of the gap when the slot
-  does not exist. A local date that never existed at all has no slots.
+  does not exist. A local date that never existed at all has no slots. Two keyword options
+  change that per task: ``dst_gap="skip"`` drops a slot inside a gap for that day, and
+  ``dst_repeat="both"`` fires a repeated slot at both of its instants.
+
+Day-of-month and day-of-week follow Vixie cron, read from the raw text: when neither starts
+with ``*`` a day matching either is enough; otherwise both must match.
 
 croniter parses and validates the expression; the wall-clock walk and the zone handling are
 done here, because croniter's own DST handling runs fixed-hour jobs twice in a repeated hour.
@@ -25,17 +30,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
-from typing import Final, Literal
+from typing import Final, Literal, cast
 from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from ultimat3_jobs.errors import InvalidCronError
+from ultimat3_jobs.errors import InvalidCronError, InvalidDstOptionError
 
 __all__ = [
     "CronSchedule",
+    "DstGap",
+    "DstRepeat",
     "OccurrenceKind",
     "between",
+    "check_dst_options",
     "describe_occurrence",
     "next_occurrence",
     "occurrences",
@@ -43,6 +51,14 @@ __all__ = [
 ]
 
 OccurrenceKind = Literal["normal", "gap-shifted", "repeated-first", "repeated"]
+
+#: What a wall-clock slot inside a DST gap does: fire at the end of the gap, or not that day.
+DstGap = Literal["end-of-gap", "skip"]
+#: What a wall-clock slot that occurs twice does: fire at the first instant only, or at both.
+DstRepeat = Literal["first", "both"]
+
+_DST_GAPS: Final = ("end-of-gap", "skip")
+_DST_REPEATS: Final = ("first", "both")
 
 _SECOND: Final = timedelta(seconds=1)
 _MINUTE: Final = timedelta(minutes=1)
@@ -139,7 +155,6 @@ class _WallMatcher:
     """Finds matching naive wall-clock times: plain calendar arithmetic, no zone involved."""
 
     __slots__ = (
-        "_croniter",
         "_day_or",
         "_doms",
         "_dows",
@@ -149,39 +164,36 @@ class _WallMatcher:
         "_minutes",
         "_months",
         "_seconds",
+        "_walkers",
         "unit",
     )
 
-    def __init__(self, fields: list[str], expanded: list[list[int | str]]) -> None:
+    def __init__(
+        self,
+        fields: list[str],
+        expanded: list[list[int | str]],
+        walkers: tuple[croniter[datetime], ...],
+    ) -> None:
         self._has_seconds = len(fields) == 6
         self.unit = _SECOND if self._has_seconds else _MINUTE
         minutes, hours, doms, months, dows = expanded[:5]
-        # Vixie cron: when both day fields are restricted, a day matching either one is enough.
-        self._day_or = doms[0] != "*" and dows[0] != "*"
+        self._day_or = _days_ored(fields)
         self._minutes = _values(minutes, 0, 59)
         self._hours = _values(hours, 0, 23)
         self._seconds = _values(expanded[5], 0, 59) if self._has_seconds else (0,)
         self._months = _values(months, 1, 12)
         self._doms = frozenset(_values(doms, 1, 31))
         self._dows = frozenset(_values(dows, 0, 6))
-        self._croniter: croniter[datetime] | None = None
         self._lock = threading.Lock()
-        dom_text, dow_text = fields[-3].lower(), fields[-1].lower()
-        if "l" in dom_text or "w" in dom_text or "l" in dow_text or "#" in dow_text:
-            # L, W and # depend on the shape of each month; croniter walks those, one caller
-            # at a time since an instance keeps its position between calls.
-            self._croniter = croniter(
-                " ".join(fields),
-                _PROBE_START,
-                ret_type=datetime,
-                second_at_beginning=self._has_seconds,
-            )
+        # L, W and # depend on the shape of each month; croniter walks those, one caller at a
+        # time since an instance keeps its position between calls.
+        self._walkers = walkers if _month_shaped(fields) else ()
 
     def first_after(self, wall: datetime) -> datetime:
         """The first matching wall time strictly after ``wall``."""
         if self._has_seconds:
-            return self.first_at_or_after(wall.replace(microsecond=0) + _SECOND)
-        return self.first_at_or_after(wall.replace(second=0, microsecond=0) + _MINUTE)
+            return self._first_from(wall.replace(microsecond=0) + _SECOND)
+        return self._first_from(wall.replace(second=0, microsecond=0) + _MINUTE)
 
     def first_at_or_after(self, wall: datetime) -> datetime:
         """The first matching wall time at or after ``wall``."""
@@ -191,13 +203,16 @@ class _WallMatcher:
             start = wall.replace(second=0, microsecond=0)
         if start < wall:
             start += self.unit
-        if self._croniter is not None:
+        return self._first_from(start)
+
+    def _first_from(self, start: datetime) -> datetime:
+        # `start` is on a whole unit: the first matching wall time at or after it.
+        if self._walkers:
             # croniter answers "strictly after" and goes through float timestamps: asking from
             # half a unit before keeps the answer exact far from 1970.
+            since = start - self.unit / 2
             with self._lock:
-                found: datetime = self._croniter.get_next(
-                    datetime, start_time=start - self.unit / 2
-                )
+                found: datetime = min(w.get_next(datetime, start_time=since) for w in self._walkers)
             return found
         day = start.date()
         if self._day_matches(day):
@@ -257,6 +272,39 @@ class _WallMatcher:
         return hours[i], minutes[0], seconds[0]
 
 
+def _unrestricted(day_field: str) -> bool:
+    # crontab(5): a day field is restricted when it does not start with "*"; "?" reads as "*".
+    return day_field.startswith(("*", "?"))
+
+
+def _days_ored(fields: list[str]) -> bool:
+    """Vixie cron: a day matching either day field is enough when both are restricted.
+
+    Read from the raw text, as cron does: "*/7" is unrestricted (so it narrows the other field)
+    while "1-31" is restricted although it names every day.
+    """
+    return not _unrestricted(fields[-3]) and not _unrestricted(fields[-1])
+
+
+def _month_shaped(fields: list[str]) -> bool:
+    dom, dow = fields[-3].lower(), fields[-1].lower()
+    return "l" in dom or "w" in dom or "l" in dow or "#" in dow
+
+
+def _walk_exprs(fields: list[str]) -> tuple[str, ...]:
+    """Expressions whose matches, each an intersection of all fields, together make the schedule.
+
+    Two halves when the day fields are ORed: croniter intersects a ``#``, ``L`` or ``W`` day
+    with the other day field instead of adding to it, so each half is walked on its own.
+    """
+    if not _days_ored(fields):
+        return (" ".join(fields),)
+    return (
+        " ".join([*fields[:-1], "*"]),
+        " ".join([*fields[:-3], "*", *fields[-2:]]),
+    )
+
+
 def _values(expanded: list[int | str], low: int, high: int) -> tuple[int, ...]:
     if expanded[0] == "*":
         return tuple(range(low, high + 1))
@@ -278,11 +326,11 @@ class CronSchedule:
     _matcher: _WallMatcher = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        has_seconds, fields, expanded = _validate(self.expr)
+        has_seconds, fields, expanded, walkers = _validate(self.expr)
         hour_text = fields[2] if has_seconds else fields[1]
         object.__setattr__(self, "has_seconds", has_seconds)
         object.__setattr__(self, "wall_clock", not hour_text.startswith("*"))
-        object.__setattr__(self, "_matcher", _WallMatcher(fields, expanded))
+        object.__setattr__(self, "_matcher", _WallMatcher(fields, expanded, walkers))
 
 
 def parse(expr: str) -> CronSchedule:
@@ -308,7 +356,9 @@ def _not_a_string(expr: object) -> InvalidCronError:
     )
 
 
-def _validate(expr: object) -> tuple[bool, list[str], list[list[int | str]]]:
+def _validate(
+    expr: object,
+) -> tuple[bool, list[str], list[list[int | str]], tuple[croniter[datetime], ...]]:
     if not isinstance(expr, str):
         raise _not_a_string(expr)
     fields: list[str] = _FIELD_TOKEN.findall(expr)
@@ -343,29 +393,58 @@ def _validate(expr: object) -> tuple[bool, list[str], list[list[int | str]]]:
         expanded, _nth = croniter.expand(expr, second_at_beginning=has_seconds)
     except CroniterError as exc:
         raise _field_error(expr, fields, specs, exc) from exc
-    try:
-        croniter(
-            expr,
+    walkers = []
+    never: CroniterBadDateError | None = None
+    for walk in _walk_exprs(fields):
+        # day_or=False: each expression is an intersection; the ORed halves are separate ones.
+        walker = croniter(
+            walk,
             _PROBE_START,
             ret_type=datetime,
+            day_or=False,
             second_at_beginning=has_seconds,
             max_years_between_matches=_MATCH_HORIZON_YEARS,
-        ).get_next(datetime)
-    except CroniterBadDateError as exc:
-        dom, month, dow = fields[-3:]
-        days = "" if dow in ("*", "?") else f' on day-of-week "{dow}"'
-        raise InvalidCronError(
-            f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month '
-            f'"{month}"{days}',
-            fix='use a day that exists in that month, e.g. "0 0 28 2 *", or "0 0 L 2 *" for the '
-            "last day of February",
-            cause=exc,
-        ) from exc
-    except CroniterError as exc:
-        raise InvalidCronError(
-            f'cron "{expr}" is not a valid expression: {exc}', fix=_FIELD_COUNT_FIX, cause=exc
-        ) from exc
-    return has_seconds, fields, [list(values) for values in expanded]
+        )
+        try:
+            walker.get_next(datetime)
+        except CroniterBadDateError as exc:
+            # Under the OR rule a half that never matches adds no dates; the other may still.
+            never = exc
+            continue
+        except CroniterError as exc:
+            raise InvalidCronError(
+                f'cron "{expr}" is not a valid expression: {exc}', fix=_FIELD_COUNT_FIX, cause=exc
+            ) from exc
+        walkers.append(walker)
+    if not walkers:
+        raise _never_matches(expr, fields, never)
+    return has_seconds, fields, [list(values) for values in expanded], tuple(walkers)
+
+
+def _never_matches(expr: str, fields: list[str], cause: Exception | None) -> InvalidCronError:
+    dom, month, dow = fields[-3:]
+    fix = (
+        'use a day that exists in that month, e.g. "0 0 28 2 *", or "0 0 L 2 *" for the last '
+        "day of February"
+    )
+    if _days_ored(fields):
+        days = f', nor does any fall on day-of-week "{dow}"'
+    elif dow in ("*", "?"):
+        days = ""
+    else:
+        days = f' on day-of-week "{dow}"'
+        starred = dom if _unrestricted(dom) else dow
+        if starred not in ("*", "?"):
+            fix += (
+                f'; a day field starting with "*" (here "{starred}") must match as well: to run '
+                'when either day field matches, write it without the leading "*", e.g. "1-31/2" '
+                'rather than "*/2"'
+            )
+    return InvalidCronError(
+        f'cron "{expr}" can never match: no date has day-of-month "{dom}" in month "{month}"{days}',
+        fix=fix,
+        cause=cause,
+    )
 
 
 def _field_error(
@@ -406,13 +485,48 @@ def _field_problem(spec: _Field, token: str) -> str:
     )
 
 
-def next_occurrence(expr: str | CronSchedule, tz: str | ZoneInfo, after: datetime) -> datetime:
+def check_dst_options(dst_gap: object, dst_repeat: object, owner: str) -> tuple[DstGap, DstRepeat]:
+    """Return ``(dst_gap, dst_repeat)`` when both are valid; raises :class:`InvalidDstOptionError`.
+
+    ``owner`` names where the values came from (``'task "nightly"'``) for the message.
+    """
+    if not (isinstance(dst_gap, str) and dst_gap in _DST_GAPS):
+        raise InvalidDstOptionError(
+            f'{owner}: dst_gap must be "end-of-gap" or "skip", got {dst_gap!r}',
+            fix='use dst_gap="end-of-gap" (a time skipped by the clock change runs when the gap '
+            'ends, the default) or dst_gap="skip" (it does not run that day)',
+            cause=dst_gap,
+        )
+    if not (isinstance(dst_repeat, str) and dst_repeat in _DST_REPEATS):
+        raise InvalidDstOptionError(
+            f'{owner}: dst_repeat must be "first" or "both", got {dst_repeat!r}',
+            fix='use dst_repeat="first" (a time the clock change repeats runs once, at its first '
+            'pass, the default) or dst_repeat="both" (it runs at both passes)',
+            cause=dst_repeat,
+        )
+    return cast("DstGap", dst_gap), cast("DstRepeat", dst_repeat)
+
+
+def next_occurrence(
+    expr: str | CronSchedule,
+    tz: str | ZoneInfo,
+    after: datetime,
+    *,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
+) -> datetime:
     """The first occurrence strictly after the aware datetime ``after``, as an aware UTC datetime.
 
-    ``expr`` is read as wall-clock time in ``tz`` under the DST rule of this module. Raises
-    :class:`InvalidCronError` for a bad expression, ValueError/TypeError for a naive ``after``.
+    ``expr`` is read as wall-clock time in ``tz`` under the DST rule of this module;
+    ``dst_gap`` and ``dst_repeat`` choose it for wall-clock schedules and do nothing for
+    real-time ones. Raises :class:`InvalidCronError` for a bad expression,
+    :class:`InvalidDstOptionError` for a bad option, ValueError/TypeError for a naive ``after``.
     """
-    return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"))
+    if dst_gap == "end-of-gap" and dst_repeat == "first":
+        # The scheduler's hot path: the default rule, with no validation to pay for.
+        return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"), False, False)
+    skip, both = _dst_flags(dst_gap, dst_repeat, "next_occurrence")
+    return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"), skip, both)
 
 
 def occurrences(
@@ -420,6 +534,9 @@ def occurrences(
     tz: str | ZoneInfo,
     after: datetime,
     until: datetime | None = None,
+    *,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> Iterator[datetime]:
     """Successive occurrences strictly after ``after`` and up to ``until`` inclusive.
 
@@ -427,7 +544,8 @@ def occurrences(
     """
     schedule, zone, start = _schedule(expr), _zone(tz), _as_utc(after, "after")
     end = None if until is None else _as_utc(until, "until")
-    return _iterate(schedule, zone, start, end)
+    skip, both = _dst_flags(dst_gap, dst_repeat, "occurrences")
+    return _iterate(schedule, zone, start, end, skip, both)
 
 
 def between(
@@ -438,6 +556,8 @@ def between(
     limit: int | None = None,
     *,
     keep: Literal["earliest", "latest"] = "earliest",
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> list[datetime]:
     """Occurrences ``o`` with ``start_exclusive < o <= end_inclusive``, in ascending order.
 
@@ -454,13 +574,14 @@ def between(
         raise ValueError(f"limit must not be negative, got {limit}")
     if keep not in ("earliest", "latest"):
         raise ValueError(f'keep must be "earliest" or "latest", got {keep!r}')
+    skip, both = _dst_flags(dst_gap, dst_repeat, "between")
     if limit == 0 or end <= start:
         return []
     if limit is None:
-        return list(_iterate(schedule, zone, start, end))
+        return list(_iterate(schedule, zone, start, end, skip, both))
     if keep == "earliest":
         found: list[datetime] = []
-        for occurrence in _iterate(schedule, zone, start, end):
+        for occurrence in _iterate(schedule, zone, start, end, skip, both):
             found.append(occurrence)
             if len(found) == limit:
                 break
@@ -469,29 +590,38 @@ def between(
     window = schedule._matcher.unit * limit
     while True:
         low = max(start, end - window)
-        found = list(_iterate(schedule, zone, low, end))
+        found = list(_iterate(schedule, zone, low, end, skip, both))
         if len(found) >= limit or low == start:
             return found[-limit:]
         window *= 2
 
 
 def describe_occurrence(
-    expr: str | CronSchedule, tz: str | ZoneInfo, occurrence: datetime
+    expr: str | CronSchedule,
+    tz: str | ZoneInfo,
+    occurrence: datetime,
+    *,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> OccurrenceKind:
     """How the DST rule placed ``occurrence``, for admin previews.
 
     - ``"normal"``: the local wall time at that instant is one the expression names, and it
       occurs once;
     - ``"gap-shifted"``: a wall-clock slot that fell in a DST gap, fired at the gap's end (the
-      local wall time there is not itself one the expression names);
+      local wall time there is not itself one the expression names); never under
+      ``dst_gap="skip"``;
     - ``"repeated-first"``: the local wall time occurs twice and this is the first pass;
-    - ``"repeated"``: the second pass of a repeated wall time (real-time schedules only).
+    - ``"repeated"``: the second pass of a repeated wall time (real-time schedules, and
+      wall-clock ones under ``dst_repeat="both"``).
 
-    Raises ValueError when ``occurrence`` is not an occurrence of the schedule.
+    Raises ValueError when ``occurrence`` is not an occurrence of the schedule under the
+    options given.
     """
     schedule, zone = _schedule(expr), _zone(tz)
     instant = _as_utc(occurrence, "occurrence")
-    if _next(schedule, zone, instant - _MICROSECOND) != instant:
+    skip, both = _dst_flags(dst_gap, dst_repeat, "describe_occurrence")
+    if _next(schedule, zone, instant - _MICROSECOND, skip, both) != instant:
         raise ValueError(
             f"{instant.isoformat()} is not an occurrence of cron {schedule.expr!r} in {zone}"
         )
@@ -503,6 +633,12 @@ def describe_occurrence(
     if schedule.wall_clock and not schedule._matcher.matches(local.replace(tzinfo=None)):
         return "gap-shifted"
     return "normal"
+
+
+def _dst_flags(dst_gap: object, dst_repeat: object, owner: str) -> tuple[bool, bool]:
+    """``(skip gaps, fire both passes)`` for valid options."""
+    gap, repeat = check_dst_options(dst_gap, dst_repeat, owner)
+    return gap == "skip", repeat == "both"
 
 
 def _schedule(expr: str | CronSchedule) -> CronSchedule:
@@ -529,25 +665,46 @@ def _as_utc(value: datetime, name: str) -> datetime:
 
 
 def _iterate(
-    schedule: CronSchedule, zone: ZoneInfo, after: datetime, until: datetime | None
+    schedule: CronSchedule,
+    zone: ZoneInfo,
+    after: datetime,
+    until: datetime | None,
+    skip_gaps: bool,
+    both_passes: bool,
 ) -> Iterator[datetime]:
     while True:
-        after = _next(schedule, zone, after)
+        after = _next(schedule, zone, after, skip_gaps, both_passes)
         if until is not None and after > until:
             return
         yield after
 
 
-def _next(schedule: CronSchedule, zone: ZoneInfo, after: datetime) -> datetime:
+def _next(
+    schedule: CronSchedule, zone: ZoneInfo, after: datetime, skip_gaps: bool, both_passes: bool
+) -> datetime:
     if schedule.wall_clock:
-        return _next_wall_clock(schedule._matcher, zone, after)
+        return _next_wall_clock(schedule._matcher, zone, after, skip_gaps, both_passes)
     return _next_real_time(schedule._matcher, zone, after)
 
 
-def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> datetime:
+def _next_wall_clock(
+    matcher: _WallMatcher, zone: ZoneInfo, after: datetime, skip_gaps: bool, both_passes: bool
+) -> datetime:
     # Each slot maps to one instant and that mapping never goes backwards, so every slot at or
     # before after's local wall time maps at or before `after`: start the walk just past it.
-    wall = matcher.first_after(after.astimezone(zone).replace(tzinfo=None))
+    local = after.astimezone(zone)
+    wall = matcher.first_after(local.replace(tzinfo=None))
+    if both_passes and local.fold == 0 and local.replace(fold=1).utcoffset() != local.utcoffset():
+        # `after` is in the first pass of a repeated window. Every first pass comes before every
+        # second pass, so with no slot left in this first pass the answer is the second pass
+        # of the window's earliest slot.
+        change = _offset_change(zone, after, local.replace(fold=1).astimezone(UTC))
+        window_start = _wall(change, _offset_at(zone, change))
+        window_end = _wall(change, _offset_at(zone, after))
+        if wall >= window_end:
+            again = matcher.first_at_or_after(window_start)
+            if again < window_end:
+                return again.replace(tzinfo=zone, fold=1).astimezone(UTC)
     while True:
         first = wall.replace(tzinfo=zone).astimezone(UTC)
         second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
@@ -558,6 +715,8 @@ def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> 
             # `after` is in the second pass; jump past the repeated window in one go.
             if first > after:
                 return first
+            if both_passes and second > after:
+                return second
             end = _offset_change(zone, first, second)
             wall = matcher.first_at_or_after(_wall(end, _offset_at(zone, first)))
             continue
@@ -571,6 +730,9 @@ def _next_wall_clock(matcher: _WallMatcher, zone: ZoneInfo, after: datetime) -> 
             if gap_start <= day and day + _DAY <= gap_end:
                 # This local date never existed (Pacific/Apia, 2011-12-30): no slots at all.
                 wall = matcher.first_at_or_after(day + _DAY)
+                continue
+            if skip_gaps:
+                wall = matcher.first_at_or_after(gap_end)
                 continue
             instant = end
         if instant > after:

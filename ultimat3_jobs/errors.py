@@ -67,6 +67,12 @@ class InvalidCatchUpError(UltimateError):
     code = "jobs.task.catch-up-invalid"
 
 
+class InvalidDstOptionError(UltimateError):
+    """``dst_gap`` is not end-of-gap or skip, or ``dst_repeat`` is not first or both."""
+
+    code = "jobs.task.dst-option-invalid"
+
+
 class InvalidJobInputError(UltimateError):
     """Job input that is not a JSON-serialisable dict of keyword arguments."""
 

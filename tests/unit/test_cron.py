@@ -311,6 +311,8 @@ def test_cron_schedule__constructor_validates() -> None:
 
 
 # --- day-of-month / day-of-week (Vixie cron) -------------------------------------------------
+# crontab(5): a day field is restricted when its text does not start with "*". When both are
+# restricted a day matching either is enough; otherwise both must match.
 
 
 def test_next_occurrence__dom_and_dow_both_restricted_match_either() -> None:
@@ -336,6 +338,225 @@ def test_next_occurrence__only_dom_restricted() -> None:
         "2026-04-13T09:00:00Z",
         "2026-05-13T09:00:00Z",
     ]
+
+
+@pytest.mark.parametrize(
+    ("expr", "after", "expected"),
+    [
+        # The published case: */7 is Sunday (0 and 7) and starts with "*", so it narrows 1-7
+        # to the first Sunday of each month (2020-01-01 is a Wednesday).
+        pytest.param(
+            "1 1 1-7 * */7",
+            "2020-01-01T00:00:00",
+            ["2020-01-05T01:01:00Z", "2020-02-02T01:01:00Z", "2020-03-01T01:01:00Z"],
+            id="first_sunday_dow_step_starts_with_star",
+        ),
+        # Odd days that are Mondays (2026-01-05, -19, 02-09, 02-23); not odd days or Mondays.
+        pytest.param(
+            "0 0 */2 * 1",
+            "2026-01-01T00:00:00",
+            [
+                "2026-01-05T00:00:00Z",
+                "2026-01-19T00:00:00Z",
+                "2026-02-09T00:00:00Z",
+                "2026-02-23T00:00:00Z",
+            ],
+            id="odd_mondays_dom_step_starts_with_star",
+        ),
+        # The 1st when it falls on Sun, Tue, Thu or Sat: 2026-01-01 Thu, 02-01 Sun, 03-01 Sun,
+        # then April to July start on Wed, Fri, Mon, Wed, and 08-01 is a Saturday.
+        pytest.param(
+            "0 0 1 * */2",
+            "2025-12-31T12:00:00",
+            [
+                "2026-01-01T00:00:00Z",
+                "2026-02-01T00:00:00Z",
+                "2026-03-01T00:00:00Z",
+                "2026-08-01T00:00:00Z",
+            ],
+            id="first_of_month_on_even_dow",
+        ),
+        # Both start with "*": still both must match, days 1, 11, 21, 31 on a weekend.
+        pytest.param(
+            "0 0 */10 * */6",
+            "2026-01-01T00:00:00",
+            [
+                "2026-01-11T00:00:00Z",
+                "2026-01-31T00:00:00Z",
+                "2026-02-01T00:00:00Z",
+                "2026-02-21T00:00:00Z",
+                "2026-03-01T00:00:00Z",
+                "2026-03-21T00:00:00Z",
+            ],
+            id="both_start_with_star_and",
+        ),
+        # */1 names every day but starts with "*": Mondays only.
+        pytest.param(
+            "0 0 */1 * 1",
+            "2026-01-01T00:00:00",
+            ["2026-01-05T00:00:00Z", "2026-01-12T00:00:00Z", "2026-01-19T00:00:00Z"],
+            id="dom_star_step_1_is_unrestricted",
+        ),
+        # 1-31 names every day and does not start with "*": every day, not only Mondays.
+        pytest.param(
+            "0 0 1-31 * 1",
+            "2026-01-01T00:00:00",
+            ["2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z", "2026-01-04T00:00:00Z"],
+            id="dom_full_range_is_restricted",
+        ),
+        pytest.param(
+            "0 0 13 * 0-6",
+            "2026-01-01T00:00:00",
+            ["2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z", "2026-01-04T00:00:00Z"],
+            id="dow_full_range_is_restricted",
+        ),
+        # Only the first character counts: "1,*/10" is restricted, so 1, 11, 21, 31 or Monday.
+        pytest.param(
+            "0 0 1,*/10 * 1",
+            "2026-01-01T00:00:00",
+            [
+                "2026-01-05T00:00:00Z",
+                "2026-01-11T00:00:00Z",
+                "2026-01-12T00:00:00Z",
+                "2026-01-19T00:00:00Z",
+                "2026-01-21T00:00:00Z",
+            ],
+            id="list_starting_with_a_number_is_restricted",
+        ),
+        # "?" reads as "*": weekends only.
+        pytest.param(
+            "0 9 ? * SAT-SUN",
+            "2026-02-01T12:00:00",
+            ["2026-02-07T09:00:00Z", "2026-02-08T09:00:00Z", "2026-02-14T09:00:00Z"],
+            id="question_mark_is_unrestricted",
+        ),
+        # Under OR a side that never matches adds nothing: Mondays of February.
+        pytest.param(
+            "0 0 30 2 1",
+            "2026-01-01T00:00:00",
+            ["2026-02-02T00:00:00Z", "2026-02-09T00:00:00Z", "2026-02-16T00:00:00Z"],
+            id="or_with_an_impossible_day_of_month",
+        ),
+    ],
+)
+def test_next_occurrence__vixie_day_rule_reads_the_raw_text(
+    expr: str, after: str, expected: list[str]
+) -> None:
+    assert first(expr, after, len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "after", "expected"),
+    [
+        # The 1st, and the 4th Monday (2026-01-26, 02-23, 03-23).
+        pytest.param(
+            "0 0 1 * MON#4",
+            "2025-12-31T12:00:00",
+            [
+                "2026-01-01T00:00:00Z",
+                "2026-01-26T00:00:00Z",
+                "2026-02-01T00:00:00Z",
+                "2026-02-23T00:00:00Z",
+                "2026-03-01T00:00:00Z",
+                "2026-03-23T00:00:00Z",
+            ],
+            id="first_or_fourth_monday",
+        ),
+        # The 15th, and the last Friday (2026-01-30, 02-27, 03-27).
+        pytest.param(
+            "0 0 15 * L5",
+            "2026-01-01T00:00:00",
+            [
+                "2026-01-15T00:00:00Z",
+                "2026-01-30T00:00:00Z",
+                "2026-02-15T00:00:00Z",
+                "2026-02-27T00:00:00Z",
+                "2026-03-15T00:00:00Z",
+                "2026-03-27T00:00:00Z",
+            ],
+            id="fifteenth_or_last_friday",
+        ),
+        # The 8th is never a second Monday's only chance: both fire (2026-01-12, 02-09).
+        pytest.param(
+            "0 0 8 * MON#2",
+            "2026-01-01T00:00:00",
+            [
+                "2026-01-08T00:00:00Z",
+                "2026-01-12T00:00:00Z",
+                "2026-02-08T00:00:00Z",
+                "2026-02-09T00:00:00Z",
+            ],
+            id="eighth_or_second_monday",
+        ),
+        # The weekday nearest the 15th (Thu 2026-01-15, Mon 02-16), or any Monday.
+        pytest.param(
+            "0 0 15W * 1",
+            "2026-01-01T00:00:00",
+            [
+                "2026-01-05T00:00:00Z",
+                "2026-01-12T00:00:00Z",
+                "2026-01-15T00:00:00Z",
+                "2026-01-19T00:00:00Z",
+                "2026-01-26T00:00:00Z",
+                "2026-02-02T00:00:00Z",
+                "2026-02-09T00:00:00Z",
+                "2026-02-16T00:00:00Z",
+            ],
+            id="nearest_weekday_or_monday",
+        ),
+        # The last day (Sat 2026-01-31, Sat 02-28) or a Friday.
+        pytest.param(
+            "0 0 L * 5",
+            "2026-01-20T00:00:00",
+            [
+                "2026-01-23T00:00:00Z",
+                "2026-01-30T00:00:00Z",
+                "2026-01-31T00:00:00Z",
+                "2026-02-06T00:00:00Z",
+            ],
+            id="last_day_or_friday",
+        ),
+        # February never has a 31st: the 4th Monday of February alone.
+        pytest.param(
+            "0 0 31 2 MON#4",
+            "2026-01-01T00:00:00",
+            ["2026-02-23T00:00:00Z", "2027-02-22T00:00:00Z"],
+            id="impossible_day_or_fourth_monday",
+        ),
+        # */2 starts with "*": odd days that are a 4th Monday (2020-02-24 is even).
+        pytest.param(
+            "0 0 */2 * MON#4",
+            "2020-01-01T00:00:00",
+            [
+                "2020-01-27T00:00:00Z",
+                "2020-03-23T00:00:00Z",
+                "2020-04-27T00:00:00Z",
+                "2020-05-25T00:00:00Z",
+            ],
+            id="odd_day_and_fourth_monday",
+        ),
+        pytest.param(
+            "30 0 0 1 * MON#4",
+            "2025-12-31T12:00:00",
+            ["2026-01-01T00:00:30Z", "2026-01-26T00:00:30Z", "2026-02-01T00:00:30Z"],
+            id="with_seconds_first_or_fourth_monday",
+        ),
+    ],
+)
+def test_next_occurrence__month_shaped_day_with_a_restricted_other_day(
+    expr: str, after: str, expected: list[str]
+) -> None:
+    assert first(expr, after, len(expected)) == expected
+
+
+def test_parse__and_by_a_leading_star_that_never_matches_says_why() -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse("0 0 31 2 */7")
+    assert caught.value.message == (
+        'cron "0 0 31 2 */7" can never match: no date has day-of-month "31" in month "2" on '
+        'day-of-week "*/7"'
+    )
+    assert 'a day field starting with "*" (here "*/7") must match as well' in caught.value.fix
 
 
 @pytest.mark.parametrize(

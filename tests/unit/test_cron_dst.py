@@ -17,7 +17,9 @@ Transitions used (checked against the tz database):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -25,10 +27,12 @@ import pytest
 from ultimat3_jobs.cron import (
     OccurrenceKind,
     between,
+    check_dst_options,
     describe_occurrence,
     next_occurrence,
     occurrences,
 )
+from ultimat3_jobs.errors import InvalidDstOptionError
 
 NEW_YORK = ZoneInfo("America/New_York")
 
@@ -596,3 +600,525 @@ def test_describe_occurrence(expr: str, tz: str, occurrence: str, kind: Occurren
 def test_describe_occurrence__refuses_a_non_occurrence(expr: str, occurrence: str) -> None:
     with pytest.raises(ValueError, match="not an occurrence"):
         describe_occurrence(expr, "America/New_York", utc(occurrence))
+
+
+# --- per-task DST options for wall-clock schedules -------------------------------------------
+# dst_gap="skip": a slot inside a gap does not fire that day. dst_repeat="both": a repeated slot
+# fires at both of its instants. Real-time schedules ignore both.
+
+OPTION_CASES = [
+    # --- New York ------------------------------------------------------------------------------
+    pytest.param(
+        "30 2 * * *",
+        "America/New_York",
+        "2026-03-07T00:00:00Z",
+        {"dst_gap": "skip"},
+        ["2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"],
+        id="ny_spring_gap_0230_skip",
+    ),
+    pytest.param(
+        "0,15,30,45 2 * * *",
+        "America/New_York",
+        "2026-03-07T00:00:00Z",
+        {"dst_gap": "skip"},
+        [
+            "2026-03-07T07:00:00Z",
+            "2026-03-07T07:15:00Z",
+            "2026-03-07T07:30:00Z",
+            "2026-03-07T07:45:00Z",
+            "2026-03-09T06:00:00Z",
+        ],
+        id="ny_spring_four_slots_in_gap_skip",
+    ),
+    pytest.param(
+        # 03:00 EDT is a slot of its own: skipping 02:00 does not drop it.
+        "0 1-3 * * *",
+        "America/New_York",
+        "2026-03-08T00:00:00Z",
+        {"dst_gap": "skip"},
+        ["2026-03-08T06:00:00Z", "2026-03-08T07:00:00Z", "2026-03-09T05:00:00Z"],
+        id="ny_spring_gap_end_slot_kept_under_skip",
+    ),
+    pytest.param(
+        "30 1 * * *",
+        "America/New_York",
+        "2026-10-31T00:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-10-31T05:30:00Z",
+            "2026-11-01T05:30:00Z",
+            "2026-11-01T06:30:00Z",
+            "2026-11-02T06:30:00Z",
+        ],
+        id="ny_fall_repeat_0130_both",
+    ),
+    pytest.param(
+        # Every first pass comes before every second pass: 01:00, 01:20, 01:40 EDT, then EST.
+        "*/20 1 * * *",
+        "America/New_York",
+        "2026-11-01T00:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-11-01T05:00:00Z",
+            "2026-11-01T05:20:00Z",
+            "2026-11-01T05:40:00Z",
+            "2026-11-01T06:00:00Z",
+            "2026-11-01T06:20:00Z",
+            "2026-11-01T06:40:00Z",
+            "2026-11-02T06:00:00Z",
+        ],
+        id="ny_fall_every_20_in_hour_1_both",
+    ),
+    pytest.param(
+        # 02:00 is not repeated (the window is 01:00-02:00): it fires once, at 02:00 EST.
+        "0 1-2 * * *",
+        "America/New_York",
+        "2026-11-01T00:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-11-01T05:00:00Z",
+            "2026-11-01T06:00:00Z",
+            "2026-11-01T07:00:00Z",
+            "2026-11-02T06:00:00Z",
+        ],
+        id="ny_fall_wall_range_both",
+    ),
+    pytest.param(
+        # After the last first-pass slot, the second pass of the same slot is next.
+        "30 1 * * *",
+        "America/New_York",
+        "2026-11-01T05:31:00Z",
+        {"dst_repeat": "both"},
+        ["2026-11-01T06:30:00Z", "2026-11-02T06:30:00Z"],
+        id="ny_after_in_first_pass_past_the_last_slot_both",
+    ),
+    pytest.param(
+        # 01:45 EDT: no first-pass slot left, so 01:00 EST is next.
+        "*/20 1 * * *",
+        "America/New_York",
+        "2026-11-01T05:45:00Z",
+        {"dst_repeat": "both"},
+        ["2026-11-01T06:00:00Z", "2026-11-01T06:20:00Z"],
+        id="ny_after_in_first_pass_both",
+    ),
+    pytest.param(
+        "*/20 1 * * *",
+        "America/New_York",
+        "2026-11-01T06:10:00Z",
+        {"dst_repeat": "both"},
+        ["2026-11-01T06:20:00Z", "2026-11-01T06:40:00Z", "2026-11-02T06:00:00Z"],
+        id="ny_after_in_second_pass_both",
+    ),
+    pytest.param(
+        "*/30 59 1 * * *",
+        "America/New_York",
+        "2026-11-01T05:59:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-11-01T05:59:30Z",
+            "2026-11-01T06:59:00Z",
+            "2026-11-01T06:59:30Z",
+            "2026-11-02T06:59:00Z",
+        ],
+        id="ny_fall_seconds_both",
+    ),
+    pytest.param(
+        "30 1,2 * * *",
+        "America/New_York",
+        "2026-03-07T12:00:00Z",
+        {"dst_gap": "skip", "dst_repeat": "both"},
+        ["2026-03-08T06:30:00Z", "2026-03-09T05:30:00Z", "2026-03-09T06:30:00Z"],
+        id="ny_spring_skip_with_both",
+    ),
+    pytest.param(
+        "0 * * * *",
+        "America/New_York",
+        "2026-11-01T03:30:00Z",
+        {"dst_repeat": "first"},
+        [
+            "2026-11-01T04:00:00Z",
+            "2026-11-01T05:00:00Z",
+            "2026-11-01T06:00:00Z",
+            "2026-11-01T07:00:00Z",
+        ],
+        id="ny_fall_real_time_ignores_first",
+    ),
+    pytest.param(
+        "*/15 * * * *",
+        "America/New_York",
+        "2026-03-08T06:40:00Z",
+        {"dst_gap": "skip"},
+        ["2026-03-08T06:45:00Z", "2026-03-08T07:00:00Z", "2026-03-08T07:15:00Z"],
+        id="ny_spring_real_time_ignores_skip",
+    ),
+    pytest.param(
+        # 1883-11-18: 12:03:58 mean time -> 12:00:00 EST, so 12:00-12:03 pass twice.
+        "* 12 18 11 *",
+        "America/New_York",
+        "1883-11-18T16:55:00Z",
+        {"dst_repeat": "both"},
+        [
+            "1883-11-18T16:56:02Z",
+            "1883-11-18T16:57:02Z",
+            "1883-11-18T16:58:02Z",
+            "1883-11-18T16:59:02Z",
+            "1883-11-18T17:00:00Z",
+            "1883-11-18T17:01:00Z",
+            "1883-11-18T17:02:00Z",
+            "1883-11-18T17:03:00Z",
+            "1883-11-18T17:04:00Z",
+        ],
+        id="ny_1883_four_minute_repeat_both",
+    ),
+    # --- Europe/London -------------------------------------------------------------------------
+    pytest.param(
+        "30 1 * * *",
+        "Europe/London",
+        "2026-03-28T00:00:00Z",
+        {"dst_gap": "skip"},
+        ["2026-03-28T01:30:00Z", "2026-03-30T00:30:00Z"],
+        id="london_spring_gap_0130_skip",
+    ),
+    pytest.param(
+        "30 1 * * *",
+        "Europe/London",
+        "2026-10-24T00:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-10-24T00:30:00Z",
+            "2026-10-25T00:30:00Z",
+            "2026-10-25T01:30:00Z",
+            "2026-10-26T01:30:00Z",
+        ],
+        id="london_fall_repeat_0130_both",
+    ),
+    pytest.param(
+        "*/30 * * * *",
+        "Europe/London",
+        "2026-10-25T00:00:00Z",
+        {"dst_repeat": "first"},
+        [
+            "2026-10-25T00:30:00Z",
+            "2026-10-25T01:00:00Z",
+            "2026-10-25T01:30:00Z",
+            "2026-10-25T02:00:00Z",
+        ],
+        id="london_fall_real_time_ignores_first",
+    ),
+    # --- Australia/Lord_Howe: 30-minute DST ----------------------------------------------------
+    pytest.param(
+        # 01:45 on 04-05 is 14:45Z at +11 and 15:15Z at +10:30.
+        "45 1 * * *",
+        "Australia/Lord_Howe",
+        "2026-04-03T00:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-04-03T14:45:00Z",
+            "2026-04-04T14:45:00Z",
+            "2026-04-04T15:15:00Z",
+            "2026-04-05T15:15:00Z",
+        ],
+        id="lord_howe_april_repeat_both",
+    ),
+    pytest.param(
+        # 02:15 on 10-04 does not exist (02:00-02:30 is skipped).
+        "15 2 * * *",
+        "Australia/Lord_Howe",
+        "2026-10-02T00:00:00Z",
+        {"dst_gap": "skip"},
+        ["2026-10-02T15:45:00Z", "2026-10-04T15:15:00Z"],
+        id="lord_howe_october_gap_skip",
+    ),
+    pytest.param(
+        # 02:00 and 02:15 are skipped; 02:30, the gap end, is a slot of its own.
+        "0,15,30 2 * * *",
+        "Australia/Lord_Howe",
+        "2026-10-03T12:00:00Z",
+        {"dst_gap": "skip"},
+        ["2026-10-03T15:30:00Z", "2026-10-04T15:00:00Z", "2026-10-04T15:15:00Z"],
+        id="lord_howe_october_gap_end_slot_kept_under_skip",
+    ),
+    # --- America/Santiago: DST changes at midnight ---------------------------------------------
+    pytest.param(
+        "0 0 * * *",
+        "America/Santiago",
+        "2026-09-04T12:00:00Z",
+        {"dst_gap": "skip"},
+        ["2026-09-05T04:00:00Z", "2026-09-07T03:00:00Z"],
+        id="santiago_spring_midnight_skip",
+    ),
+    pytest.param(
+        "30 23 * * *",
+        "America/Santiago",
+        "2026-04-03T12:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-04-04T02:30:00Z",
+            "2026-04-05T02:30:00Z",
+            "2026-04-05T03:30:00Z",
+            "2026-04-06T03:30:00Z",
+        ],
+        id="santiago_autumn_repeat_2330_both",
+    ),
+    pytest.param(
+        "0,30 23 * * *",
+        "America/Santiago",
+        "2026-04-05T01:00:00Z",
+        {"dst_repeat": "both"},
+        [
+            "2026-04-05T02:00:00Z",
+            "2026-04-05T02:30:00Z",
+            "2026-04-05T03:00:00Z",
+            "2026-04-05T03:30:00Z",
+            "2026-04-06T03:00:00Z",
+        ],
+        id="santiago_autumn_two_slots_both",
+    ),
+    pytest.param(
+        # The repeated window is 23:00-00:00: midnight itself passes once.
+        "0 0 * * *",
+        "America/Santiago",
+        "2026-04-03T12:00:00Z",
+        {"dst_repeat": "both"},
+        ["2026-04-04T03:00:00Z", "2026-04-05T04:00:00Z", "2026-04-06T04:00:00Z"],
+        id="santiago_autumn_midnight_once_under_both",
+    ),
+    # --- America/Havana: 00:00-01:00 passes twice on 2026-11-01 --------------------------------
+    pytest.param(
+        "30 0 * * *",
+        "America/Havana",
+        "2026-10-31T12:00:00Z",
+        {"dst_repeat": "both"},
+        ["2026-11-01T04:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T05:30:00Z"],
+        id="havana_fall_repeat_0030_both",
+    ),
+    # --- Pacific/Apia: a date that never existed has no slots to skip or shift -----------------
+    pytest.param(
+        "0 3 * * *",
+        "Pacific/Apia",
+        "2011-12-28T00:00:00Z",
+        {"dst_gap": "skip"},
+        [
+            "2011-12-28T13:00:00Z",
+            "2011-12-29T13:00:00Z",
+            "2011-12-30T13:00:00Z",
+            "2011-12-31T13:00:00Z",
+        ],
+        id="apia_missing_day_skip",
+    ),
+]
+
+
+@pytest.mark.parametrize(("expr", "tz", "after", "options", "expected"), OPTION_CASES)
+def test_occurrences__dst_options(
+    expr: str, tz: str, after: str, options: dict[str, Any], expected: list[str]
+) -> None:
+    found = []
+    for occurrence in occurrences(expr, tz, utc(after), **options):
+        found.append(occurrence)
+        if len(found) == len(expected):
+            break
+    assert iso(found) == expected
+    assert iso([next_occurrence(expr, tz, utc(after), **options)]) == expected[:1]
+
+
+def test_between__latest_across_a_repeated_hour_under_both() -> None:
+    found = between(
+        "30 1 * * *",
+        "America/New_York",
+        utc("2026-10-30T00:00:00Z"),
+        utc("2026-11-01T07:00:00Z"),
+        limit=2,
+        keep="latest",
+        dst_repeat="both",
+    )
+    assert iso(found) == ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "occurrence", "options", "kind"),
+    [
+        pytest.param(
+            "30 1 * * *",
+            "America/New_York",
+            "2026-11-01T05:30:00Z",
+            {"dst_repeat": "both"},
+            "repeated-first",
+            id="ny_first_pass_both",
+        ),
+        pytest.param(
+            "30 1 * * *",
+            "America/New_York",
+            "2026-11-01T06:30:00Z",
+            {"dst_repeat": "both"},
+            "repeated",
+            id="ny_second_pass_both",
+        ),
+        pytest.param(
+            "0 2,3 * * *",
+            "America/New_York",
+            "2026-03-08T07:00:00Z",
+            {"dst_gap": "skip"},
+            "normal",
+            id="ny_gap_end_slot_skip",
+        ),
+        pytest.param(
+            "45 1 * * *",
+            "Australia/Lord_Howe",
+            "2026-04-04T15:15:00Z",
+            {"dst_repeat": "both"},
+            "repeated",
+            id="lord_howe_second_pass_both",
+        ),
+        pytest.param(
+            "30 23 * * *",
+            "America/Santiago",
+            "2026-04-05T03:30:00Z",
+            {"dst_repeat": "both"},
+            "repeated",
+            id="santiago_second_pass_both",
+        ),
+        pytest.param(
+            "30 1 * * *",
+            "Europe/London",
+            "2026-03-29T01:00:00Z",
+            {"dst_gap": "end-of-gap"},
+            "gap-shifted",
+            id="london_gap_end_of_gap",
+        ),
+    ],
+)
+def test_describe_occurrence__under_dst_options(
+    expr: str, tz: str, occurrence: str, options: dict[str, Any], kind: OccurrenceKind
+) -> None:
+    assert describe_occurrence(expr, tz, utc(occurrence), **options) == kind
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "occurrence", "options"),
+    [
+        pytest.param(
+            "30 2 * * *",
+            "America/New_York",
+            "2026-03-08T07:00:00Z",
+            {"dst_gap": "skip"},
+            id="ny_gap_end_skip",
+        ),
+        pytest.param(
+            "0 0 * * *",
+            "America/Santiago",
+            "2026-09-06T04:00:00Z",
+            {"dst_gap": "skip"},
+            id="santiago_midnight_skip",
+        ),
+        pytest.param(
+            "45 1 * * *",
+            "Australia/Lord_Howe",
+            "2026-04-04T15:15:00Z",
+            {"dst_repeat": "first"},
+            id="lord_howe_second_pass_first",
+        ),
+    ],
+)
+def test_describe_occurrence__refuses_what_the_options_do_not_fire(
+    expr: str, tz: str, occurrence: str, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ValueError, match="not an occurrence"):
+        describe_occurrence(expr, tz, utc(occurrence), **options)
+
+
+# --- refusing bad DST options ----------------------------------------------------------------
+
+
+def test_check_dst_options__returns_valid_values() -> None:
+    assert check_dst_options("skip", "both", 'task "nightly"') == ("skip", "both")
+    assert check_dst_options("end-of-gap", "first", 'task "nightly"') == ("end-of-gap", "first")
+
+
+@pytest.mark.parametrize(
+    ("dst_gap", "dst_repeat", "message", "fix_start"),
+    [
+        pytest.param(
+            "end_of_gap",
+            "first",
+            'task "nightly": dst_gap must be "end-of-gap" or "skip", got \'end_of_gap\'',
+            'use dst_gap="end-of-gap"',
+            id="gap_underscore",
+        ),
+        pytest.param(
+            "Skip",
+            "first",
+            'task "nightly": dst_gap must be "end-of-gap" or "skip", got \'Skip\'',
+            'use dst_gap="end-of-gap"',
+            id="gap_capitalised",
+        ),
+        pytest.param(
+            None,
+            "first",
+            'task "nightly": dst_gap must be "end-of-gap" or "skip", got None',
+            'use dst_gap="end-of-gap"',
+            id="gap_none",
+        ),
+        pytest.param(
+            "skip",
+            "twice",
+            'task "nightly": dst_repeat must be "first" or "both", got \'twice\'',
+            'use dst_repeat="first"',
+            id="repeat_twice",
+        ),
+        pytest.param(
+            "skip",
+            True,
+            'task "nightly": dst_repeat must be "first" or "both", got True',
+            'use dst_repeat="first"',
+            id="repeat_bool",
+        ),
+    ],
+)
+def test_check_dst_options__refuses_bad_values(
+    dst_gap: object, dst_repeat: object, message: str, fix_start: str
+) -> None:
+    with pytest.raises(InvalidDstOptionError) as caught:
+        check_dst_options(dst_gap, dst_repeat, 'task "nightly"')
+    error = caught.value
+    assert error.message == message
+    assert error.code == "jobs.task.dst-option-invalid"
+    assert error.fix.startswith(fix_start)
+    assert error.cause in (dst_gap, dst_repeat)
+
+
+AFTER = utc("2026-03-07T00:00:00Z")
+UNTIL = utc("2026-03-09T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(
+            lambda **o: next_occurrence("30 2 * * *", NEW_YORK, AFTER, **o), id="next_occurrence"
+        ),
+        pytest.param(lambda **o: occurrences("30 2 * * *", NEW_YORK, AFTER, **o), id="occurrences"),
+        pytest.param(lambda **o: between("30 2 * * *", NEW_YORK, AFTER, UNTIL, **o), id="between"),
+        pytest.param(
+            lambda **o: describe_occurrence("30 2 * * *", NEW_YORK, UNTIL, **o),
+            id="describe_occurrence",
+        ),
+        # Refused for a real-time schedule too, where the options would have no effect.
+        pytest.param(
+            lambda **o: next_occurrence("0 * * * *", NEW_YORK, AFTER, **o), id="real_time"
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"dst_gap": "later"}, id="gap"),
+        pytest.param({"dst_repeat": "twice"}, id="repeat"),
+    ],
+)
+def test_next_occurrence__refuses_bad_dst_options(
+    call: Callable[..., object], options: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidDstOptionError) as caught:
+        call(**options)
+    assert caught.value.code == "jobs.task.dst-option-invalid"

@@ -1,7 +1,8 @@
 """Properties of ``ultimat3_jobs.cron`` over random expressions and instants near real transitions.
 
 The checks do not trust the module: they match wall times with a small matcher of their own
-(built from ``croniter.expand`` sets) and derive the expected firings from SPEC §3 by brute force.
+(built from ``croniter.expand`` sets) and derive the expected firings from SPEC §3, and from the
+``dst_gap``/``dst_repeat`` options, by brute force.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -16,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ultimat3_jobs.cron import (
+    DstGap,
+    DstRepeat,
     between,
     describe_occurrence,
     next_occurrence,
@@ -66,7 +70,7 @@ PROPERTY_SETTINGS = settings(
 
 @dataclass(frozen=True)
 class Matcher:
-    """Set membership on each field; day of month and day of week OR-ed when both restricted."""
+    """Set membership on each field; the day fields OR-ed when neither text starts with "*"."""
 
     seconds: frozenset[int]
     minutes: frozenset[int]
@@ -78,7 +82,8 @@ class Matcher:
 
     @classmethod
     def of(cls, expr: str) -> Matcher:
-        six = len(expr.split()) == 6
+        fields = expr.split()
+        six = len(fields) == 6
         expanded, _ = croniter.expand(expr, second_at_beginning=six)
 
         def values(index: int, low: int, high: int) -> frozenset[int]:
@@ -93,7 +98,7 @@ class Matcher:
             doms=values(2, 1, 31),
             months=values(3, 1, 12),
             dows=values(4, 0, 6),
-            day_or=expanded[2] != ["*"] and expanded[4] != ["*"],
+            day_or=not fields[-3].startswith(("*", "?")) and not fields[-1].startswith(("*", "?")),
         )
 
     def matches_minute(self, wall: datetime) -> bool:
@@ -192,14 +197,26 @@ def real_time_hour_field(draw: st.DrawFn) -> str:
 
 @st.composite
 def day_fields(draw: st.DrawFn) -> tuple[str, str]:
-    kind = draw(st.sampled_from(["any"] * 6 + ["dom", "dow", "both"]))
+    kind = draw(
+        st.sampled_from(
+            ["any"] * 6 + ["dom", "dow", "both", "dom_step", "dow_step", "both_step", "full"]
+        )
+    )
     dom = dow = "*"
-    if kind in ("dom", "both"):
+    if kind in ("dom", "both", "dow_step", "full"):
         values = draw(st.lists(st.integers(1, 31), min_size=1, max_size=10, unique=True))
         dom = ",".join(str(v) for v in values)
-    if kind in ("dow", "both"):
+    if kind in ("dow", "both", "dom_step"):
         values = draw(st.lists(st.integers(0, 6), min_size=1, max_size=4, unique=True))
         dow = ",".join(str(v) for v in values)
+    # A step starting with "*" narrows the other day field instead of adding to it (Vixie).
+    if kind in ("dom_step", "both_step"):
+        dom = f"*/{draw(st.integers(1, 15))}"
+    if kind in ("dow_step", "both_step"):
+        dow = f"*/{draw(st.integers(1, 7))}"
+    if kind == "full":
+        # Names every day without starting with "*": restricted, so every day matches.
+        dow = draw(st.sampled_from(["0-6", "0-7", "1-7"]))
     return dom, dow
 
 
@@ -218,12 +235,25 @@ def second_field(draw: st.DrawFn) -> str:
 
 @dataclass(frozen=True)
 class Scenario:
-    """An expression, a real offset change of a zone, and an instant near it."""
+    """An expression, a real offset change of a zone, an instant near it, and DST options."""
 
     expr: str
     zone: ZoneInfo
     change: datetime
     after: datetime
+    dst_gap: DstGap = "end-of-gap"
+    dst_repeat: DstRepeat = "first"
+
+    @property
+    def options(self) -> DstOptions:
+        return {"dst_gap": self.dst_gap, "dst_repeat": self.dst_repeat}
+
+
+class DstOptions(TypedDict):
+    """The keyword options of the cron functions, to pass as ``**options``."""
+
+    dst_gap: DstGap
+    dst_repeat: DstRepeat
 
 
 @st.composite
@@ -252,7 +282,9 @@ def scenarios(draw: st.DrawFn, *, with_seconds: bool = True) -> Scenario:
         seconds=lead,
         microseconds=draw(st.sampled_from([0, 0, 0, 1, 500_000, 999_999])),
     )
-    return Scenario(" ".join(fields), zone, change, change + shift)
+    gap: DstGap = draw(st.sampled_from(["end-of-gap", "skip"]))
+    repeat: DstRepeat = draw(st.sampled_from(["first", "both"]))
+    return Scenario(" ".join(fields), zone, change, change + shift, gap, repeat)
 
 
 # --- properties ----------------------------------------------------------------------------
@@ -262,17 +294,18 @@ def scenarios(draw: st.DrawFn, *, with_seconds: bool = True) -> Scenario:
 @given(scenario=scenarios())
 def test_occurrences__increase_match_and_follow_the_dst_rule(scenario: Scenario) -> None:
     expr, zone = scenario.expr, scenario.zone
+    options = scenario.options
     schedule = parse(expr)
     matcher = Matcher.of(expr)
     # Past the change and a few hours on, or 300 occurrences for the densest expressions.
     horizon = max(scenario.after, scenario.change) + timedelta(hours=3)
     found: list[datetime] = []
-    for occurrence in occurrences(schedule, zone, scenario.after):
+    for occurrence in occurrences(schedule, zone, scenario.after, **options):
         found.append(occurrence)
         if occurrence > horizon or len(found) == 300:
             break
     previous = scenario.after
-    fired_walls: set[datetime] = set()
+    fired_walls: set[tuple[datetime, int]] = set()
     for occurrence in found:
         assert occurrence.tzinfo is UTC
         assert occurrence.microsecond == 0
@@ -280,13 +313,14 @@ def test_occurrences__increase_match_and_follow_the_dst_rule(scenario: Scenario)
         previous = occurrence
         local = occurrence.astimezone(zone)
         wall = local.replace(tzinfo=None)
-        kind = describe_occurrence(schedule, zone, occurrence)
+        kind = describe_occurrence(schedule, zone, occurrence, **options)
         if matcher.matches(wall):
             if schedule.wall_clock:
-                # A wall-clock slot fires at the first of two instants, and only once.
-                assert local.fold == 0
-                assert wall not in fired_walls
-                fired_walls.add(wall)
+                # A wall-clock slot fires at the first of two instants, and only once, unless
+                # dst_repeat="both" fires it at its second instant too.
+                assert local.fold == 0 or scenario.dst_repeat == "both"
+                assert (wall, local.fold) not in fired_walls
+                fired_walls.add((wall, local.fold))
             if local.fold:
                 assert kind == "repeated"
             elif local.replace(fold=1).utcoffset() != local.utcoffset():
@@ -294,8 +328,10 @@ def test_occurrences__increase_match_and_follow_the_dst_rule(scenario: Scenario)
             else:
                 assert kind == "normal"
             continue
-        # Not a matching wall time: only a wall-clock slot swallowed by a gap ending here.
+        # Not a matching wall time: only a wall-clock slot swallowed by a gap ending here, and
+        # never under dst_gap="skip".
         assert schedule.wall_clock, f"real-time {expr!r} fired at {wall} local"
+        assert scenario.dst_gap == "end-of-gap", f"{expr!r} skip fired at {wall} local"
         before = occurrence - SECOND
         assert offset_of(before, zone) < offset_of(occurrence, zone), "not the end of a gap"
         assert gap_slot_exists(matcher, wall_of(before, zone) + SECOND, wall)
@@ -308,11 +344,12 @@ def test_next_occurrence__from_anywhere_between_two_occurrences(
     scenario: Scenario, data: st.DataObject
 ) -> None:
     expr, zone = scenario.expr, scenario.zone
-    first, second = take(occurrences(expr, zone, scenario.after), 2)
+    options = scenario.options
+    first, second = take(occurrences(expr, zone, scenario.after, **options), 2)
     # Any instant from one occurrence up to just before the next leads to the next.
     span = int((second - first) / timedelta(microseconds=1))
     moment = first + timedelta(microseconds=data.draw(st.integers(0, span - 1)))
-    assert next_occurrence(expr, zone, moment) == second
+    assert next_occurrence(expr, zone, moment, **options) == second
 
 
 @PROPERTY_SETTINGS
@@ -329,21 +366,98 @@ def test_between__equals_brute_force_over_every_minute(
     end = start + length * MINUTE
     matcher = Matcher.of(expr)
     wall_clock = parse(expr).wall_clock
+    both, skip = scenario.dst_repeat == "both", scenario.dst_gap == "skip"
 
     expected: list[datetime] = []
     instant = start + MINUTE
     while instant <= end:
         local = instant.astimezone(zone)
         wall = local.replace(tzinfo=None)
-        fires = matcher.matches(wall) and (not wall_clock or local.fold == 0)
+        fires = matcher.matches(wall) and (not wall_clock or local.fold == 0 or both)
         previous = instant - MINUTE
-        if not fires and wall_clock and offset_of(previous, zone) < offset_of(instant, zone):
+        gap_end = offset_of(previous, zone) < offset_of(instant, zone)
+        if not fires and wall_clock and gap_end and not skip:
             fires = gap_slot_exists(matcher, wall_of(previous, zone) + MINUTE, wall)
         if fires:
             expected.append(instant)
         instant += MINUTE
 
-    assert between(expr, zone, start, end) == expected
+    found = between(
+        expr, zone, start, end, dst_gap=scenario.dst_gap, dst_repeat=scenario.dst_repeat
+    )
+    assert found == expected
+
+
+def change_size(name: str, instant: str) -> timedelta:
+    """How far the local clock moves at a transition: forward for a gap, back for a repeat."""
+    zone, change = ZoneInfo(name), datetime.fromisoformat(instant).replace(tzinfo=UTC)
+    return offset_of(change, zone) - offset_of(change - SECOND, zone)
+
+
+GAPS = [(name, at) for name, at in TRANSITIONS if change_size(name, at) > timedelta(0)]
+REPEATS = [(name, at) for name, at in TRANSITIONS if change_size(name, at) < timedelta(0)]
+
+
+@st.composite
+def wall_clock_at_a_change(
+    draw: st.DrawFn, transitions: list[tuple[str, str]]
+) -> tuple[str, ZoneInfo, datetime]:
+    """A wall-clock expression with hours at one of ``transitions``, its zone and the change."""
+    name, instant = draw(st.sampled_from(transitions))
+    zone = ZoneInfo(name)
+    change = datetime.fromisoformat(instant).replace(tzinfo=UTC)
+    before, after = wall_of(change - SECOND, zone), wall_of(change, zone)
+    low, high = min(before, after), max(before, after)
+    hours = tuple(sorted({(low + h * HOUR).hour for h in range(int((high - low) / HOUR) + 1)}))
+    dom, dow = draw(day_fields())
+    expr = " ".join([draw(minute_field()), draw(wall_clock_hour_field(hours)), dom, "*", dow])
+    return expr, zone, change
+
+
+@PROPERTY_SETTINGS
+@given(case=wall_clock_at_a_change(REPEATS), repeat=st.sampled_from(["first", "both"]))
+def test_between__repeated_slot_fires_once_or_twice(
+    case: tuple[str, ZoneInfo, datetime], repeat: DstRepeat
+) -> None:
+    expr, zone, change = case
+    matcher = Matcher.of(expr)
+    length = offset_of(change - SECOND, zone) - offset_of(change, zone)
+    # Local [window_start, window_start + length) passes twice: first during
+    # [change - length, change), then during [change, change + length).
+    window_start = wall_of(change, zone)
+    slots = []
+    wall = window_start
+    while wall < window_start + length:
+        if matcher.matches(wall):
+            slots.append(wall)
+        wall += MINUTE
+    found = between(
+        expr, zone, change - length - SECOND, change + length - SECOND, dst_repeat=repeat
+    )
+    fired = [wall_of(occurrence, zone) for occurrence in found]
+    times = 2 if repeat == "both" else 1
+    assert sorted(fired) == sorted(slots * times)
+
+
+@PROPERTY_SETTINGS
+@given(case=wall_clock_at_a_change(GAPS), gap=st.sampled_from(["end-of-gap", "skip"]))
+def test_between__gap_slot_fires_at_the_gap_end_or_not_at_all(
+    case: tuple[str, ZoneInfo, datetime], gap: DstGap
+) -> None:
+    expr, zone, change = case
+    matcher = Matcher.of(expr)
+    found = between(expr, zone, change - HOUR, change + HOUR, dst_gap=gap)
+    gap_has_slot = gap_slot_exists(
+        matcher, wall_of(change - SECOND, zone) + SECOND, wall_of(change, zone)
+    )
+    gap_end_is_a_slot = matcher.matches(wall_of(change, zone))
+    if gap == "skip":
+        # Only a slot of its own fires at the gap end; the skipped slots do not.
+        assert (change in found) == gap_end_is_a_slot
+    else:
+        assert (change in found) == (gap_end_is_a_slot or gap_has_slot)
+    # Nothing else fires for a skipped slot: every other occurrence is a matching wall time.
+    assert all(matcher.matches(wall_of(o, zone)) for o in found if o != change)
 
 
 @st.composite
@@ -392,8 +506,13 @@ def test_next_occurrence__agrees_with_croniter_where_there_is_no_dst(
         fields.insert(0, seconds)
     expr = " ".join(fields)
     start = after.replace(tzinfo=ZoneInfo(zone))
-    # Without DST, croniter's own answer is the truth.
+    # Without DST, croniter's own answer is the truth; implement_cron_bug gives Vixie's day rule
+    # (a day field starting with "*" narrows the other one).
     expected = croniter(
-        expr, start, ret_type=datetime, second_at_beginning=seconds is not None
+        expr,
+        start,
+        ret_type=datetime,
+        second_at_beginning=seconds is not None,
+        implement_cron_bug=True,
     ).get_next(datetime)
     assert next_occurrence(expr, zone, start) == expected

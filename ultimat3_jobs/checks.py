@@ -15,6 +15,11 @@ from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
 from .leaders import leader_problem
 
+REAL_TIME_DST_FIX = (
+    "remove dst_gap/dst_repeat from the @task: a real-time schedule already fires at every "
+    "real instant whose local time matches; or give it a fixed hour field to make it wall-clock"
+)
+
 
 @checks.register()
 def check_settings(
@@ -85,4 +90,24 @@ def check_removed_tasks(
             id="ultimat3_jobs.W003",
         )
         for name in sorted(set(stored) - declared)
+    ]
+
+
+@checks.register()
+def check_dst_options(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    from .registry import registry
+
+    return [
+        checks.Warning(
+            f'task "{handle.name}" sets dst_gap="{handle.dst_gap}" / '
+            f'dst_repeat="{handle.dst_repeat}", which have no effect: its hour field '
+            f'("{handle.cron}") starts with "*", so it is a real-time schedule',
+            hint=REAL_TIME_DST_FIX,
+            id="ultimat3_jobs.W010",
+        )
+        for handle in registry.tasks()
+        if not handle.schedule.wall_clock
+        and (handle.dst_gap, handle.dst_repeat) != ("end-of-gap", "first")
     ]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from django.utils import translation
 
-from .cron import CronSchedule, OccurrenceKind, parse
+from .cron import CronSchedule, DstGap, DstRepeat, OccurrenceKind, parse
 from .errors import InvalidCronError
 
 _FALLBACK_LOCALE = "en_US"
@@ -64,21 +64,30 @@ def _describe(expr: str, locale: str) -> str:
         return ""
 
 
-def dst_rule(expr: str | CronSchedule) -> str:
-    """What a DST change does to this schedule, in one sentence (SPEC §3)."""
+def dst_rule(
+    expr: str | CronSchedule, dst_gap: DstGap = "end-of-gap", dst_repeat: DstRepeat = "first"
+) -> str:
+    """What a DST change does to this schedule, in one sentence (SPEC §3 and the options)."""
     try:
         schedule = parse(expr) if isinstance(expr, str) else expr
     except InvalidCronError:
         return ""
-    if schedule.wall_clock:
+    if not schedule.wall_clock:
         return (
-            "Wall-clock schedule: a time skipped by a DST gap runs when the gap ends; "
-            "a time repeated when clocks go back runs once, on its first pass."
+            "Real-time schedule: it runs at every real instant whose local time matches, so "
+            "times inside a DST gap do not run and a repeated hour runs twice."
         )
-    return (
-        "Real-time schedule: it runs at every real instant whose local time matches, so "
-        "times inside a DST gap do not run and a repeated hour runs twice."
+    gap = (
+        "a time skipped by a DST gap does not run that day"
+        if dst_gap == "skip"
+        else "a time skipped by a DST gap runs when the gap ends"
     )
+    repeat = (
+        "a time repeated when clocks go back runs at both passes"
+        if dst_repeat == "both"
+        else "a time repeated when clocks go back runs once, on its first pass"
+    )
+    return f"Wall-clock schedule: {gap}; {repeat}."
 
 
 #: How each placement reads in the next-runs preview; empty for an ordinary occurrence.

@@ -22,7 +22,15 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import clock
-from .cron import CronSchedule, occurrences, parse
+from .cron import (
+    CronSchedule,
+    DstGap,
+    DstRepeat,
+    check_dst_options,
+    next_occurrence,
+    occurrences,
+    parse,
+)
 from .errors import (
     InvalidCatchUpError,
     InvalidDeclarationError,
@@ -253,6 +261,8 @@ class TaskHandle:
         zone: zoneinfo.ZoneInfo,
         catch_up: CatchUp,
         max_catch_up: int,
+        dst_gap: DstGap = "end-of-gap",
+        dst_repeat: DstRepeat = "first",
     ) -> None:
         self.func = func
         self.name = name
@@ -260,6 +270,8 @@ class TaskHandle:
         self.zone = zone
         self.catch_up = catch_up
         self.max_catch_up = max_catch_up
+        self.dst_gap: DstGap = dst_gap
+        self.dst_repeat: DstRepeat = dst_repeat
         self.__doc__ = func.__doc__
 
     @property
@@ -312,9 +324,19 @@ class TaskHandle:
             checked.append((handle, handle.check_input(data)))
         return checked
 
+    def next_after(self, at: datetime) -> datetime:
+        """The first occurrence strictly after ``at``, under this task's DST options."""
+        return next_occurrence(
+            self.schedule, self.zone, at, dst_gap=self.dst_gap, dst_repeat=self.dst_repeat
+        )
+
     def next_runs(self, n: int = 10, after: datetime | None = None) -> list[datetime]:
         """The next ``n`` occurrences strictly after ``after`` (default now), in UTC."""
-        return list(islice(occurrences(self.schedule, self.zone, after or clock.now()), n))
+        start = after or clock.now()
+        found = occurrences(
+            self.schedule, self.zone, start, dst_gap=self.dst_gap, dst_repeat=self.dst_repeat
+        )
+        return list(islice(found, n))
 
     def enqueue(
         self,
@@ -351,6 +373,8 @@ class TaskHandle:
             "tz": self.tz,
             "catch_up": self.catch_up,
             "max_catch_up": self.max_catch_up,
+            "dst_gap": self.dst_gap,
+            "dst_repeat": self.dst_repeat,
             "jobs": [job.name for job, _ in self.entries()],
         }
 
@@ -481,11 +505,15 @@ def task(
     name: str | None = None,
     catch_up: CatchUp = "skip",
     max_catch_up: int = 10,
+    dst_gap: DstGap = "end-of-gap",
+    dst_repeat: DstRepeat = "first",
 ) -> Callable[[Callable[[datetime], Iterable[Entry]]], TaskHandle]:
     """Declare a task: ``@task(cron="0 3 * * *", tz="Europe/Paris")``.
 
     The function receives each occurrence (aware, in ``tz``) and returns ``[(job, input), ...]``.
-    Every problem with the declaration raises here, at import, with a fix.
+    ``dst_gap`` ("end-of-gap" | "skip") and ``dst_repeat`` ("first" | "both") choose what a
+    wall-clock schedule does on DST days (``ultimat3_jobs.cron``). Every problem with the
+    declaration raises here, at import, with a fix.
     """
     _check_name(name, "task")
 
@@ -511,6 +539,7 @@ def task(
                 fix="use a positive integer, e.g. max_catch_up=10",
                 cause=max_catch_up,
             )
+        gap, repeat = check_dst_options(dst_gap, dst_repeat, f'task "{task_name}"')
         handle = TaskHandle(
             fn,
             name=task_name,
@@ -518,6 +547,8 @@ def task(
             zone=zone,
             catch_up=catch_up,
             max_catch_up=max_catch_up,
+            dst_gap=gap,
+            dst_repeat=repeat,
         )
         registry.register(handle)
         return handle

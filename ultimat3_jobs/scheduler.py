@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 
 from . import clock as default_clock
 from . import shutdown
-from .cron import next_occurrence
 from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
 from .logs import emit, failure_fields
@@ -68,7 +67,7 @@ class Scheduler:
         self.misfire_grace = misfire_grace
         self.drain_on_shutdown = drain_on_shutdown
         self._fixed_tasks = list(tasks) if tasks is not None else None
-        self._resolve = resolver or (lambda h, at: next_occurrence(h.schedule, h.zone, at))
+        self._resolve = resolver or TaskHandle.next_after
         self.is_leader = False
         self.status: RunStatus = "idle"
         self.last_error = ""

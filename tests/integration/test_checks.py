@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from django.core import checks
 from django.test import override_settings
 
+from ultimat3_jobs import Entry
 from ultimat3_jobs.checks import check_removed_tasks, check_settings
 from ultimat3_jobs.conf import get_settings
 from ultimat3_jobs.errors import ConfigurationError
@@ -90,3 +92,21 @@ def test_manage_check__advisory_on_sqlite_exits_non_zero_with_id_and_hint(tmp_pa
     assert result.returncode != 0
     assert "ultimat3_jobs.E001" in result.stderr
     assert "HINT: " + ADVISORY_NEEDS_POSTGRES_FIX in result.stderr
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_check_dst_options__real_time_schedule_with_options_warns() -> None:
+    from ultimat3_jobs import task
+    from ultimat3_jobs.checks import REAL_TIME_DST_FIX, check_dst_options
+
+    @task(cron="*/15 * * * *", tz="Europe/London", name="dst.real", dst_repeat="both")
+    def real(occurrence: datetime) -> list[Entry]:
+        return []
+
+    @task(cron="30 1 * * *", tz="Europe/London", name="dst.wall", dst_repeat="both")
+    def wall(occurrence: datetime) -> list[Entry]:
+        return []
+
+    [warning] = check_dst_options()
+    assert (warning.id, warning.hint) == ("ultimat3_jobs.W010", REAL_TIME_DST_FIX)
+    assert '"dst.real"' in warning.msg

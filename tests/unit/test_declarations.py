@@ -216,6 +216,8 @@ def test_task__describe_is_json_safe_with_jobs_in_declaration_order() -> None:
         "tz": "Europe/Paris",
         "catch_up": "run-all",
         "max_catch_up": 5,
+        "dst_gap": "end-of-gap",
+        "dst_repeat": "first",
         "jobs": ["unit.b_second", "unit.a_first"],
     }
 
@@ -238,3 +240,28 @@ def test_autodiscovery__demo_tasks_are_registered_under_app_label_names() -> Non
     names = {t.name for t in registry.tasks()}
     assert {"demo.nightly_digest", "demo.quarter_hour_ping"} <= names
     assert registry.get_job("demo.send_digest") is not None
+
+
+def test_task__dst_options_are_checked_at_declaration_and_drive_its_runs() -> None:
+    from ultimat3_jobs.errors import InvalidDstOptionError
+
+    with pytest.raises(InvalidDstOptionError) as caught:
+
+        @task(cron="30 1 * * *", tz="America/New_York", dst_repeat="twice")  # type: ignore[arg-type]
+        def bad(occurrence: datetime) -> list[Entry]:
+            return []
+
+    assert caught.value.code == "jobs.task.dst-option-invalid"
+    assert '"both"' in caught.value.fix
+
+    @task(cron="30 1 * * *", tz="America/New_York", name="unit.both", dst_repeat="both")
+    def both(occurrence: datetime) -> list[Entry]:
+        return []
+
+    after = datetime(2026, 10, 31, 12, 0, tzinfo=UTC)
+    assert [at.isoformat() for at in both.next_runs(3, after)] == [
+        "2026-11-01T05:30:00+00:00",
+        "2026-11-01T06:30:00+00:00",
+        "2026-11-02T06:30:00+00:00",
+    ]
+    assert both.describe()["dst_repeat"] == "both"

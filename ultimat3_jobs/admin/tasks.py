@@ -27,7 +27,15 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString, mark_safe
 
 from .. import clock, history
-from ..cron import CronSchedule, describe_occurrence, occurrences, parse
+from ..cron import (
+    CronSchedule,
+    DstGap,
+    DstRepeat,
+    OccurrenceKind,
+    describe_occurrence,
+    occurrences,
+    parse,
+)
 from ..errors import UltimateError
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
 from ..manual import ManualRun, preview, run_now
@@ -46,24 +54,41 @@ HISTORY = 20
 
 @dataclass(frozen=True)
 class _Schedule:
-    """The schedule of a task: the live declaration, else the one stored when it was removed."""
+    """The schedule of a task: the live declaration, else the one stored when it was removed.
 
-    handle: TaskHandle | None
+    A removed task's DST options are not stored, so its preview uses the defaults.
+    """
+
     schedule: CronSchedule
     zone: ZoneInfo
+    dst_gap: DstGap = "end-of-gap"
+    dst_repeat: DstRepeat = "first"
 
     def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
-        if self.handle is not None:
-            return self.handle.next_runs(n, after)
-        return list(islice(occurrences(self.schedule, self.zone, after or clock.now()), n))
+        found = occurrences(
+            self.schedule,
+            self.zone,
+            after or clock.now(),
+            dst_gap=self.dst_gap,
+            dst_repeat=self.dst_repeat,
+        )
+        return list(islice(found, n))
+
+    def kind(self, at: datetime) -> OccurrenceKind:
+        return describe_occurrence(
+            self.schedule, self.zone, at, dst_gap=self.dst_gap, dst_repeat=self.dst_repeat
+        )
+
+    def rule(self) -> str:
+        return dst_rule(self.schedule, self.dst_gap, self.dst_repeat)
 
 
 def _schedule_of(task: Task) -> _Schedule | None:
     handle = registry.get_task(task.name)
     if handle is not None:
-        return _Schedule(handle, handle.schedule, handle.zone)
+        return _Schedule(handle.schedule, handle.zone, handle.dst_gap, handle.dst_repeat)
     try:
-        return _Schedule(None, parse(task.cron), ZoneInfo(task.tz))
+        return _Schedule(parse(task.cron), ZoneInfo(task.tz))
     except (UltimateError, ZoneInfoNotFoundError, ValueError):
         # A removed task whose stored cron or zone this version no longer accepts.
         return None
@@ -152,7 +177,8 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="DST")
     def dst_column(self, task: Task) -> str:
-        return dst_rule(task.cron)
+        schedule = _schedule_of(task)
+        return schedule.rule() if schedule is not None else ""
 
     @admin.display(description="Next run")
     def next_run_column(self, task: Task) -> SafeString | str:
@@ -307,7 +333,7 @@ class TaskAdmin(admin.ModelAdmin):
         utc = UTC_ZONE
         seconds = schedule.schedule.has_seconds
         for at in schedule.next_runs(NEXT_RUNS):
-            kind = describe_occurrence(schedule.schedule, schedule.zone, at)
+            kind = schedule.kind(at)
             rows.append(
                 {
                     "local": stamp(at, schedule.zone, seconds),

@@ -35,7 +35,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.functions import Concat, Now
 
 from . import clock as default_clock
-from . import shutdown
+from . import metrics, shutdown
 from .conf import get_settings, stale_after_problem
 from .db import dedicated_connection
 from .leaders import new_node_id
@@ -370,6 +370,7 @@ class Worker:
             # Recovered by another worker (our heartbeat went stale) or cancelled meanwhile:
             # its row is no longer ours to write.
             outcome = "lost"
+        metrics.job_finished(job.name, job.queue, outcome, duration_ms / 1000)
         level = {"succeeded": logging.INFO, "failed": logging.ERROR}.get(outcome, logging.WARNING)
         emit(
             logger,

@@ -42,6 +42,8 @@ class Command(BaseCommand):
         try:
             exit_code = worker.run()
         finally:
-            # Joins the drain the signal began (or stops it if the worker ended on its own).
+            # Joins the drain the signal began (or stops it if the worker ended on its own);
+            # stop() may return as soon as the status reads "stopped", wait() once it is done.
             scheduler.stop("worker-stopped")
+            scheduler.wait()
         worker_exit(exit_code)

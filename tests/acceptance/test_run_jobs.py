@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 from testproject.demo.tasks import slow_ping
 from ultimat3_jobs.models import Job, JobStatus
 
-from .helpers import Process, processes, spawn, wait_for
+from .helpers import ROOT, Process, process_database_url, processes, spawn, wait_for
 
 __all__ = ["processes"]
 
@@ -82,3 +85,36 @@ def test_run_jobs__second_signal_exits_at_once_mid_drain(
     process.signal(signal.SIGTERM)
     assert process.wait(15) == 1
     assert process.named("jobs.worker.stopped") == []
+
+
+@pytest.mark.parametrize("command", ["run_jobs", "run_scheduler", "run_worker"])
+def test_long_running_commands__a_metrics_port_in_use_is_refused_with_the_fix(
+    command: str,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), command, "--metrics-port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": process_database_url()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"cannot serve metrics on 0.0.0.0:{port}" in result.stderr
+    assert "fix: pass a free port to --metrics-port" in result.stderr
+
+
+def test_run_jobs__a_port_number_out_of_range_is_refused_by_the_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "run_jobs", "--metrics-port", "70000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "is not a port (1-65535)" in result.stderr

@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Migrates SQLite, creates admin/admin if there is no user, runs the web server and run_jobs.
 run: $(STAMP)
-	$(PY) manage.py migrate --no-input
-	$(PY) manage.py run_scheduler
+	$(PY) manage.py run_demo
 
 worker: $(STAMP)
 	$(PY) manage.py migrate --no-input

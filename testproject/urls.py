@@ -1,4 +1,10 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from ultimat3_jobs.metrics import metrics_view
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    # Prometheus text; open here, a real project mounts it behind its own access control.
+    path("metrics", metrics_view, name="metrics"),
+]

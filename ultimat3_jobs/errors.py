@@ -101,3 +101,9 @@ class LeaderUnavailableError(UltimateError):
     """The configured leader election cannot run on this database."""
 
     code = "jobs.scheduler.leader-unavailable"
+
+
+class MetricsPortError(UltimateError):
+    """``--metrics-port`` names a port this process cannot listen on."""
+
+    code = "jobs.metrics.port-unavailable"

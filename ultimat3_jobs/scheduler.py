@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from . import clock as default_clock
-from . import shutdown
+from . import metrics, shutdown
 from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
 from .logs import emit, failure_fields
@@ -223,6 +223,7 @@ class Scheduler:
             emit(logger, "jobs.scheduler.watermark-moved", logging.WARNING, task=str(moved))
             self._due = None
             return []
+        metrics.recorded(plan.records)
         for name, at in reschedule.items():
             self._set_due(name, at)
         for handle, step in steps:
@@ -270,6 +271,7 @@ class Scheduler:
             )
             for p in fired.jobs
         ]
+        metrics.dispatched(fired.task, jobs, (self.clock() - fired.occurrence).total_seconds())
         emit(
             logger,
             "jobs.scheduler.dispatched",
@@ -289,6 +291,7 @@ class Scheduler:
                 current = self._round = Future()
         if not owner:
             return current.result()
+        started = time.monotonic()
         try:
             result = self._run_round()
         except BaseException as error:
@@ -300,6 +303,11 @@ class Scheduler:
         finally:
             with self._lock:
                 self._round = None
+            node = getattr(self.state, "node_id", "local")
+            failed = current.exception() is not None
+            metrics.observe_round(
+                time.monotonic() - started, leader=self.is_leader, node=node, failed=failed
+            )
 
     # -- the loop and the drain -----------------------------------------------------------------
 
@@ -390,6 +398,7 @@ class Scheduler:
                 self.leader.release()
         finally:
             self.is_leader = False
+            metrics.stepped_down(getattr(self.state, "node_id", "local"))
             self._due = None
             self.status = "stopped"
             self._thread = None

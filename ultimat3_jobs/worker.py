@@ -30,7 +30,7 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import jobstore, nodes, shutdown
+from . import jobstore, metrics, nodes, shutdown
 from .conf import get_settings, stale_after_problem
 from .jobstore import Recovered
 from .listener import Listener
@@ -200,6 +200,7 @@ class Worker:
             # Recovered by another worker (our heartbeat went stale) or cancelled meanwhile:
             # its row is no longer ours to write.
             outcome = "lost"
+        metrics.job_finished(job.name, job.queue, outcome, duration_ms / 1000)
         level = {"succeeded": logging.INFO, "failed": logging.ERROR}.get(outcome, logging.WARNING)
         emit(
             logger,

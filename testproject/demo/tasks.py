@@ -8,7 +8,7 @@ from datetime import datetime
 
 from ultimat3_jobs import Entry, job, task
 
-from .models import Ping
+from .models import Beat, Ping
 
 
 @job(key="digest:{day}")
@@ -20,6 +20,21 @@ def send_digest(day: str) -> None:
 @job
 def ping(label: str) -> None:
     Ping.objects.create(label=label)
+
+
+@job
+def record_beat(occurrence: str) -> None:
+    """Leave a row saying which occurrence ran: what the admin shows moving under ``make run``."""
+    Beat.objects.get_or_create(occurrence=datetime.fromisoformat(occurrence))
+
+
+@task(cron="*/10 * * * * *", tz="UTC")
+def every_ten_seconds(occurrence: datetime) -> list[Entry]:
+    # Fires within ten seconds of starting, so a newcomer sees a job succeed right away.
+    return [(record_beat, {"occurrence": occurrence.isoformat()})]
+
+
+# -- The DST showcase: one wall-clock task, one real-time task (see the README's DST rule) ----
 
 
 @task(cron="0 3 * * *", tz="Europe/Paris", catch_up="run-once")

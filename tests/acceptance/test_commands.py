@@ -55,7 +55,7 @@ def test_run_scheduler__bad_setting_is_refused_with_the_fix_as_hint() -> None:
     assert 'HINT: set ULTIMAT3_JOBS["LEADER"] to "advisory"' in result.stderr
 
 
-@pytest.mark.parametrize("command", ["run_scheduler", "run_worker"])
+@pytest.mark.parametrize("command", ["run_scheduler", "run_worker", "run_jobs", "jobs_status"])
 def test_long_running_commands__refuse_an_unmigrated_database_with_the_fix(
     tmp_path: Path, command: str
 ) -> None:

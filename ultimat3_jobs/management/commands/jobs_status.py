@@ -1,0 +1,98 @@
+"""``manage.py jobs_status``: the scheduler's health, the job table and each task's next run."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from ultimat3_jobs.humanize import duration
+from ultimat3_jobs.management.preflight import require_migrated
+from ultimat3_jobs.overview import overview
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _when(at: datetime | None) -> str:
+    return "-" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+class Command(BaseCommand):
+    help = (
+        "Print the scheduler's leader and last round, dispatch lateness, jobs by status and "
+        "each task's next run (--json for machines)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="One JSON object.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(self, *, json: bool, database: str, **options: Any) -> None:
+        require_migrated(database)
+        report = overview(using=database)
+        if json:
+            self.stdout.write(_dumps(report))
+        else:
+            self.stdout.write(self._text(report))
+
+    def _text(self, report: dict[str, Any]) -> str:
+        leader = report["leader"]
+        lines = [
+            "Leader:      "
+            + (
+                f"{leader['host']}:{leader['pid']} ({leader['leader']}, node {leader['node']})"
+                if leader
+                else "none"
+            ),
+            f"Last round:  {_when(report['last_round_at'])}"
+            + (
+                ""
+                if report["last_round_age_s"] is None
+                else f" ({report['last_round_age_s']:.1f} s ago)"
+            ),
+            f"Nodes:       {report['schedulers']} scheduler(s), {report['workers']} worker(s) live",
+        ]
+        late = report["lateness"]
+        window = duration_text(late["window_s"])
+        if late["fired"]:
+            lines.append(
+                f"Lateness:    last {_seconds(late['last_s'])} ({late['last_task']}); "
+                f"over the last {window}: max {_seconds(late['max_s'])}, "
+                f"mean {_seconds(late['mean_s'])}, {late['fired']} fired"
+            )
+        else:
+            lines.append(f"Lateness:    nothing fired in the last {window}")
+        by_status = report["jobs"]["by_status"]
+        lines.append("Jobs:        " + ", ".join(f"{s} {n}" for s, n in by_status.items()))
+        for queue, counts in sorted(report["jobs"]["by_queue"].items()):
+            lines.append(f"  {queue}: " + ", ".join(f"{s} {n}" for s, n in counts.items() if n))
+        for warning in report["warnings"]:
+            lines.append(f"WARNING: {warning['message']}\n  fix: {warning['fix']}")
+        lines.append("")
+        rows = [("TASK", "CRON", "TZ", "STATE", "NEXT RUN", "LAST FIRED")]
+        for t in report["tasks"]:
+            next_run, last_fired = _when(t["next_run"]), _when(t["last_fired"])
+            rows.append((t["name"], t["cron"], t["tz"], t["state"], next_run, last_fired))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        return "\n".join(lines)
+
+
+def duration_text(seconds: float) -> str:
+    return duration(timedelta(seconds=seconds))
+
+
+def _dumps(report: dict[str, Any]) -> str:
+    return json.dumps(report, default=_json_default, indent=2)

@@ -1,0 +1,159 @@
+"""The flags of the long-running commands and the objects they build, shared by
+``run_scheduler``, ``run_worker`` and ``run_jobs`` so each flag means one thing everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import CommandError
+from django.db import DEFAULT_DB_ALIAS
+
+from ultimat3_jobs import logs, metrics
+from ultimat3_jobs.conf import LEADERS, get_settings
+from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.leaders import build_leader
+from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
+from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.nodes import new_node_id
+from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.worker import CLEAN_EXIT, Worker
+
+
+def port_number(value: str) -> int:
+    number = positive_int(value)
+    if number > 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port (1-65535)")
+    return number
+
+
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags every long-running command has."""
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--metrics-port",
+        type=port_number,
+        help="Serve Prometheus metrics on this port at /metrics (default: no exporter).",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="0.0.0.0",
+        help="Address the metrics exporter listens on (default 0.0.0.0).",
+    )
+    parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+
+def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--leader",
+        choices=LEADERS,
+        help="Leader election (default: the LEADER setting, else advisory on PostgreSQL "
+        "and lease elsewhere).",
+    )
+    parser.add_argument(
+        "--tick-interval",
+        type=positive_seconds,
+        help="Seconds between the end of one round and the start of the next.",
+    )
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=1,
+        help="Jobs run at once, each in a thread of its own (default 1).",
+    )
+    parser.add_argument(
+        "--queues",
+        type=queue_names,
+        action="extend",
+        help="Comma-separated queues to run (repeatable; default: every queue).",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=positive_seconds,
+        help="Seconds between polls for due jobs (default: WORKER_POLL_INTERVAL).",
+    )
+    parser.add_argument(
+        "--drain-grace",
+        type=positive_seconds,
+        help="Seconds a SIGTERM waits for jobs in flight (default: WORKER_DRAIN_GRACE).",
+    )
+    parser.add_argument(
+        "--no-listen",
+        action="store_true",
+        help="Poll only; do not LISTEN for enqueues (e.g. behind a transaction pooler).",
+    )
+
+
+def prepare(options: dict[str, Any]) -> Any:
+    """Logging, the migrated-database check and the exporter: what every role does first.
+
+    Returns the metrics server (or None); it serves from a daemon thread until the process ends.
+    """
+    logs.configure(
+        options["log_format"], logging.DEBUG if options.get("verbosity", 1) > 1 else logging.INFO
+    )
+    require_migrated(options["database"])
+    if options.get("metrics_port") is None:
+        return None
+    try:
+        return metrics.serve(options["metrics_port"], options["metrics_addr"])
+    except UltimateError as error:
+        raise command_error(error) from error
+
+
+def build_scheduler(options: dict[str, Any]) -> Scheduler:
+    """A scheduler on the database, with the election and settings the flags name."""
+    database = options["database"]
+    try:
+        config = get_settings()
+        node_id = new_node_id()
+        election = build_leader(options.get("leader"), node_id=node_id, using=database)
+    except UltimateError as error:
+        raise command_error(error) from error
+    state = DatabaseState(
+        node_id=node_id,
+        leader=election.name,
+        using=database,
+        heartbeat_interval=config.heartbeat_interval,
+        clock_skew_warning=config.clock_skew_warning,
+    )
+    tick_interval = options.get("tick_interval")
+    return Scheduler(
+        state=state,
+        leader=election,
+        tick_interval=timedelta(seconds=tick_interval) if tick_interval else config.tick_interval,
+        misfire_grace=config.misfire_grace,
+    )
+
+
+def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
+    """A worker on the database with the flags' settings; ``extra`` for burst/max_jobs."""
+    poll_interval = options.get("poll_interval")
+    drain_grace = options.get("drain_grace")
+    try:
+        return Worker(
+            queues=options.get("queues"),
+            concurrency=options["concurrency"],
+            poll_interval=timedelta(seconds=poll_interval) if poll_interval else None,
+            drain_grace=timedelta(seconds=drain_grace) if drain_grace else None,
+            listen=not options["no_listen"],
+            using=options["database"],
+            **extra,
+        )
+    except UltimateError as error:
+        raise command_error(error) from error
+
+
+def worker_exit(exit_code: int) -> None:
+    """Turn a worker's exit status into the command's: a drain past its grace fails it."""
+    if exit_code != CLEAN_EXIT:
+        raise CommandError(
+            "the drain grace ran out; the jobs still in flight went back to the queue",
+            returncode=exit_code,
+        )

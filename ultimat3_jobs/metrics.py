@@ -1,0 +1,261 @@
+"""Prometheus metrics: every definition here, recorded through a few small named functions.
+
+The scheduler and the worker call ``observe_round``, ``dispatched``, ``recorded`` and
+``job_finished``; nothing else in the app touches ``prometheus_client``. Counts of jobs by status
+and queue are not counted as they happen but read at scrape time with one ``GROUP BY`` query,
+so every process (and the project's ``/metrics`` view) reports the same table.
+
+Expose them with ``metrics_view`` (mounted by the project) or ``--metrics-port`` on the
+long-running commands (``serve``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .errors import MetricsPortError
+from .logs import emit, failure_fields
+
+if TYPE_CHECKING:
+    from .planner import PlannedRecord
+    from .registry import TaskJobResult
+
+logger = logging.getLogger("ultimat3_jobs.metrics")
+
+PREFIX = "ultimat3_jobs"
+#: Rounds are milliseconds when nothing is due and seconds for thousands of tasks.
+ROUND_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: On time is within MISFIRE_GRACE (60 s by default); catch-up runs are minutes or hours late.
+LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
+JOB_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+ROUNDS = Counter(
+    f"{PREFIX}_scheduler_rounds",
+    "Scheduler rounds run by this process, by whether this node led them and how they ended.",
+    ["leader", "outcome"],
+)
+ROUND_DURATION = Histogram(
+    f"{PREFIX}_scheduler_round_duration_seconds",
+    "Wall time of one scheduler round, leader election included.",
+    buckets=ROUND_BUCKETS,
+)
+OCCURRENCES = Counter(
+    f"{PREFIX}_scheduler_occurrences_dispatched",
+    "Occurrences fired and committed, per task.",
+    ["task"],
+)
+JOBS_DISPATCHED = Counter(
+    f"{PREFIX}_scheduler_jobs_dispatched",
+    "Jobs the fired occurrences enqueued, per task (an existing key counts as not created).",
+    ["task", "created"],
+)
+LATENESS = Histogram(
+    f"{PREFIX}_scheduler_dispatch_lateness_seconds",
+    "From an occurrence's scheduled instant to the commit that enqueued its jobs.",
+    buckets=LATENESS_BUCKETS,
+)
+DROPPED = Counter(
+    f"{PREFIX}_scheduler_occurrences_dropped",
+    "Occurrences the catch-up policy dropped, per task.",
+    ["task"],
+)
+PAUSED = Counter(
+    f"{PREFIX}_scheduler_occurrences_paused",
+    "Occurrences skipped because their task was paused, per task.",
+    ["task"],
+)
+LEADER = Gauge(
+    f"{PREFIX}_scheduler_leader",
+    "1 while this node holds the scheduler's leadership, else 0.",
+    ["node"],
+)
+WORKER_JOBS = Counter(
+    f"{PREFIX}_worker_jobs_processed",
+    "Job attempts this worker finished, by outcome (succeeded, retrying, failed, lost).",
+    ["name", "queue", "outcome"],
+)
+WORKER_FAILED = Counter(
+    f"{PREFIX}_worker_jobs_failed",
+    "Jobs this worker ended failed: no attempts left, or not registered.",
+    ["name", "queue"],
+)
+JOB_DURATION = Histogram(
+    f"{PREFIX}_worker_job_duration_seconds",
+    "Wall time of one job attempt, recording its outcome included.",
+    ["name", "queue"],
+    buckets=JOB_BUCKETS,
+)
+
+_RECORD_COUNTERS = {"dropped": DROPPED, "paused": PAUSED}
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def observe_round(duration_s: float, *, leader: bool, node: str, failed: bool = False) -> None:
+    """One scheduler round ended after ``duration_s``; ``leader`` is this node's standing now."""
+    ROUNDS.labels(leader=_flag(leader), outcome="failed" if failed else "ok").inc()
+    ROUND_DURATION.observe(duration_s)
+    LEADER.labels(node=node).set(1 if leader else 0)
+
+
+def stepped_down(node: str) -> None:
+    """The node handed leadership back (a drain): it no longer leads."""
+    LEADER.labels(node=node).set(0)
+
+
+def dispatched(task: str, jobs: Sequence[TaskJobResult], lateness_s: float) -> None:
+    """An occurrence of ``task`` was committed with ``jobs``, ``lateness_s`` after its instant."""
+    created = sum(1 for job in jobs if job.result.created)
+    OCCURRENCES.labels(task=task).inc()
+    if created:
+        JOBS_DISPATCHED.labels(task=task, created="true").inc(created)
+    if len(jobs) - created:
+        JOBS_DISPATCHED.labels(task=task, created="false").inc(len(jobs) - created)
+    LATENESS.observe(max(0.0, lateness_s))
+
+
+def recorded(records: Iterable[PlannedRecord]) -> None:
+    """Occurrences a committed round decided not to fire (dropped, skipped while paused)."""
+    for record in records:
+        counter = _RECORD_COUNTERS.get(record.outcome)
+        if counter is not None:
+            counter.labels(task=record.task).inc(record.span.count)
+
+
+def job_finished(name: str, queue: str, outcome: str, duration_s: float) -> None:
+    """A worker finished one attempt of job ``name`` with ``outcome`` after ``duration_s``."""
+    WORKER_JOBS.labels(name=name, queue=queue, outcome=outcome).inc()
+    if outcome == "failed":
+        WORKER_FAILED.labels(name=name, queue=queue).inc()
+    JOB_DURATION.labels(name=name, queue=queue).observe(duration_s)
+
+
+class JobsCollector(Collector):
+    """``ultimat3_jobs_jobs{status,queue}``: the job table, one ``GROUP BY`` per scrape."""
+
+    NAME = f"{PREFIX}_jobs"
+    HELP = "Jobs in the job table, by status and queue, read when scraped."
+
+    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.using = using
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Named without a query, so registering at import never touches the database.
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from .models import Job, JobStatus
+
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
+        connection = connections[self.using]
+        opened_here = connection.connection is None
+        try:
+            rows = list(
+                Job.objects.using(self.using)
+                .order_by()
+                .values_list("status", "queue")
+                .annotate(n=Count("id"))
+            )
+        except DatabaseError as error:
+            # A scrape must still answer (the process metrics are worth having); say why the
+            # table is missing from it.
+            emit(logger, "jobs.metrics.collect-failed", logging.WARNING, **failure_fields(error))
+            rows = []
+        finally:
+            if opened_here and not connection.in_atomic_block:
+                # The exporter's threads are not requests: nothing else would close it.
+                connection.close()
+        seen = {(status, queue) for status, queue, _ in rows}
+        for status, queue, count in rows:
+            family.add_metric([status, queue], count)
+        # Every status of a queue that has jobs, at 0 when empty, so rates and alerts on
+        # "failed" work without a series that appears from nowhere.
+        for queue in sorted({queue for _, queue, _ in rows}):
+            for status in JobStatus.values:
+                if (status, queue) not in seen:
+                    family.add_metric([status, queue], 0)
+        yield family
+
+
+_collector_lock = threading.Lock()
+_collector: JobsCollector | None = None
+
+
+def register_jobs_collector(registry: CollectorRegistry = REGISTRY) -> JobsCollector:
+    """Register the job-table collector once per process (idempotent)."""
+    global _collector
+    with _collector_lock:
+        if _collector is None:
+            _collector = JobsCollector()
+            registry.register(_collector)
+        return _collector
+
+
+def render(registry: CollectorRegistry = REGISTRY) -> bytes:
+    """The Prometheus text exposition of ``registry``, job table included."""
+    register_jobs_collector(registry)
+    return generate_latest(registry)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """A Django view answering Prometheus text; mount it where your scraper looks.
+
+    It is not protected: mount it on an internal path or behind your own access control.
+    """
+    return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve ``/metrics`` on ``addr:port`` in a daemon thread (``--metrics-port``).
+
+    Returns the server (``.shutdown()`` stops it). A port in use is a ``MetricsPortError``.
+    """
+    register_jobs_collector()
+    try:
+        server, _thread = start_http_server(port, addr=addr)
+    except OSError as error:
+        if error.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise
+        raise MetricsPortError(
+            f"cannot serve metrics on {addr}:{port}: {error.strerror}",
+            fix="pass a free port to --metrics-port (or stop the process that holds this one)",
+            cause=error,
+        ) from error
+    emit(logger, "jobs.metrics.serving", addr=addr, port=server.server_port)
+    return server
+
+
+__all__ = [
+    "JobsCollector",
+    "dispatched",
+    "job_finished",
+    "metrics_view",
+    "observe_round",
+    "recorded",
+    "register_jobs_collector",
+    "render",
+    "serve",
+    "stepped_down",
+]

@@ -27,6 +27,7 @@ from .errors import (
     InvalidCatchUpError,
     InvalidDeclarationError,
     InvalidJobInputError,
+    InvalidOverlapError,
     InvalidTimezoneError,
     JobNameTakenError,
     MissingTimezoneError,
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 CatchUp = Literal["skip", "run-once", "run-all"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
+Overlap = Literal["allow", "skip"]
+OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "skip")
 JobKey = str | Callable[[dict[str, Any]], str] | None
 Entry = tuple["JobHandle", dict[str, Any]]
 
@@ -253,6 +256,7 @@ class TaskHandle:
         zone: zoneinfo.ZoneInfo,
         catch_up: CatchUp,
         max_catch_up: int,
+        overlap: Overlap = "allow",
     ) -> None:
         self.func = func
         self.name = name
@@ -260,6 +264,7 @@ class TaskHandle:
         self.zone = zone
         self.catch_up = catch_up
         self.max_catch_up = max_catch_up
+        self.overlap = overlap
         self.__doc__ = func.__doc__
 
     @property
@@ -351,6 +356,7 @@ class TaskHandle:
             "tz": self.tz,
             "catch_up": self.catch_up,
             "max_catch_up": self.max_catch_up,
+            "overlap": self.overlap,
             "jobs": [job.name for job, _ in self.entries()],
         }
 
@@ -481,11 +487,14 @@ def task(
     name: str | None = None,
     catch_up: CatchUp = "skip",
     max_catch_up: int = 10,
+    overlap: Overlap = "allow",
 ) -> Callable[[Callable[[datetime], Iterable[Entry]]], TaskHandle]:
     """Declare a task: ``@task(cron="0 3 * * *", tz="Europe/Paris")``.
 
     The function receives each occurrence (aware, in ``tz``) and returns ``[(job, input), ...]``.
-    Every problem with the declaration raises here, at import, with a fix.
+    ``overlap="skip"`` records an occurrence as skipped, rather than firing it, while a job of
+    an earlier occurrence of the task is still queued or running. Every problem with the
+    declaration raises here, at import, with a fix.
     """
     _check_name(name, "task")
 
@@ -511,6 +520,13 @@ def task(
                 fix="use a positive integer, e.g. max_catch_up=10",
                 cause=max_catch_up,
             )
+        if overlap not in OVERLAP_POLICIES:
+            raise InvalidOverlapError(
+                f'task "{task_name}" has overlap={overlap!r}',
+                fix='use overlap="allow" (default: occurrences may run side by side) or '
+                '"skip" (skip an occurrence while an earlier one is still queued or running)',
+                cause=overlap,
+            )
         handle = TaskHandle(
             fn,
             name=task_name,
@@ -518,6 +534,7 @@ def task(
             zone=zone,
             catch_up=catch_up,
             max_catch_up=max_catch_up,
+            overlap=overlap,
         )
         registry.register(handle)
         return handle

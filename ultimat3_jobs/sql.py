@@ -34,16 +34,23 @@ RETURNING key, id
 #: Ids of jobs whose keys already existed.
 EXISTING_JOBS = f"SELECT key, id FROM {_JOB} WHERE key = ANY(%s)"
 
+#: Per task of the array, the earliest occurrence that still has a job queued or running.
+BUSY_OCCURRENCES = f"""
+SELECT task, MIN(occurrence) FROM {_JOB}
+WHERE task = ANY(%s) AND status IN ('queued', 'running') AND occurrence IS NOT NULL
+GROUP BY task
+"""
+
 #: Occurrence records from a JSON array.
 INSERT_OCCURRENCES = f"""
 INSERT INTO {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,
                            recorded_at, node, "user", detail)
 SELECT r.task, r.outcome, r.occurrence, r.last_occurrence, r.count, r.catch_up, r.jobs,
-       r.recorded_at, r.node, '', r.detail
+       r.recorded_at, r.node, r."user", r.detail
 FROM jsonb_to_recordset(%s::jsonb) AS r(
     task text, outcome text, occurrence timestamptz, last_occurrence timestamptz,
     count integer, catch_up boolean, jobs jsonb, recorded_at timestamptz, node text,
-    detail text)
+    "user" text, detail text)
 """
 
 #: Move many watermarks at once.

@@ -67,7 +67,7 @@ class Job(models.Model):
     task = models.CharField(max_length=200, blank=True, db_index=True)
     occurrence = models.DateTimeField(null=True, blank=True)
     catch_up = models.BooleanField(default=False)
-    #: "scheduler", "code", or "admin:<username>".
+    #: "scheduler", "code", "admin:<username>" or "backfill:<user>".
     enqueued_by = models.CharField(max_length=200, default="code")
     #: The worker node running it, so a dead worker's jobs can be found and recovered.
     worker = models.CharField(max_length=64, blank=True)

@@ -46,11 +46,11 @@ INSERT_OCCURRENCES = f"""
 INSERT INTO {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,
                            recorded_at, node, "user", detail)
 SELECT r.task, r.outcome, r.occurrence, r.last_occurrence, r.count, r.catch_up, r.jobs,
-       r.recorded_at, r.node, r."user", r.detail
+       r.recorded_at, r.node, '', r.detail
 FROM jsonb_to_recordset(%s::jsonb) AS r(
     task text, outcome text, occurrence timestamptz, last_occurrence timestamptz,
     count integer, catch_up boolean, jobs jsonb, recorded_at timestamptz, node text,
-    "user" text, detail text)
+    detail text)
 """
 
 #: Move many watermarks at once.

@@ -34,7 +34,7 @@ class Command(BaseCommand):
             "--limit",
             type=positive_int,
             default=backfill.DEFAULT_LIMIT,
-            help=f"Refuse a range of more occurrences than this (default {backfill.DEFAULT_LIMIT}).",
+            help="Refuse a range of more occurrences than this (default %(default)s).",
         )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 

@@ -153,10 +153,20 @@ def backfill(
     return _row(task, Outcome.BACKFILL, span, at=at, user=user, detail=detail, jobs=jobs)
 
 
-def recent(task: str, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[HistoryEntry]:
-    """The latest ``limit`` records of ``task``, newest first: two queries."""
+def recent(
+    task: str,
+    limit: int,
+    using: str = DEFAULT_DB_ALIAS,
+    *,
+    jobs_per_record: int | None = None,
+) -> list[HistoryEntry]:
+    """The latest ``limit`` records of ``task``, newest first: two queries.
+
+    ``jobs_per_record`` keeps only the first jobs of each record (a backfill has one per
+    occurrence), so a page of history never looks up thousands of keys.
+    """
     records = list(Occurrence.objects.using(using).filter(task=task)[:limit])
-    parsed = [(record, recorded_jobs(record)) for record in records]
+    parsed = [(record, recorded_jobs(record)[:jobs_per_record]) for record in records]
     ids = ids_of({job.key for _, jobs in parsed for job in jobs}, using=using)
     return [
         HistoryEntry(record, [(job, ids.get(job.key)) for job in jobs]) for record, jobs in parsed

@@ -85,6 +85,30 @@ class InvalidDeclarationError(UltimateError):
     code = "jobs.declaration-invalid"
 
 
+class InvalidOverlapError(UltimateError):
+    """``overlap`` is not one of allow, skip."""
+
+    code = "jobs.task.overlap-invalid"
+
+
+class UnknownTaskError(UltimateError):
+    """A task name that no ``@task`` declares."""
+
+    code = "jobs.task.unknown"
+
+
+class BackfillRangeError(UltimateError):
+    """A backfill range that cannot be read, or whose start is after its end."""
+
+    code = "jobs.backfill.range-invalid"
+
+
+class BackfillTooLargeError(UltimateError):
+    """A backfill range holding more occurrences than the limit allows."""
+
+    code = "jobs.backfill.too-many"
+
+
 class TaskEntriesError(UltimateError):
     """A task's function raised, or returned something that is not a list of (job, input)."""
 

@@ -1,6 +1,7 @@
 """Occurrence records: what was decided about each occurrence, written and read in one shape.
 
-The scheduler's round (fired, dropped, skipped while paused) and "Run now" (manual) write them;
+The scheduler's round (fired, dropped, skipped while paused or for overlap), "Run now" (manual)
+and a backfill write them;
 the admin reads a task's recent history back with the ids of the jobs each record produced.
 ``Occurrence.jobs`` is built and parsed only here.
 """
@@ -26,6 +27,8 @@ OUTCOME_LABELS = {
     Outcome.DROPPED.value: "dropped",
     Outcome.PAUSED.value: "skipped (paused)",
     Outcome.MANUAL.value: "manual",
+    Outcome.OVERLAP.value: "skipped (overlap)",
+    Outcome.BACKFILL.value: "backfill",
 }
 
 
@@ -80,7 +83,7 @@ def fired(
 def decided(
     task: str, outcome: str, span: Span, *, detail: str, at: datetime, node: str
 ) -> dict[str, Any]:
-    """The row of occurrences decided without firing: dropped, or skipped while paused."""
+    """The row of occurrences decided without firing: dropped, paused or overlapping."""
     detail += " (at least)" if span.at_least else ""
     return _row(task, outcome, span, at=at, node=node, detail=detail)
 
@@ -137,10 +140,33 @@ def manual(
     return Occurrence.objects.using(using).create(**row)
 
 
-def recent(task: str, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[HistoryEntry]:
-    """The latest ``limit`` records of ``task``, newest first: two queries."""
+def backfill(
+    task: str,
+    span: Span,
+    jobs: Iterable[RecordedJob],
+    *,
+    at: datetime,
+    user: str,
+    detail: str,
+) -> dict[str, Any]:
+    """The row of a backfill by ``user``: the occurrences it covered and every job it asked for."""
+    return _row(task, Outcome.BACKFILL, span, at=at, user=user, detail=detail, jobs=jobs)
+
+
+def recent(
+    task: str,
+    limit: int,
+    using: str = DEFAULT_DB_ALIAS,
+    *,
+    jobs_per_record: int | None = None,
+) -> list[HistoryEntry]:
+    """The latest ``limit`` records of ``task``, newest first: two queries.
+
+    ``jobs_per_record`` keeps only the first jobs of each record (a backfill has one per
+    occurrence), so a page of history never looks up thousands of keys.
+    """
     records = list(Occurrence.objects.using(using).filter(task=task)[:limit])
-    parsed = [(record, recorded_jobs(record)) for record in records]
+    parsed = [(record, recorded_jobs(record)[:jobs_per_record]) for record in records]
     ids = ids_of({job.key for _, jobs in parsed for job in jobs}, using=using)
     return [
         HistoryEntry(record, [(job, ids.get(job.key)) for job in jobs]) for record, jobs in parsed

@@ -15,7 +15,16 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, QuerySet, Value
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Min,
+    Q,
+    QuerySet,
+    Value,
+)
 from django.db.models.functions import Concat, Now
 
 from . import clock, sql
@@ -160,6 +169,33 @@ def insert_round(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> E
                 enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
     notify([row["queue"] for row in rows], using=using)
     return enqueued
+
+
+def busy_occurrences(tasks: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> dict[str, datetime]:
+    """Per task, the earliest occurrence with a job still queued or running: one statement.
+
+    Only jobs of occurrences count (scheduled or backfilled); a direct or manual enqueue has
+    none. Read inside the round's transaction, for the overlap policy.
+    """
+    names = sorted(set(tasks))
+    if not names:
+        return {}
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql.BUSY_OCCURRENCES, [names])
+            return dict(cursor.fetchall())
+    rows = (
+        Job.objects.using(using)
+        .filter(
+            task__in=names,
+            status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+            occurrence__isnull=False,
+        )
+        .values("task")
+        .annotate(earliest=Min("occurrence"))
+        .order_by()
+    )
+    return {row["task"]: row["earliest"] for row in rows}
 
 
 def ids_of(keys: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:

@@ -17,6 +17,8 @@ class Task(models.Model):
     tz = models.CharField(max_length=64)
     catch_up = models.CharField(max_length=16, default="skip")
     max_catch_up = models.PositiveIntegerField(default=10)
+    #: "allow", or "skip": an occurrence is not fired while an earlier one still has a job.
+    overlap = models.CharField(max_length=16, default="allow")
     jobs = models.JSONField(default=list, blank=True)
     #: The latest occurrence dealt with (fired or deliberately dropped). Never fired again.
     last_fired_at = models.DateTimeField(null=True, blank=True)
@@ -65,7 +67,7 @@ class Job(models.Model):
     task = models.CharField(max_length=200, blank=True, db_index=True)
     occurrence = models.DateTimeField(null=True, blank=True)
     catch_up = models.BooleanField(default=False)
-    #: "scheduler", "code", or "admin:<username>".
+    #: "scheduler", "code", "admin:<username>" or "backfill:<user>".
     enqueued_by = models.CharField(max_length=200, default="code")
     #: The worker node running it, so a dead worker's jobs can be found and recovered.
     worker = models.CharField(max_length=64, blank=True)
@@ -83,6 +85,9 @@ class Outcome(models.TextChoices):
     DROPPED = "dropped"
     PAUSED = "paused"
     MANUAL = "manual"
+    #: Not fired: a job of an earlier occurrence of the task was still queued or running.
+    OVERLAP = "overlap"
+    BACKFILL = "backfill"
 
 
 class Occurrence(models.Model):

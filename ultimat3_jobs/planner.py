@@ -9,9 +9,9 @@ transaction (``state.py``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .catchup import NextAfter, Span, decide, span_between
@@ -39,7 +39,7 @@ class PlannedOccurrence:
 
 @dataclass(frozen=True)
 class PlannedRecord:
-    """Occurrences decided without firing: dropped by the policy, or skipped while paused."""
+    """Occurrences decided without firing: dropped, skipped while paused or for overlap."""
 
     task: str
     outcome: str
@@ -54,6 +54,9 @@ class RoundPlan:
     records: list[PlannedRecord] = field(default_factory=list)
     #: task -> (watermark the round read, watermark to write)
     watermarks: dict[str, tuple[datetime | None, datetime]] = field(default_factory=dict)
+    #: Tasks declared ``overlap="skip"`` that fire this round: the commit asks which of them
+    #: still have jobs of earlier occurrences, then ``skip_overlaps`` adjusts the plan.
+    skip_overlap: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -144,5 +147,51 @@ def plan_task(
         plan.fired.append(
             PlannedOccurrence(name, occurrence, catch_up, plan_jobs(name, occurrence, entries))
         )
+        if handle.overlap == "skip":
+            plan.skip_overlap.add(name)
     plan.watermarks[name] = (watermark, decision.watermark)
     return TaskStep(decision.next_due, dropped=decision.dropped)
+
+
+def skip_overlaps(plan: RoundPlan, busy: Mapping[str, datetime]) -> list[PlannedRecord]:
+    """Take out of ``plan`` the occurrences an ``overlap="skip"`` task may not fire now.
+
+    ``busy`` is, per task, the earliest occurrence that still has a job queued or running, read
+    inside the round's transaction. An occurrence is skipped when an earlier one is busy, or
+    when an earlier one with jobs fires in this same round (its jobs are queued from now on).
+    The skipped ones become records (consecutive ones of a task in one record), the watermarks
+    stay as planned, so a skipped occurrence is never fired later. Returns the new records.
+    """
+    if not plan.skip_overlap:
+        return []
+    kept: list[PlannedOccurrence] = []
+    skipped: dict[str, list[datetime]] = {}
+    reasons: dict[str, str] = {}
+    fired_here: dict[str, datetime] = {}
+    for fired in plan.fired:
+        name = fired.task
+        if name not in plan.skip_overlap:
+            kept.append(fired)
+            continue
+        earlier = busy.get(name)
+        if earlier is not None and earlier < fired.occurrence:
+            reasons.setdefault(name, f"overlap=skip: {_iso(earlier)} still queued or running")
+        elif name in fired_here:
+            reasons.setdefault(name, f"overlap=skip: {_iso(fired_here[name])} fired this round")
+        else:
+            kept.append(fired)
+            if fired.jobs:
+                fired_here[name] = fired.occurrence
+            continue
+        skipped.setdefault(name, []).append(fired.occurrence)
+    records = [
+        PlannedRecord(name, "overlap", Span(times[0], times[-1], len(times)), reasons[name])
+        for name, times in skipped.items()
+    ]
+    plan.fired = kept
+    plan.records.extend(records)
+    return records
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")

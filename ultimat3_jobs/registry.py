@@ -35,6 +35,7 @@ from .errors import (
     InvalidCatchUpError,
     InvalidDeclarationError,
     InvalidJobInputError,
+    InvalidOverlapError,
     InvalidTimezoneError,
     JobNameTakenError,
     MissingTimezoneError,
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
 CatchUp = Literal["skip", "run-once", "run-all"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
+Overlap = Literal["allow", "skip"]
+OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "skip")
 JobKey = str | Callable[[dict[str, Any]], str] | None
 Entry = tuple["JobHandle", dict[str, Any]]
 
@@ -263,6 +266,7 @@ class TaskHandle:
         max_catch_up: int,
         dst_gap: DstGap = "end-of-gap",
         dst_repeat: DstRepeat = "first",
+        overlap: Overlap = "allow",
     ) -> None:
         self.func = func
         self.name = name
@@ -272,6 +276,7 @@ class TaskHandle:
         self.max_catch_up = max_catch_up
         self.dst_gap: DstGap = dst_gap
         self.dst_repeat: DstRepeat = dst_repeat
+        self.overlap = overlap
         self.__doc__ = func.__doc__
 
     @property
@@ -375,6 +380,7 @@ class TaskHandle:
             "max_catch_up": self.max_catch_up,
             "dst_gap": self.dst_gap,
             "dst_repeat": self.dst_repeat,
+            "overlap": self.overlap,
             "jobs": [job.name for job, _ in self.entries()],
         }
 
@@ -507,12 +513,15 @@ def task(
     max_catch_up: int = 10,
     dst_gap: DstGap = "end-of-gap",
     dst_repeat: DstRepeat = "first",
+    overlap: Overlap = "allow",
 ) -> Callable[[Callable[[datetime], Iterable[Entry]]], TaskHandle]:
     """Declare a task: ``@task(cron="0 3 * * *", tz="Europe/Paris")``.
 
     The function receives each occurrence (aware, in ``tz``) and returns ``[(job, input), ...]``.
     ``dst_gap`` ("end-of-gap" | "skip") and ``dst_repeat`` ("first" | "both") choose what a
-    wall-clock schedule does on DST days (``ultimat3_jobs.cron``). Every problem with the
+    wall-clock schedule does on DST days (``ultimat3_jobs.cron``). ``overlap="skip"`` records an
+    occurrence as skipped, rather than firing it, while a job of an earlier occurrence of the
+    task is still queued or running. Every problem with the
     declaration raises here, at import, with a fix.
     """
     _check_name(name, "task")
@@ -540,6 +549,13 @@ def task(
                 cause=max_catch_up,
             )
         gap, repeat = check_dst_options(dst_gap, dst_repeat, f'task "{task_name}"')
+        if overlap not in OVERLAP_POLICIES:
+            raise InvalidOverlapError(
+                f'task "{task_name}" has overlap={overlap!r}',
+                fix='use overlap="allow" (default: occurrences may run side by side) or '
+                '"skip" (skip an occurrence while an earlier one is still queued or running)',
+                cause=overlap,
+            )
         handle = TaskHandle(
             fn,
             name=task_name,
@@ -549,6 +565,7 @@ def task(
             max_catch_up=max_catch_up,
             dst_gap=gap,
             dst_repeat=repeat,
+            overlap=overlap,
         )
         registry.register(handle)
         return handle

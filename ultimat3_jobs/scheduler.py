@@ -228,6 +228,17 @@ class Scheduler:
             self._set_due(name, at)
         for handle, step in steps:
             self._log_step(handle, step)
+        for record in plan.records:
+            if record.outcome == "overlap":
+                emit(
+                    logger,
+                    "jobs.scheduler.overlap-skipped",
+                    task=record.task,
+                    first=record.span.first,
+                    last=record.span.last,
+                    count=record.span.count,
+                    detail=record.detail,
+                )
         if missing:
             # A row went missing under us: sync and rebuild next round.
             self._due = self._synced_for = None

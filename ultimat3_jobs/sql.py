@@ -34,6 +34,13 @@ RETURNING key, id
 #: Ids of jobs whose keys already existed.
 EXISTING_JOBS = f"SELECT key, id FROM {_JOB} WHERE key = ANY(%s)"
 
+#: Per task of the array, the earliest occurrence that still has a job queued or running.
+BUSY_OCCURRENCES = f"""
+SELECT task, MIN(occurrence) FROM {_JOB}
+WHERE task = ANY(%s) AND status IN ('queued', 'running') AND occurrence IS NOT NULL
+GROUP BY task
+"""
+
 #: Occurrence records from a JSON array.
 INSERT_OCCURRENCES = f"""
 INSERT INTO {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,

@@ -21,7 +21,7 @@ from .db import database_now
 from .jobstore import Enqueued
 from .logs import emit
 from .models import Task
-from .planner import PlannedJob, PlannedOccurrence, RoundPlan
+from .planner import PlannedJob, PlannedOccurrence, RoundPlan, skip_overlaps
 from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
@@ -55,7 +55,12 @@ class SchedulerState(Protocol):
         """Watermarks of ``names`` (None: every stored task), in one read."""
 
     def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
-        """Write the round atomically; raise FencingLost / WatermarkMoved and write nothing."""
+        """Write the round atomically; raise FencingLost / WatermarkMoved and write nothing.
+
+        Inside the transaction, before any job is written, the occurrences of
+        ``plan.skip_overlap`` tasks that overlap an earlier one are moved from ``plan.fired``
+        to ``plan.records`` (``planner.skip_overlaps``): the caller reads the plan afterwards.
+        """
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         """After every round: compare clocks, and record this node's liveness (throttled)."""
@@ -110,7 +115,8 @@ class DatabaseState:
                     changed.append(task)
             rows.bulk_create(new, ignore_conflicts=True)
             rows.bulk_update(
-                changed, ["cron", "tz", "catch_up", "max_catch_up", "jobs", "declared"]
+                changed,
+                ["cron", "tz", "catch_up", "max_catch_up", "overlap", "jobs", "declared"],
             )
             declared = {handle.name for handle in tasks}
             gone = [name for name, task in stored.items() if name not in declared and task.declared]
@@ -129,13 +135,17 @@ class DatabaseState:
         }
 
     def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
-        jobs = [
-            _job_row(fired, planned, plan.now) for fired in plan.fired for planned in fired.jobs
-        ]
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
             self._compare_and_set(plan)
+            if plan.skip_overlap:
+                # One statement for every overlap="skip" task of the round, under the locks
+                # the compare-and-set took, so no other round decides these tasks meanwhile.
+                skip_overlaps(plan, jobstore.busy_occurrences(plan.skip_overlap, self.using))
+            jobs = [
+                _job_row(fired, planned, plan.now) for fired in plan.fired for planned in fired.jobs
+            ]
             enqueued = jobstore.insert_round(jobs, using=self.using)
             history.write(self._records(plan, enqueued), using=self.using)
         return enqueued
@@ -265,6 +275,7 @@ def _declaration(handle: TaskHandle) -> dict[str, Any]:
         "tz": handle.tz,
         "catch_up": handle.catch_up,
         "max_catch_up": handle.max_catch_up,
+        "overlap": handle.overlap,
     }
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .jobstore import Enqueued
-from .planner import RoundPlan
+from .planner import RoundPlan, skip_overlaps
 from .registry import TaskHandle
 from .state import Fence, FencingLost, TaskState, WatermarkMoved
 
@@ -47,6 +47,8 @@ class MemoryState:
                 current = self.tasks.get(name, TaskState(None)).watermark
                 if current != expected:
                     raise WatermarkMoved(name)
+            if plan.skip_overlap:
+                skip_overlaps(plan, self._busy(plan.skip_overlap))
             enqueued: Enqueued = {}
             for fired in plan.fired:
                 for planned in fired.jobs:
@@ -59,6 +61,7 @@ class MemoryState:
                             "task": fired.task,
                             "occurrence": fired.occurrence,
                             "catch_up": fired.catch_up,
+                            "status": "queued",
                         }
                     enqueued[planned.key] = (self.jobs[planned.key]["id"], created)
                 self.records.append(
@@ -73,6 +76,15 @@ class MemoryState:
                 self.tasks[name] = TaskState(new, paused)
             self.commits += 1
             return enqueued
+
+    def _busy(self, tasks: set[str]) -> dict[str, datetime]:
+        """As ``jobstore.busy_occurrences``: set a job's ``status`` to finish it."""
+        busy: dict[str, datetime] = {}
+        for row in self.jobs.values():
+            task, at = row["task"], row["occurrence"]
+            if task in tasks and at is not None and row["status"] in ("queued", "running"):
+                busy[task] = min(busy.get(task, at), at)
+        return busy
 
     def pause(self, name: str, paused: bool = True) -> None:
         with self._lock:

@@ -41,3 +41,18 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_SLOW"):
                 file.write(f"{os.getpid()} {occurrence.isoformat()}\n")
         time.sleep(float(os.environ["ULTIMAT3_ACCEPTANCE_SLOW"]))
         return [(mark, {"occurrence": occurrence.isoformat()})]
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_GATE"):
+
+    @job(name="acceptance.hold")
+    def hold(occurrence: str) -> None:
+        """Runs until the test opens the gate (creates the file), so it outlives its period."""
+        gate = os.environ["ULTIMAT3_ACCEPTANCE_GATE"]
+        deadline = time.monotonic() + 120  # never hang a test run for good
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    @task(cron="* * * * * *", tz="UTC", name="acceptance.exclusive", overlap="skip")
+    def exclusive(occurrence: datetime) -> list[Entry]:
+        return [(hold, {"occurrence": occurrence.isoformat()})]

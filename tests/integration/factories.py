@@ -16,7 +16,12 @@ def demo_ping() -> JobHandle:
 
 
 def make_tasks(
-    count: int, cron: str = "* * * * *", tz: str = "UTC", catch_up: str = "skip", prefix: str = "n"
+    count: int,
+    cron: str = "* * * * *",
+    tz: str = "UTC",
+    catch_up: str = "skip",
+    prefix: str = "n",
+    overlap: str = "allow",
 ) -> list[TaskHandle]:
     ping = demo_ping()
 
@@ -31,6 +36,7 @@ def make_tasks(
             zone=resolve_zone(tz, "bench"),
             catch_up=catch_up,  # type: ignore[arg-type]
             max_catch_up=10,
+            overlap=overlap,  # type: ignore[arg-type]
         )
         for i in range(count)
     ]

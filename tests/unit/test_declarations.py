@@ -11,6 +11,7 @@ from ultimat3_jobs.errors import (
     InvalidCatchUpError,
     InvalidCronError,
     InvalidJobInputError,
+    InvalidOverlapError,
     InvalidTimezoneError,
     MissingTimezoneError,
     TaskEntriesError,
@@ -79,6 +80,27 @@ def test_task__bad_catch_up_fails_at_declaration(options: dict[str, object], nee
 
     assert needle in caught.value.message
     assert caught.value.code == "jobs.task.catch-up-invalid"
+
+
+def test_task__bad_overlap_fails_at_declaration_with_a_fix() -> None:
+    with pytest.raises(InvalidOverlapError) as caught:
+
+        @task(cron="0 3 * * *", tz="UTC", overlap="never")  # type: ignore[arg-type]
+        def nightly(occurrence: datetime) -> list[Entry]:
+            return []
+
+    assert caught.value.code == "jobs.task.overlap-invalid"
+    assert "'never'" in caught.value.message
+    assert '"skip"' in caught.value.fix
+
+
+def test_task__overlap_skip_is_kept_and_described() -> None:
+    @task(cron="0 3 * * *", tz="UTC", name="unit.exclusive", overlap="skip")
+    def exclusive(occurrence: datetime) -> list[Entry]:
+        return []
+
+    assert exclusive.overlap == "skip"
+    assert exclusive.describe()["overlap"] == "skip"
 
 
 def test_registry__different_task_under_a_taken_name_raises() -> None:
@@ -218,6 +240,7 @@ def test_task__describe_is_json_safe_with_jobs_in_declaration_order() -> None:
         "max_catch_up": 5,
         "dst_gap": "end-of-gap",
         "dst_repeat": "first",
+        "overlap": "allow",
         "jobs": ["unit.b_second", "unit.a_first"],
     }
 

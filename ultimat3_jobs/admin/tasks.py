@@ -1,4 +1,4 @@
-"""The tasks admin: next runs, history, pausing, and "Run now".
+"""The tasks admin: next runs, history, pausing, "Run now" and backfill.
 
 Declarations are read-only here because code is their source of truth; the scheduler mirrors
 them into the ``Task`` table when it starts. Pausing is the one edit, and it writes only the
@@ -42,11 +42,14 @@ from ..manual import ManualRun, preview, run_now
 from ..models import Task
 from ..registry import TaskHandle, registry
 from ..status import scheduler_status
+from .backfill import BackfillAdmin
 from .display import UTC_ZONE, both_zones, fields_of, job_link, last_round, stamp, utc_column
 
-#: How many upcoming runs the task page previews, and how many past records it lists.
+#: How many upcoming runs the task page previews, how many past records it lists, and how
+#: many jobs of one record (a backfill may have a thousand).
 NEXT_RUNS = 10
 HISTORY = 20
+HISTORY_JOBS = 10
 
 
 # -- what a Task row means now ----------------------------------------------------------------
@@ -123,7 +126,7 @@ class TaskPauseForm(forms.ModelForm):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
     """Tasks as declared in code, their next runs and history; pause and "Run now"."""
 
     form = TaskPauseForm
@@ -137,7 +140,7 @@ class TaskAdmin(admin.ModelAdmin):
         "jobs_column",
         "state_column",
     ]
-    list_filter = ["paused", "declared", "catch_up", "tz"]
+    list_filter = ["paused", "declared", "catch_up", "overlap", "tz"]
     search_fields = ["name", "cron", "tz", "paused_note"]
     actions = ["run_selected"]
     fieldsets = [
@@ -150,6 +153,7 @@ class TaskAdmin(admin.ModelAdmin):
                     "dst_column",
                     "tz",
                     "catch_up_column",
+                    "overlap_column",
                     "jobs_column",
                     "declared_column",
                 ]
@@ -207,6 +211,12 @@ class TaskAdmin(admin.ModelAdmin):
         if task.catch_up == "run-all":
             return f"run-all (at most {task.max_catch_up})"
         return task.catch_up
+
+    @admin.display(description="Overlap", ordering="overlap")
+    def overlap_column(self, task: Task) -> str:
+        if task.overlap == "skip":
+            return "skip: an occurrence is skipped while an earlier one is queued or running"
+        return "allow: occurrences may run side by side"
 
     @admin.display(description="Jobs")
     def jobs_column(self, task: Task) -> SafeString | str:
@@ -316,6 +326,7 @@ class TaskAdmin(admin.ModelAdmin):
                 run_now_url=reverse("admin:ultimat3_jobs_task_run_one", args=[task.pk])
                 + "?"
                 + urlencode({"next": request.path}),
+                backfill_url=reverse("admin:ultimat3_jobs_task_backfill", args=[task.pk]),
                 jobs_url=reverse("admin:ultimat3_jobs_job_changelist")
                 + "?"
                 + urlencode({"task": task.name}),
@@ -348,7 +359,7 @@ class TaskAdmin(admin.ModelAdmin):
         schedule = _schedule_of(task)
         zone = schedule.zone if schedule is not None else UTC_ZONE
         rows = []
-        for entry in history.recent(task.name, HISTORY):
+        for entry in history.recent(task.name, HISTORY, jobs_per_record=HISTORY_JOBS):
             record = entry.record
             first, last = record.occurrence, record.last_occurrence
             rows.append(
@@ -364,6 +375,7 @@ class TaskAdmin(admin.ModelAdmin):
                         {"job": job.job, "key": job.key, "created": job.created, "id": pk}
                         for job, pk in entry.jobs
                     ],
+                    "more_jobs": len(record.jobs) - len(entry.jobs),
                     "by": record.user or record.node,
                     "detail": record.detail,
                 }
@@ -382,10 +394,18 @@ class TaskAdmin(admin.ModelAdmin):
                 raise PermissionDenied
             return guarded(request, object_id=object_id)
 
+        guarded_backfill = self.admin_site.admin_view(self.backfill_view)
+
+        def backfill_view(request: HttpRequest, object_id: str) -> HttpResponse:
+            if not self.admin_site.has_permission(request):
+                raise PermissionDenied
+            return guarded_backfill(request, object_id=object_id)
+
         # Ahead of the default patterns, whose "<path:object_id>/" would swallow "run/".
         return [
             path("run/", view, name="ultimat3_jobs_task_run"),
             path("<path:object_id>/run/", view, name="ultimat3_jobs_task_run_one"),
+            path("<path:object_id>/backfill/", backfill_view, name="ultimat3_jobs_task_backfill"),
             *super().get_urls(),
         ]
 

@@ -95,3 +95,31 @@ class LeaderUnavailableError(UltimateError):
     """The configured leader election cannot run on this database."""
 
     code = "jobs.scheduler.leader-unavailable"
+
+
+class InvalidJobKeyError(UltimateError):
+    """A job key that cannot be stored: too long, not text, holding NUL, or not buildable.
+
+    Raised at declaration for a ``key=`` that can never work (``key=5``, a template naming an
+    argument the job does not take) and at enqueue for a key that does not fit the table.
+    """
+
+    code = "jobs.job.key-invalid"
+
+
+class InvalidRunAtError(UltimateError):
+    """``run_at`` that is not an aware ``datetime`` (a number, a string, a naive datetime)."""
+
+    code = "jobs.job.run-at-invalid"
+
+
+class TaskSyncError(UltimateError):
+    """The database refused to store one task's declaration; the other tasks still run."""
+
+    code = "jobs.task.sync-failed"
+
+
+class UnknownDatabaseError(UltimateError):
+    """A ``--database`` alias that is not a key of ``DATABASES``."""
+
+    code = "jobs.database-unknown"

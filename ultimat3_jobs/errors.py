@@ -32,7 +32,7 @@ class UltimateError(Exception):
         return {
             "error": self.message,
             "code": self.code,
-            "cause": None if self.cause is None else str(self.cause),
+            "cause": None if self.cause is None else _readable(self.cause),
             "fix": self.fix,
         }
 
@@ -123,3 +123,10 @@ class UnknownDatabaseError(UltimateError):
     """A ``--database`` alias that is not a key of ``DATABASES``."""
 
     code = "jobs.database-unknown"
+
+
+def _readable(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:  # A cause whose str() raises must not hide the error it explains.
+        return f"<{type(value).__qualname__} whose str() raised>"

@@ -6,15 +6,16 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs import logs
 from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
 from ultimat3_jobs.management.arguments import positive_seconds
-from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 from ultimat3_jobs.nodes import new_node_id
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
@@ -33,7 +34,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--tick-interval",
             type=positive_seconds,
-            help="Seconds between the end of one round and the start of the next.",
+            help="Seconds between the end of one round and the start of the next (at most a day).",
         )
         parser.add_argument("--log-format", choices=("text", "json"), default="text")
         parser.add_argument("--once", action="store_true", help="Run one round, then exit.")
@@ -74,7 +75,11 @@ class Command(BaseCommand):
             misfire_grace=config.misfire_grace,
         )
         if once:
-            scheduler.run_once()
+            try:
+                scheduler.run_once()
+            except (DatabaseError, psycopg.Error) as error:
+                # One round and no loop to retry in: the failure is the command's.
+                raise database_error(database, error) from None
             return
         scheduler.start()
         scheduler.wait()

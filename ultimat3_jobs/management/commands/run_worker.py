@@ -11,9 +11,16 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
+from ultimat3_jobs.logs import DATABASE_UNAVAILABLE_FIX
+from ultimat3_jobs.management.arguments import (
+    MAX_CONCURRENCY,
+    positive_int,
+    positive_seconds,
+    queue_names,
+    up_to,
+)
 from ultimat3_jobs.management.preflight import command_error, require_migrated
-from ultimat3_jobs.worker import CLEAN_EXIT, Worker
+from ultimat3_jobs.worker import CLEAN_EXIT, UNAVAILABLE_EXIT, Worker
 
 
 class Command(BaseCommand):
@@ -25,9 +32,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=up_to(MAX_CONCURRENCY),
             default=1,
-            help="Jobs run at once, each in a thread of its own (default 1).",
+            help=f"Jobs run at once, each in a thread (and a database connection) of its own: "
+            f"1 to {MAX_CONCURRENCY} (default 1).",
         )
         parser.add_argument(
             "--queues",
@@ -88,6 +96,12 @@ class Command(BaseCommand):
         except UltimateError as error:
             raise command_error(error) from error
         exit_code = worker.run()
+        if exit_code == UNAVAILABLE_EXIT:
+            raise CommandError(
+                f"the database {database!r} could not be reached, so this burst ran nothing"
+                f"\nfix: {DATABASE_UNAVAILABLE_FIX}",
+                returncode=exit_code,
+            )
         if exit_code != CLEAN_EXIT:
             raise CommandError(
                 "the drain grace ran out; the jobs still in flight went back to the queue",

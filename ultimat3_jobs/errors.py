@@ -32,7 +32,7 @@ class UltimateError(Exception):
         return {
             "error": self.message,
             "code": self.code,
-            "cause": None if self.cause is None else _readable(self.cause),
+            "cause": None if self.cause is None else readable(self.cause),
             "fix": self.fix,
         }
 
@@ -125,8 +125,9 @@ class UnknownDatabaseError(UltimateError):
     code = "jobs.database-unknown"
 
 
-def _readable(value: object) -> str:
+def readable(value: object) -> str:
+    """``str(value)``, or a placeholder when even that raises: reporting a failure never fails."""
     try:
         return str(value)
-    except Exception:  # A cause whose str() raises must not hide the error it explains.
+    except Exception:
         return f"<{type(value).__qualname__} whose str() raised>"

@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, date, datetime
 from typing import Any
 
-from .errors import UltimateError
+from .errors import UltimateError, readable
 
 
 def emit(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
@@ -26,14 +26,6 @@ DATABASE_UNAVAILABLE_FIX = (
     "host; the loop backs off and retries by itself"
 )
 NOT_MIGRATED_FIX = "run: python manage.py migrate"
-
-
-def readable(value: object) -> str:
-    """``str(value)``, or a placeholder when even that raises: logging a failure never fails."""
-    try:
-        return str(value)
-    except Exception:
-        return f"<{type(value).__qualname__} whose str() raised>"
 
 
 def failure_fields(error: BaseException) -> dict[str, Any]:

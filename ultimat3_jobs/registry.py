@@ -35,6 +35,7 @@ from .errors import (
     MissingTimezoneError,
     TaskEntriesError,
     UltimateError,
+    readable,
 )
 
 if TYPE_CHECKING:
@@ -376,15 +377,15 @@ class JobHandle:
             return None
         if callable(self.key):
             try:
-                value = self.key(data)
+                value = str(self.key(data))
             except Exception as error:
                 raise InvalidJobKeyError(
                     f'the key callable of job "{self.name}" raised for input {sorted(data)}: '
-                    f"{type(error).__name__}: {error}",
+                    f"{type(error).__name__}: {readable(error)}",
                     fix=f'make the key of "{self.name}" handle every input it is given',
                     cause=error,
                 ) from error
-            return check_key(self.name, str(value))
+            return check_key(self.name, value)
         defaults = {
             n: p.default
             for n, p in self.signature.parameters.items()
@@ -401,7 +402,7 @@ class JobHandle:
         except Exception as error:
             raise InvalidJobKeyError(
                 f'key template "{self.key}" of job "{self.name}" does not fit input '
-                f"{sorted(data)}: {type(error).__name__}: {error}",
+                f"{sorted(data)}: {type(error).__name__}: {readable(error)}",
                 fix=f'make the format specs of the key of "{self.name}" fit the values passed',
                 cause=error,
             ) from error
@@ -514,7 +515,7 @@ class TaskHandle:
         except Exception as error:
             raise TaskEntriesError(
                 f'task "{self.name}" raised for occurrence {at.isoformat()}: '
-                f"{type(error).__name__}: {error}",
+                f"{type(error).__name__}: {readable(error)}",
                 fix=f'fix the function of task "{self.name}"; the scheduler retries this '
                 "occurrence every round until it returns entries",
                 cause=error,

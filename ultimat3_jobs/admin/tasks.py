@@ -38,9 +38,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from .. import clock, history
 from ..cron import CronSchedule, describe_occurrence, occurrences, parse
-from ..errors import UltimateError
+from ..errors import UltimateError, readable
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
-from ..logs import readable
 from ..manual import ManualRun, preview, run_now
 from ..models import RunToken, Task
 from ..registry import TaskHandle, registry

@@ -49,6 +49,13 @@ def command_error(error: UltimateError) -> CommandError:
 def database_error(using: str, error: BaseException) -> CommandError:
     """A database failure (unreachable, unmigrated) as the command's failure, with its fix."""
     fields = failure_fields(error)
+    fix = fields["fix"]
+    if fields["code"] == "jobs.database-unavailable":
+        # There is no loop here to back off and retry: the operator runs it again.
+        fix = (
+            f"check that the database {using!r} in DATABASES / DATABASE_URL is running and "
+            "reachable from this host, then run the command again"
+        )
     return CommandError(
-        f"the database {using!r} failed: {fields['error']} [{fields['code']}]\nfix: {fields['fix']}"
+        f"the database {using!r} failed: {fields['error']} [{fields['code']}]\nfix: {fix}"
     )

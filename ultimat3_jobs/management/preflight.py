@@ -51,11 +51,15 @@ def database_error(using: str, error: BaseException) -> CommandError:
     fields = failure_fields(error)
     fix = fields["fix"]
     if fields["code"] == "jobs.database-unavailable":
-        # There is no loop here to back off and retry: the operator runs it again.
-        fix = (
-            f"check that the database {using!r} in DATABASES / DATABASE_URL is running and "
-            "reachable from this host, then run the command again"
-        )
+        fix = unavailable_fix(using)
     return CommandError(
         f"the database {using!r} failed: {fields['error']} [{fields['code']}]\nfix: {fix}"
+    )
+
+
+def unavailable_fix(using: str) -> str:
+    """The fix for a database a one-shot command could not reach: no loop retries for it."""
+    return (
+        f"check that the database {using!r} in DATABASES / DATABASE_URL is running and "
+        "reachable from this host, then run the command again"
     )

@@ -11,7 +11,6 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.logs import DATABASE_UNAVAILABLE_FIX
 from ultimat3_jobs.management.arguments import (
     MAX_CONCURRENCY,
     positive_int,
@@ -19,7 +18,7 @@ from ultimat3_jobs.management.arguments import (
     queue_names,
     up_to,
 )
-from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.management.preflight import command_error, require_migrated, unavailable_fix
 from ultimat3_jobs.worker import CLEAN_EXIT, UNAVAILABLE_EXIT, Worker
 
 
@@ -99,7 +98,7 @@ class Command(BaseCommand):
         if exit_code == UNAVAILABLE_EXIT:
             raise CommandError(
                 f"the database {database!r} could not be reached, so this burst ran nothing"
-                f"\nfix: {DATABASE_UNAVAILABLE_FIX}",
+                f"\nfix: {unavailable_fix(database)}",
                 returncode=exit_code,
             )
         if exit_code != CLEAN_EXIT:

@@ -290,3 +290,35 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
 
         handle = task(cron="0 3 * * *", tz=tz, name=f"z.{tz.replace('/', '_')}")(nightly)
         assert handle.next_runs(1, datetime(2026, 1, 1, tzinfo=UTC))
+
+
+# -- the settings feed the same columns: MAX_ATTEMPTS, DEFAULT_QUEUE, and the intervals -----------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"MAX_ATTEMPTS": 2**31},
+        {"MAX_ATTEMPTS": True},
+        {"DEFAULT_QUEUE": "q" * (QUEUE_LIMIT + 1)},
+        {"TICK_INTERVAL": float("inf")},
+        {"WORKER_POLL_INTERVAL": 1e308},
+    ],
+    ids=["attempts_2_31", "attempts_true", "queue_long", "tick_inf", "poll_1e308"],
+)
+def test_settings__values_a_column_or_a_timedelta_cannot_hold_are_refused(
+    options: dict[str, Any],
+) -> None:
+    from django.test import override_settings
+
+    from ultimat3_jobs.checks import check_settings
+    from ultimat3_jobs.conf import get_settings
+    from ultimat3_jobs.errors import ConfigurationError
+
+    with override_settings(ULTIMAT3_JOBS=options):
+        with pytest.raises(ConfigurationError) as caught:
+            get_settings()
+        [message] = check_settings()
+    assert caught.value.code == "jobs.config-invalid"
+    assert message.id == "ultimat3_jobs.E002"
+    assert message.hint == caught.value.fix

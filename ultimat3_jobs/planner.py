@@ -16,7 +16,7 @@ from typing import Any
 
 from .catchup import NextAfter, Span, decide, span_between
 from .clock import ONE_MS
-from .registry import KEY_LIMIT, JobHandle, TaskHandle
+from .registry import KEY_LIMIT, JobHandle, TaskHandle, check_columns
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ def plan_jobs(
     seen: dict[str, int] = {}
     planned = []
     for job, data in entries:
+        check_columns(job)
         part = job.occurrence_part(data)
         key = occurrence_key(task, occurrence, part)
         seen[key] = seen.get(key, 0) + 1

@@ -15,6 +15,7 @@ import json
 import string
 import threading
 import uuid
+import weakref
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -744,6 +745,25 @@ def _check_queue(queue: object, owner: str) -> None:
             cause=queue,
         )
     _check_text(queue, "queue name", QUEUE_LIMIT)
+
+
+def check_columns(handle: JobHandle) -> None:
+    """Hold a handle to the job table's limits, as ``@job`` does: one built without it (a
+    plugin, a test double) must fail its own task's round, never the insert of everyone's."""
+    if handle in _FITTING:
+        return  # Checked once per handle: a round may hold thousands of its entries.
+    _check_text(handle.name, "job name", NAME_LIMIT)
+    _check_queue(handle.queue, f'job "{handle.name}"')
+    if handle.max_attempts is not None:
+        problem = _check_count(handle.max_attempts, "max_attempts", f'job "{handle.name}"')
+        if problem is not None:
+            raise InvalidDeclarationError(
+                problem, fix="pass max_attempts=1 or more to @job", cause=handle.max_attempts
+            )
+    _FITTING.add(handle)
+
+
+_FITTING: weakref.WeakSet[JobHandle] = weakref.WeakSet()
 
 
 def _check_count(value: object, what: str, owner: str) -> str | None:

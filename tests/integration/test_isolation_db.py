@@ -157,6 +157,35 @@ def test_round__over_long_keys_are_hashed_to_fit_repeats_included() -> None:
     assert max(len(key) for key in keys) <= KEY_LIMIT
 
 
+def test_round__a_job_handle_built_without_job_is_held_to_the_columns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def work() -> None: ...
+
+    oversized = JobHandle(work, name="j" * 300, key=None, max_attempts=None, queue="q" * 101)
+
+    @job(name="iso.ok")
+    def ok() -> None: ...
+
+    def bad_entries(occurrence: datetime) -> list[tuple[JobHandle, dict[str, Any]]]:
+        return [(oversized, {})]
+
+    def good_entries(occurrence: datetime) -> list[tuple[JobHandle, dict[str, Any]]]:
+        return [(ok, {})]
+
+    handles = [
+        task(cron="* * * * *", tz="UTC", name="iso.oversized")(bad_entries),
+        task(cron="* * * * *", tz="UTC", name="iso.ok_task")(good_entries),
+    ]
+    clock = FrozenClock(T0)
+    scheduler = _scheduler(handles, clock)
+    scheduler.tick()
+    with caplog.at_level(logging.ERROR, logger="ultimat3_jobs.scheduler"):
+        assert _tick_at(scheduler, clock, MINUTE) == {"iso.ok_task"}
+    assert _failures(caplog)["iso.oversized"]["code"] == "jobs.declaration-invalid"
+    assert list(Job.objects.values_list("name", flat=True)) == ["iso.ok"]
+
+
 # -- item 2: a declaration the database refuses is isolated too (PostgreSQL checks lengths) ------
 
 

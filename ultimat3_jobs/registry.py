@@ -558,6 +558,7 @@ class TaskHandle:
         """
         from django.db import transaction
 
+        check_run_at(self.name, run_at)
         entries = self.entries()
         with transaction.atomic():
             return [

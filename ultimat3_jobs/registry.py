@@ -597,7 +597,7 @@ class Registry:
         self._lock = threading.RLock()
         self._by_kind: dict[str, dict[str, Any]] = {"task": {}, "job": {}}
         #: kind -> site -> id of the module instance's globals -> names declared there.
-        self._sites: dict[str, dict[tuple[str, int, str], dict[int, frozenset[str]]]] = {
+        self._sites: dict[str, dict[tuple[str, int, str], dict[int, set[str]]]] = {
             "task": {},
             "job": {},
         }
@@ -639,9 +639,7 @@ class Registry:
             if seated is not None:
                 self._forget(seated)
             self._by_kind[kind][name] = handle
-            modules = dict(self._sites[kind].get(site, {}))
-            modules[module] = modules.get(module, frozenset()) | {name}
-            self._sites[kind][site] = modules
+            self._sites[kind].setdefault(site, {}).setdefault(module, set()).add(name)
             self._names[kind][id(func)] = name
             self.version += 1
 
@@ -649,23 +647,20 @@ class Registry:
         """Drop what ``register`` noted about ``handle`` (the lock is held)."""
         kind, site, module = handle.kind, _site(handle.func), _module_of(handle.func)
         self._names[kind].pop(id(handle.func), None)
-        modules = dict(self._sites[kind].get(site, {}))
-        left = modules.get(module, frozenset()) - {handle.name}
-        if left:
-            modules[module] = left
-        else:
-            modules.pop(module, None)
-        if modules:
-            self._sites[kind][site] = modules
-        else:
+        modules = self._sites[kind].get(site, {})
+        modules.get(module, set()).discard(handle.name)
+        if not modules.get(module, True):
+            del modules[module]
+        if not modules:
             self._sites[kind].pop(site, None)
 
     def snapshot(self) -> tuple[Any, ...]:
         """Everything registered, for ``restore``: a test's declarations must not leak."""
         with self._lock:
-            return tuple(
-                {kind: dict(table) for kind, table in tables.items()}
-                for tables in (self._by_kind, self._sites, self._names)
+            return (
+                {kind: dict(table) for kind, table in self._by_kind.items()},
+                _copy_sites(self._sites),
+                {kind: dict(table) for kind, table in self._names.items()},
             )
 
     def restore(self, saved: tuple[Any, ...]) -> None:
@@ -673,7 +668,7 @@ class Registry:
         with self._lock:
             by_kind, sites, names = saved
             self._by_kind = {kind: dict(table) for kind, table in by_kind.items()}
-            self._sites = {kind: dict(table) for kind, table in sites.items()}
+            self._sites = _copy_sites(sites)
             self._names = {kind: dict(table) for kind, table in names.items()}
             self.version += 1
 
@@ -697,6 +692,17 @@ class Registry:
                 del self._by_kind[handle.kind][handle.name]
                 self._forget(handle)
                 self.version += 1
+
+
+def _copy_sites(
+    sites: dict[str, dict[tuple[str, int, str], dict[int, set[str]]]],
+) -> dict[str, dict[tuple[str, int, str], dict[int, set[str]]]]:
+    return {
+        kind: {
+            site: {m: set(names) for m, names in modules.items()} for site, modules in by.items()
+        }
+        for kind, by in sites.items()
+    }
 
 
 def _module_of(func: Callable[..., Any]) -> int:

@@ -59,13 +59,14 @@ class TaskStep:
 
     ``next_due`` is when the task is next due; ``armed`` is set on first sight; ``dropped`` is
     the span the catch-up policy dropped; ``failed`` is the occurrence whose entries raised,
-    with the error (it is retried next round).
+    with the error (it is retried next round); None as the occurrence when the schedule
+    itself raised, before any occurrence was known.
     """
 
     next_due: datetime
     armed: bool = False
     dropped: Span | None = None
-    failed: tuple[datetime, Exception] | None = None
+    failed: tuple[datetime | None, Exception] | None = None
 
 
 def occurrence_key(task: str, occurrence: datetime, part: str) -> str:

@@ -130,7 +130,11 @@ class Scheduler:
                 continue
             watermark = states[name].watermark if name in states else None
             # No watermark yet: due now, so this round arms it.
-            self._set_due(name, now if watermark is None else self._resolve(handle, watermark))
+            try:
+                due = now if watermark is None else self._resolve(handle, watermark)
+            except Exception:
+                due = now  # Planning it fails it alone, logged, like any task-specific error.
+            self._set_due(name, due)
 
     def _pop_due(self, now: datetime) -> list[str]:
         assert self._due is not None
@@ -224,7 +228,7 @@ class Scheduler:
             except Exception as error:
                 # Planning writes to the plan only once its decision stands, so a task whose
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
-                step = TaskStep(now, failed=(now, error))
+                step = TaskStep(now, failed=(None, error))
             reschedule[name] = step.next_due
             steps.append((handle, step))
         try:

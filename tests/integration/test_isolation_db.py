@@ -361,3 +361,29 @@ def test_enqueue__good_values_at_the_limits_are_written() -> None:
     )
     assert result.created
     assert Job.objects.get().key == "k" * KEY_LIMIT
+
+
+def test_round__a_task_whose_schedule_raises_fails_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handles = [_raw_task(f"iso.sched_{n}") for n in range(3)]
+    clock = FrozenClock(T0)
+
+    def resolver(handle: TaskHandle, after: datetime) -> datetime:
+        if handle.name == "iso.sched_1" and after >= T0:
+            raise OverflowError("the schedule ran off the calendar")
+        return handle.next_runs(1, after)[0]
+
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state, clock=clock, tasks=handles, resolver=resolver, drain_on_shutdown=False
+    )
+    with caplog.at_level(logging.ERROR, logger="ultimat3_jobs.scheduler"):
+        scheduler.tick()
+        fired = _tick_at(scheduler, clock, MINUTE)
+
+    assert fired == {"iso.sched_0", "iso.sched_2"}
+    failed = _failures(caplog)
+    assert set(failed) == {"iso.sched_1"}
+    assert "the schedule ran off the calendar" in failed["iso.sched_1"]["error"]
+    assert failed["iso.sched_1"]["occurrence"] is None

@@ -192,6 +192,7 @@ def test_run_now__submitting_one_confirmation_twice_enqueues_once(
     assert Job.objects.count() == 1
     assert Occurrence.objects.filter(outcome="manual").count() == 1
     assert _messages(first)[0][0] == constants.SUCCESS
+    assert second.redirect_chain[0][0] == "/admin/ultimat3_jobs/task/"
     assert _messages(second) == [
         (constants.WARNING, "This confirmation was already submitted: nothing was run again.")
     ]
@@ -283,3 +284,38 @@ def test_run_now__bad_ids_answer_404(demo_tasks: dict[str, Task], bad: str) -> N
 
     assert (one.status_code, many.status_code, posted.status_code) == (404, 404, 404)
     assert not Job.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_run_now__two_simultaneous_submits_of_one_form_enqueue_once() -> None:
+    import threading
+
+    from django.db import connections
+
+    DatabaseState(node_id="t", leader="sole").sync(
+        [t for t in registry.tasks() if t.name.startswith("demo.")]
+    )
+    row = Task.objects.get(name=DIGEST)
+    url = reverse("admin:ultimat3_jobs_task_run_one", args=[row.pk])
+    client = _runner()
+    form = _form(client, url)
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def submit() -> None:
+        try:
+            barrier.wait()
+            statuses.append(client.post(url, form).status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert statuses == [302, 302]
+    assert Job.objects.count() == 1
+    assert Occurrence.objects.filter(outcome="manual").count() == 1

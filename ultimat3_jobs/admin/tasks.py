@@ -423,6 +423,9 @@ class TaskAdmin(admin.ModelAdmin):
                     self._run_one(request, task)
                 return HttpResponseRedirect(next_url)
             messages.warning(request, refused)
+            if refused == ALREADY_SUBMITTED:
+                # Back where a run leads, never to a fresh confirmation to click again.
+                return HttpResponseRedirect(next_url)
         previews = [preview(_live_handle(task), task.name, paused=task.paused) for task in tasks]
         context = {
             **self.admin_site.each_context(request),
@@ -475,6 +478,7 @@ class TaskAdmin(admin.ModelAdmin):
 #: How long a "Run now" confirmation form stays valid.
 RUN_TOKEN_MAX_AGE = timedelta(hours=12)
 _RUN_TOKEN_SALT = "ultimat3_jobs.run-now"
+ALREADY_SUBMITTED = "This confirmation was already submitted: nothing was run again."
 
 
 def _task_id(value: str) -> int:
@@ -506,7 +510,7 @@ def _use_run_token(request: HttpRequest, token: str, tasks: Sequence[Task]) -> s
         with transaction.atomic():
             RunToken.objects.create(nonce=payload["n"], used_at=now)
     except IntegrityError:
-        return "This confirmation was already submitted: nothing was run again."
+        return ALREADY_SUBMITTED
     RunToken.objects.filter(used_at__lt=now - RUN_TOKEN_MAX_AGE).delete()
     return None
 

@@ -23,12 +23,8 @@ def _require_postgres(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def fresh_registry() -> Iterator[Registry]:
     """The global registry, restored afterwards, so a test's declarations do not leak."""
-    saved = (
-        {kind: dict(names) for kind, names in registry._by_kind.items()},
-        {kind: dict(sites) for kind, sites in registry._sites.items()},
-    )
+    saved = registry.snapshot()
     try:
         yield registry
     finally:
-        registry._by_kind, registry._sites = saved
-        registry.version += 1
+        registry.restore(saved)

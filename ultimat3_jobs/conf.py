@@ -83,9 +83,15 @@ def _seconds(raw: dict[str, Any], key: str) -> timedelta:
     value = raw[key]
     if isinstance(value, timedelta):
         return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    # A year at most: inf or 1e308 would overflow the timedelta and every use of it.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= 366 * 86_400
+    ):
         raise ConfigurationError(
-            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive number of seconds',
+            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive number of seconds '
+            "(at most a year)",
             fix=f'set ULTIMAT3_JOBS["{key}"] to a number of seconds, e.g. {DEFAULTS[key]!r}',
             cause=value,
         )
@@ -94,9 +100,10 @@ def _seconds(raw: dict[str, Any], key: str) -> timedelta:
 
 def _positive_int(raw: dict[str, Any], key: str) -> int:
     value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    # Below 2**31: MAX_ATTEMPTS lands in a 32-bit column of every job row.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
         raise ConfigurationError(
-            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive integer',
+            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive integer below 2**31',
             fix=f'set ULTIMAT3_JOBS["{key}"] to a positive integer, e.g. {DEFAULTS[key]!r}',
             cause=value,
         )
@@ -131,10 +138,12 @@ def get_settings() -> Settings:
             fix='set ULTIMAT3_JOBS["RETRY_BACKOFF_BASE"] to a number >= 1, e.g. 2',
             cause=base,
         )
-    if not isinstance(raw["DEFAULT_QUEUE"], str) or not raw["DEFAULT_QUEUE"]:
+    queue = raw["DEFAULT_QUEUE"]
+    if not isinstance(queue, str) or not queue or len(queue) > 100 or "\x00" in queue:
         raise ConfigurationError(
             f'ULTIMAT3_JOBS["DEFAULT_QUEUE"] is {raw["DEFAULT_QUEUE"]!r}, not a queue name',
-            fix='set ULTIMAT3_JOBS["DEFAULT_QUEUE"] to a non-empty string, e.g. "default"',
+            fix='set ULTIMAT3_JOBS["DEFAULT_QUEUE"] to a non-empty string of at most 100 '
+            'characters (the job table\'s limit), e.g. "default"',
         )
     return Settings(
         leader=_leader(raw["LEADER"]),

@@ -32,7 +32,7 @@ class UltimateError(Exception):
         return {
             "error": self.message,
             "code": self.code,
-            "cause": None if self.cause is None else str(self.cause),
+            "cause": None if self.cause is None else readable(self.cause),
             "fix": self.fix,
         }
 
@@ -131,3 +131,39 @@ class MetricsPortError(UltimateError):
     """``--metrics-port`` names a port this process cannot listen on."""
 
     code = "jobs.metrics.port-unavailable"
+
+
+class InvalidJobKeyError(UltimateError):
+    """A job key that cannot be stored: too long, not text, holding NUL, or not buildable.
+
+    Raised at declaration for a ``key=`` that can never work (``key=5``, a template naming an
+    argument the job does not take) and at enqueue for a key that does not fit the table.
+    """
+
+    code = "jobs.job.key-invalid"
+
+
+class InvalidRunAtError(UltimateError):
+    """``run_at`` that is not an aware ``datetime`` (a number, a string, a naive datetime)."""
+
+    code = "jobs.job.run-at-invalid"
+
+
+class TaskSyncError(UltimateError):
+    """The database refused to store one task's declaration; the other tasks still run."""
+
+    code = "jobs.task.sync-failed"
+
+
+class UnknownDatabaseError(UltimateError):
+    """A ``--database`` alias that is not a key of ``DATABASES``."""
+
+    code = "jobs.database-unknown"
+
+
+def readable(value: object) -> str:
+    """``str(value)``, or a placeholder when even that raises: reporting a failure never fails."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__qualname__} whose str() raised>"

@@ -110,7 +110,15 @@ def enqueue(
     enqueued_by: str = "code",
     task: str = "",
 ) -> EnqueueResult:
-    """Insert one job, or return the one that already holds ``key``."""
+    """Insert one job, or return the one that already holds ``key``.
+
+    The key and ``run_at`` are checked here too, so no caller reaches the table with a value
+    it refuses (``InvalidJobKeyError``, ``InvalidRunAtError``).
+    """
+    from .registry import check_key, check_run_at
+
+    check_key(handle.name, key)
+    check_run_at(handle.name, run_at)
     job = build_job(
         handle,
         data,

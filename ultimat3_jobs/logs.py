@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, date, datetime
 from typing import Any
 
-from .errors import UltimateError
+from .errors import UltimateError, readable
 
 
 def emit(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
@@ -32,16 +32,24 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
     """A failure as log fields. The message alone drops the code to search on and the fix."""
     if isinstance(error, UltimateError):
         return error.as_fields()
+    import psycopg
     from django.db import InterfaceError, OperationalError, ProgrammingError
 
-    message = f"{type(error).__name__}: {error}".strip()
+    text = readable(error)
+    message = f"{type(error).__name__}: {text}".strip()
     cause = f"{type(error).__module__}.{type(error).__qualname__}"
-    text = str(error).lower()
+    text = text.lower()
+    unavailable = (
+        OperationalError,
+        InterfaceError,
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+    )
     if isinstance(error, ProgrammingError | OperationalError) and (
         "does not exist" in text or "no such table" in text
     ):
         code, fix = "jobs.database-not-migrated", NOT_MIGRATED_FIX
-    elif isinstance(error, OperationalError | InterfaceError):
+    elif isinstance(error, unavailable):
         code, fix = "jobs.database-unavailable", DATABASE_UNAVAILABLE_FIX
     else:
         code = "jobs.unexpected-error"

@@ -49,29 +49,31 @@ class Preview:
     task: str
     entries: list[PreviewEntry] = field(default_factory=list)
     problem: str = ""
+    #: Paused: the schedule skips it, but running it now still enqueues its jobs.
+    paused: bool = False
 
     @property
     def runnable(self) -> bool:
         return not self.problem
 
 
-def preview(handle: TaskHandle | None, name: str) -> Preview:
+def preview(handle: TaskHandle | None, name: str, *, paused: bool = False) -> Preview:
     """What running ``handle`` now would enqueue, and which of those jobs already exist.
 
     Calls the task's function, which only returns entries: nothing is written. ``None`` is a
-    task no longer declared in code.
+    task no longer declared in code; ``paused`` is said on the page, as it changes nothing.
     """
     if handle is None:
         return Preview(name, problem="It is no longer declared in code, so it cannot run.")
     try:
         keys = [(job.name, job.declared_key(data)) for job, data in handle.entries()]
     except UltimateError as error:
-        return Preview(name, problem=f"{error.message}. Fix: {error.fix}.")
-    except Exception as error:  # A key callable that raised: show it rather than fail.
-        return Preview(name, problem=f"{type(error).__name__}: {error}")
+        return Preview(name, problem=f"{error.message}. Fix: {error.fix}.", paused=paused)
+    except Exception as error:  # Whatever the task's code raised: show it rather than fail.
+        return Preview(name, problem=f"{type(error).__name__}: {error}", paused=paused)
     present = ids_of(key for _, key in keys if key)
     entries = [PreviewEntry(job, key, present.get(key) if key else None) for job, key in keys]
-    return Preview(name, entries)
+    return Preview(name, entries, paused=paused)
 
 
 def run_now(handle: TaskHandle, *, user: str, detail: str = "run now") -> ManualRun:

@@ -151,3 +151,17 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} {self.host}:{self.pid}"
+
+
+class RunToken(models.Model):
+    """A "Run now" confirmation form already submitted, so submitting it again runs nothing.
+
+    Inserted before the run: the primary key makes a second, concurrent submit of the same
+    form fail to insert. Rows older than the token's lifetime are deleted as new ones come.
+    """
+
+    nonce = models.CharField(max_length=64, primary_key=True)
+    used_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.nonce

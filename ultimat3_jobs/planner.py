@@ -16,10 +16,7 @@ from typing import Any
 
 from .catchup import NextAfter, Span, decide, span_between
 from .clock import ONE_MS
-from .registry import JobHandle, TaskHandle
-
-#: The longest job key the table holds; a longer occurrence key hashes its job part.
-KEY_LIMIT = 255
+from .registry import KEY_LIMIT, JobHandle, TaskHandle, check_columns
 
 
 @dataclass(frozen=True)
@@ -65,13 +62,14 @@ class TaskStep:
 
     ``next_due`` is when the task is next due; ``armed`` is set on first sight; ``dropped`` is
     the span the catch-up policy dropped; ``failed`` is the occurrence whose entries raised,
-    with the error (it is retried next round).
+    with the error (it is retried next round); None as the occurrence when the schedule
+    itself raised, before any occurrence was known.
     """
 
     next_due: datetime
     armed: bool = False
     dropped: Span | None = None
-    failed: tuple[datetime, Exception] | None = None
+    failed: tuple[datetime | None, Exception] | None = None
 
 
 def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
@@ -86,14 +84,20 @@ def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
 def plan_jobs(
     task: str, occurrence: datetime, entries: Sequence[tuple[JobHandle, dict[str, Any]]]
 ) -> list[PlannedJob]:
-    """Keys for one occurrence's entries. Two entries never share one: repeats get ``#n``."""
+    """Keys for one occurrence's entries. Two entries never share one: repeats get ``#n``.
+
+    A key that cannot be built raises (``InvalidJobKeyError``); the caller fails that task
+    alone. Every key fits the table: an over-long one hashes its job part, ``#n`` included.
+    """
     seen: dict[str, int] = {}
     planned = []
     for job, data in entries:
-        key = occurrence_key(task, occurrence, job.occurrence_part(data))
+        check_columns(job)
+        part = job.occurrence_part(data)
+        key = occurrence_key(task, occurrence, part)
         seen[key] = seen.get(key, 0) + 1
         if seen[key] > 1:
-            key = f"{key}#{seen[key]}"
+            key = occurrence_key(task, occurrence, f"{part}#{seen[key]}")
         planned.append(PlannedJob(job=job, data=data, key=key))
     return planned
 
@@ -138,15 +142,14 @@ def plan_task(
         )
     for occurrence, catch_up in decision.fire:
         try:
-            entries = handle.entries(occurrence)
+            # Entries, input checks, keys: all of it is this task's, so all of it fails here.
+            planned = plan_jobs(name, occurrence, handle.entries(occurrence))
         except Exception as error:
             # One failing task must not stop the others; its occurrence is retried next round,
             # everything before it stays decided.
             plan.watermarks[name] = (watermark, occurrence - ONE_MS)
             return TaskStep(occurrence, dropped=decision.dropped, failed=(occurrence, error))
-        plan.fired.append(
-            PlannedOccurrence(name, occurrence, catch_up, plan_jobs(name, occurrence, entries))
-        )
+        plan.fired.append(PlannedOccurrence(name, occurrence, catch_up, planned))
         if handle.overlap == "skip":
             plan.skip_overlap.add(name)
     plan.watermarks[name] = (watermark, decision.watermark)

@@ -12,8 +12,10 @@ import functools
 import hashlib
 import inspect
 import json
+import string
 import threading
 import uuid
+import weakref
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -35,12 +37,15 @@ from .errors import (
     InvalidCatchUpError,
     InvalidDeclarationError,
     InvalidJobInputError,
+    InvalidJobKeyError,
     InvalidOverlapError,
+    InvalidRunAtError,
     InvalidTimezoneError,
     JobNameTakenError,
     MissingTimezoneError,
     TaskEntriesError,
     UltimateError,
+    readable,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +57,22 @@ Overlap = Literal["allow", "skip"]
 OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "skip")
 JobKey = str | Callable[[dict[str, Any]], str] | None
 Entry = tuple["JobHandle", dict[str, Any]]
+
+# The limits of the tables (models.py), checked at declaration and enqueue so the database never
+# refuses a value the app accepted. A test holds them equal to the models' fields.
+#: Task.name, Job.name, Job.task, Job.enqueued_by.
+NAME_LIMIT = 200
+#: Job.queue.
+QUEUE_LIMIT = 100
+#: Job.key.
+KEY_LIMIT = 255
+#: Task.cron.
+CRON_LIMIT = 200
+#: PositiveIntegerField (max_catch_up, max_attempts) is a 32-bit integer on PostgreSQL.
+INT_LIMIT = 2**31 - 1
+#: Job input nesting and size: ids and small values belong in it, never documents.
+MAX_INPUT_DEPTH = 100
+MAX_INPUT_BYTES = 1024 * 1024
 
 
 def _site(func: Callable[..., Any]) -> tuple[str, int, str]:
@@ -78,9 +99,21 @@ def _default_name(func: Callable[..., Any]) -> str:
     return f"{label}.{func.__name__}"
 
 
+#: Names a zone directory may hold that are not zones of the IANA database: "localtime" and
+#: "posixrules" are host files (the schedule would differ per host), "Factory" means "no zone set".
+NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+
+
 @functools.cache
 def _zone_names() -> frozenset[str]:
-    return frozenset(zoneinfo.available_timezones())
+    """The IANA zones as the tzdata package lists them, never what a host's directory adds."""
+    try:
+        from importlib import resources
+
+        names = frozenset(resources.files("tzdata").joinpath("zones").read_text().split())
+    except (ImportError, OSError):  # tzdata is a dependency; a stripped install falls back.
+        names = frozenset(zoneinfo.available_timezones())
+    return names - NOT_ZONES
 
 
 def resolve_zone(tz: object, owner: str) -> zoneinfo.ZoneInfo:
@@ -99,21 +132,34 @@ def resolve_zone(tz: object, owner: str) -> zoneinfo.ZoneInfo:
         )
     if tz in _zone_names():
         return zoneinfo.ZoneInfo(tz)
-    close = difflib.get_close_matches(tz, _zone_names(), n=3, cutoff=0.5)
-    suffix = [name for name in sorted(_zone_names()) if name.endswith("/" + tz)]
-    examples = list(dict.fromkeys(suffix + close))[:3] or ["America/Bogota", "Europe/Paris"]
+    zones = _zone_names()
+    same = [name for name in sorted(zones) if name.lower() == tz.lower()]
+    close = difflib.get_close_matches(tz, zones, n=3, cutoff=0.5)
+    suffix = [name for name in sorted(zones) if name.endswith("/" + tz)]
+    found = [name for name in dict.fromkeys(same + suffix + close) if name in zones]
+    examples = found[:3] or ["UTC", "America/Bogota", "Europe/Paris"]
+    message = f'task "{owner}" has tz "{tz}", which is not a zone in the IANA tz database'
+    if tz in NOT_ZONES:
+        message += (
+            ": it is a file of the host's zone directory, so the schedule would follow "
+            "whatever zone each host happens to run in"
+        )
     raise InvalidTimezoneError(
-        f'task "{owner}" has tz "{tz}", which is not a zone in the IANA tz database',
+        message,
         fix=f"use the full zone id, e.g. tz={examples[0]!r}"
         + (f" (or one of {', '.join(repr(e) for e in examples[1:])})" if len(examples) > 1 else "")
-        + "; list them with: python -c \"import zoneinfo; print('\\n'.join(sorted("
-        'zoneinfo.available_timezones())))"',
+        + '; list them with: python -c "import importlib.resources as r; '
+        "print(r.files('tzdata').joinpath('zones').read_text())\"",
         cause=tz,
     )
 
 
 def canonical_input(job_name: str, value: object) -> dict[str, Any]:
-    """Check that ``value`` is a JSON-serialisable dict of keyword arguments, and return it."""
+    """Check that ``value`` is a JSON-serialisable dict of keyword arguments, and return it.
+
+    Also refused: text the database cannot store (NUL, a lone surrogate), nesting deeper than
+    ``MAX_INPUT_DEPTH`` and input over ``MAX_INPUT_BYTES`` once serialised.
+    """
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
@@ -123,16 +169,165 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             fix=f'pass a dict with string keys, e.g. {job_name}.enqueue({{"day": "2026-03-08"}})',
             cause=value,
         )
+    problem = _input_problem(value)
+    if problem is not None:
+        raise InvalidJobInputError(
+            f'input of job "{job_name}" {problem}',
+            fix="pass ids and small values (str, int, float, bool, None, lists, dicts), "
+            "not documents; strip NUL and unpaired surrogates from text",
+            cause=problem,
+        )
     try:
         # Round-tripped so the job gets exactly what the worker will read back.
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as error:
+        text = json.dumps(value, allow_nan=False)
+        data: dict[str, Any] = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as error:
         raise InvalidJobInputError(
             f'input of job "{job_name}" is not JSON-serialisable: {error}',
             fix="pass only str, int, float, bool, None, lists and dicts; convert dates with "
             ".isoformat() and objects to their ids",
             cause=error,
         ) from error
+    if len(text) > MAX_INPUT_BYTES:  # ASCII: json.dumps escapes everything else.
+        raise InvalidJobInputError(
+            f'input of job "{job_name}" is {len(text)} bytes as JSON, over the '
+            f"{MAX_INPUT_BYTES} a job input may hold",
+            fix="store large data elsewhere (a table, a file) and pass its id in the input",
+            cause=len(text),
+        )
+    return data
+
+
+def _unstorable(text: str) -> str | None:
+    """Why the database would refuse ``text``, or None: PostgreSQL stores no NUL, no surrogate."""
+    if "\x00" in text:
+        return "a NUL character (\\x00)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "an unpaired surrogate (not valid UTF-8)"
+    return None
+
+
+def _input_problem(value: object) -> str | None:
+    """The first thing in ``value`` no job row can hold. Iterative: deep input must not recurse."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            bad = _unstorable(item)
+            if bad is not None:
+                return f"holds text with {bad}: {item[:40]!r}"
+        elif isinstance(item, Mapping | list | tuple):
+            if depth > MAX_INPUT_DEPTH:
+                return f"nests deeper than {MAX_INPUT_DEPTH} levels"
+            children = (
+                list(item.items()) if isinstance(item, Mapping) else [(None, v) for v in item]
+            )
+            for key, child in children:
+                if isinstance(key, str):
+                    stack.append((key, depth))
+                stack.append((child, depth + 1))
+    return None
+
+
+def check_key(job_name: str, key: object) -> str:
+    """``key`` if the job table can hold it, else ``InvalidJobKeyError`` (never hashed: a key is
+    what callers dedupe on and search the admin for, so it must stay the one they gave)."""
+    if not isinstance(key, str):
+        raise InvalidJobKeyError(
+            f'key {key!r} of job "{job_name}" is a {type(key).__name__}, not a str',
+            fix=f'pass the key as text, e.g. key="{job_name}:2026-03-08"',
+            cause=key,
+        )
+    bad = _unstorable(key)
+    if bad is not None:
+        raise InvalidJobKeyError(
+            f'key {key[:60]!r} of job "{job_name}" holds {bad}',
+            fix="build keys from ids and dates, without NUL or unpaired surrogates",
+            cause=key,
+        )
+    if len(key) > KEY_LIMIT:
+        raise InvalidJobKeyError(
+            f'key of job "{job_name}" is {len(key)} characters, over the {KEY_LIMIT} the job '
+            f"table holds: {key[:60]!r}...",
+            fix=f"shorten the key (ids rather than names), or hash its variable part, e.g. "
+            f'key=lambda i: "{job_name[:20]}:" + hashlib.sha256(...).hexdigest()',
+            cause=len(key),
+        )
+    return key
+
+
+def check_run_at(job_name: str, run_at: object) -> datetime | None:
+    """``run_at`` if it is None or an aware datetime, else ``InvalidRunAtError``."""
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidRunAtError(
+            f'run_at={run_at!r} for job "{job_name}" is a {type(run_at).__name__}, not a datetime',
+            fix="pass an aware datetime, e.g. run_at=timezone.now() + timedelta(minutes=5)",
+            cause=run_at,
+        )
+    if run_at.utcoffset() is None:
+        raise InvalidRunAtError(
+            f'run_at={run_at.isoformat()} for job "{job_name}" has no timezone: it would be '
+            "read in whatever zone the server runs",
+            fix='pass an aware datetime: datetime(..., tzinfo=ZoneInfo("Europe/Paris")) or '
+            "django.utils.timezone.now() + timedelta(...)",
+            cause=run_at,
+        )
+    return run_at
+
+
+def _check_key_declaration(key: object, func: Callable[..., Any], job_name: str) -> None:
+    """A ``key=`` that can never build a key is refused at import, not at the first enqueue."""
+    if key is None or callable(key):
+        return
+    if not isinstance(key, str):
+        raise InvalidJobKeyError(
+            f'job "{job_name}" has key={key!r}: neither a template nor a callable',
+            fix=f"pass a template over the arguments of {job_name}(), "
+            f'e.g. key="{job_name}:{{day}}", or a callable of the input',
+            cause=key,
+        )
+    params = inspect.signature(func).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = [
+        n
+        for n, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    accepted = ", ".join(named) or "none"
+
+    def refuse(problem: str) -> InvalidJobKeyError:
+        return InvalidJobKeyError(
+            f'key template "{key}" of job "{job_name}" {problem}',
+            fix=f"name only arguments of {job_name}() in braces ({accepted}), e.g. "
+            f'key="{job_name}:{{{named[0] if named else "day"}}}"; double a literal brace: {{{{',
+            cause=key,
+        )
+
+    templates = [key]
+    while templates:
+        try:
+            fields = list(string.Formatter().parse(templates.pop()))
+        except ValueError as error:
+            raise refuse(f"does not parse: {error}") from error
+        for _, field, spec, conversion in fields:
+            if field is None:
+                continue
+            head = field.split(".", 1)[0].split("[", 1)[0]
+            if not head or head.isdigit():
+                raise refuse(f'has a positional field "{{{field}}}"')
+            if head not in named and not takes_any:
+                raise refuse(f'names "{head}", which {job_name}() does not take')
+            if conversion not in (None, "r", "s", "a"):
+                raise refuse(f'has the conversion "!{conversion}" (only !r, !s, !a exist)')
+            if spec:
+                templates.append(spec)  # Nested fields, e.g. "{n:{width}}".
+    literal = "".join(text for text, *_ in string.Formatter().parse(key))
+    if len(literal) > KEY_LIMIT:
+        raise refuse(f"is over {KEY_LIMIT} characters before any field is filled in")
 
 
 def input_digest(value: dict[str, Any]) -> str:
@@ -184,19 +379,46 @@ class JobHandle:
         return data
 
     def declared_key(self, data: dict[str, Any]) -> str | None:
-        """The key ``@job(key=...)`` derives from an input, if the job declares one."""
+        """The key ``@job(key=...)`` derives from an input, if the job declares one.
+
+        A template sees the function's defaults under the input. Whatever goes wrong building
+        it (a callable that raises, a value its format spec does not fit) is an
+        ``InvalidJobKeyError`` naming this job.
+        """
         if self.key is None:
             return None
         if callable(self.key):
-            return str(self.key(data))
+            try:
+                value = str(self.key(data))
+            except Exception as error:
+                raise InvalidJobKeyError(
+                    f'the key callable of job "{self.name}" raised for input {sorted(data)}: '
+                    f"{type(error).__name__}: {readable(error)}",
+                    fix=f'make the key of "{self.name}" handle every input it is given',
+                    cause=error,
+                ) from error
+            return check_key(self.name, value)
+        defaults = {
+            n: p.default
+            for n, p in self.signature.parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
         try:
-            return self.key.format(**data)
+            value = self.key.format(**{**defaults, **data})
         except (KeyError, IndexError) as error:
-            raise InvalidJobInputError(
+            raise InvalidJobKeyError(
                 f'key template "{self.key}" of job "{self.name}" names {error}, not in the input',
                 fix=f'give the input every field the key template of "{self.name}" uses',
                 cause=error,
             ) from error
+        except Exception as error:
+            raise InvalidJobKeyError(
+                f'key template "{self.key}" of job "{self.name}" does not fit input '
+                f"{sorted(data)}: {type(error).__name__}: {readable(error)}",
+                fix=f'make the format specs of the key of "{self.name}" fit the values passed',
+                cause=error,
+            ) from error
+        return check_key(self.name, value)
 
     def plain_key(self, data: dict[str, Any]) -> str:
         """The key of a direct or manual enqueue: the declared one, else a fresh one."""
@@ -223,6 +445,12 @@ class JobHandle:
         from .jobstore import enqueue
 
         data = self.check_input(input)
+        if key is not None:
+            check_key(self.name, key)
+        check_run_at(self.name, run_at)
+        _check_queue(queue, f'job "{self.name}"')
+        _check_text(enqueued_by, "enqueued_by", NAME_LIMIT)
+        _check_text(task, "task", NAME_LIMIT)
         return enqueue(
             self,
             data,
@@ -305,7 +533,7 @@ class TaskHandle:
         except Exception as error:
             raise TaskEntriesError(
                 f'task "{self.name}" raised for occurrence {at.isoformat()}: '
-                f"{type(error).__name__}: {error}",
+                f"{type(error).__name__}: {readable(error)}",
                 fix=f'fix the function of task "{self.name}"; the scheduler retries this '
                 "occurrence every round until it returns entries",
                 cause=error,
@@ -357,6 +585,7 @@ class TaskHandle:
         """
         from django.db import transaction
 
+        check_run_at(self.name, run_at)
         entries = self.entries()
         with transaction.atomic():
             return [
@@ -386,40 +615,91 @@ class TaskHandle:
 
 
 class Registry:
-    """Names to handles, with the naming rules that keep watermarks and keys unambiguous."""
+    """Names to handles, with the naming rules that keep watermarks and keys unambiguous.
+
+    A declaration is known by its site (file, line, qualified name) and the module instance
+    that ran it: the same site from ANOTHER instance is a module imported twice and must keep
+    its names; from the SAME instance it is a factory (a loop declaring one task per region)
+    and each function may take a name of its own. One function object keeps one name.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._by_kind: dict[str, dict[str, Any]] = {"task": {}, "job": {}}
-        self._sites: dict[str, dict[tuple[str, int, str], str]] = {"task": {}, "job": {}}
+        #: kind -> site -> id of the module instance's globals -> names declared there.
+        self._sites: dict[str, dict[tuple[str, int, str], dict[int, set[str]]]] = {
+            "task": {},
+            "job": {},
+        }
+        #: kind -> id of a registered function -> its name.
+        self._names: dict[str, dict[int, str]] = {"task": {}, "job": {}}
         #: Bumped on every change, so a scheduler can cache its view of the tasks.
         self.version = 0
 
     def register(self, handle: TaskHandle | JobHandle) -> None:
-        kind, name, site = handle.kind, handle.name, _site(handle.func)
+        kind, name, func = handle.kind, handle.name, handle.func
+        site, module = _site(func), _module_of(func)
         with self._lock:
             seated = self._by_kind[kind].get(name)
-            # The same declaration seen twice (a module imported twice) is one registration.
-            # A DIFFERENT one under a taken name would silently take over the watermark.
-            if seated is not None and _site(seated.func) != site:
-                raise JobNameTakenError(
-                    f'{kind} name "{name}" is already taken by {seated.func.__module__}.'
-                    f"{seated.func.__qualname__}",
-                    fix=f'give one of them another name with @{kind}(name="...")',
-                    cause=name,
-                )
+            if seated is not None and seated.func is not func:
+                reimport = _site(seated.func) == site and _module_of(seated.func) != module
+                # A DIFFERENT declaration under a taken name would silently take over the
+                # watermark; only a module imported twice may declare a name again.
+                if not reimport:
+                    raise JobNameTakenError(
+                        f'{kind} name "{name}" is already taken by {seated.func.__module__}.'
+                        f"{seated.func.__qualname__}",
+                        fix=f'give one of them another name with @{kind}(name="...")',
+                        cause=name,
+                    )
             # One declaration under two names would move the key the scheduler dedupes on.
-            other = self._sites[kind].get(site)
+            other = self._names[kind].get(id(func))
+            elsewhere = [
+                names for seen, names in self._sites[kind].get(site, {}).items() if seen != module
+            ]
+            if other is None and elsewhere and not any(name in names for names in elsewhere):
+                other = sorted(elsewhere[0])[0]  # The same site imported as another module.
             if other is not None and other != name:
                 raise JobNameTakenError(
-                    f'{kind} {handle.func.__qualname__} is already registered as "{other}", '
-                    f'not "{name}"',
+                    f'{kind} {func.__qualname__} is already registered as "{other}", not "{name}"',
                     fix=f"declare the {kind} once; to run it under a second name, "
                     "declare a second function",
                     cause=name,
                 )
+            if seated is not None:
+                self._forget(seated)
             self._by_kind[kind][name] = handle
-            self._sites[kind][site] = name
+            self._sites[kind].setdefault(site, {}).setdefault(module, set()).add(name)
+            self._names[kind][id(func)] = name
+            self.version += 1
+
+    def _forget(self, handle: TaskHandle | JobHandle) -> None:
+        """Drop what ``register`` noted about ``handle`` (the lock is held)."""
+        kind, site, module = handle.kind, _site(handle.func), _module_of(handle.func)
+        self._names[kind].pop(id(handle.func), None)
+        modules = self._sites[kind].get(site, {})
+        modules.get(module, set()).discard(handle.name)
+        if not modules.get(module, True):
+            del modules[module]
+        if not modules:
+            self._sites[kind].pop(site, None)
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """Everything registered, for ``restore``: a test's declarations must not leak."""
+        with self._lock:
+            return (
+                {kind: dict(table) for kind, table in self._by_kind.items()},
+                _copy_sites(self._sites),
+                {kind: dict(table) for kind, table in self._names.items()},
+            )
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        """Go back to a ``snapshot``."""
+        with self._lock:
+            by_kind, sites, names = saved
+            self._by_kind = {kind: dict(table) for kind, table in by_kind.items()}
+            self._sites = _copy_sites(sites)
+            self._names = {kind: dict(table) for kind, table in names.items()}
             self.version += 1
 
     def tasks(self) -> list[TaskHandle]:
@@ -440,8 +720,24 @@ class Registry:
         with self._lock:
             if self._by_kind[handle.kind].get(handle.name) is handle:
                 del self._by_kind[handle.kind][handle.name]
-                self._sites[handle.kind].pop(_site(handle.func), None)
+                self._forget(handle)
                 self.version += 1
+
+
+def _copy_sites(
+    sites: dict[str, dict[tuple[str, int, str], dict[int, set[str]]]],
+) -> dict[str, dict[tuple[str, int, str], dict[int, set[str]]]]:
+    return {
+        kind: {
+            site: {m: set(names) for m, names in modules.items()} for site, modules in by.items()
+        }
+        for kind, by in sites.items()
+    }
+
+
+def _module_of(func: Callable[..., Any]) -> int:
+    """The module instance a function was declared in: two imports of one file differ."""
+    return id(getattr(func, "__globals__", func))
 
 
 registry = Registry()
@@ -454,6 +750,66 @@ def _check_name(name: object, kind: str) -> None:
             fix=f'name the {kind} with a non-empty string without ":", e.g. "billing.nightly"',
             cause=name,
         )
+    if name is not None:
+        _check_text(name, f"{kind} name", NAME_LIMIT)
+
+
+def _check_text(value: object, what: str, limit: int) -> None:
+    """A str the table can hold: at most ``limit`` characters, no NUL, valid UTF-8."""
+    if not isinstance(value, str):
+        raise InvalidDeclarationError(
+            f"{what} {value!r} is a {type(value).__name__}, not a str",
+            fix=f"pass {what} as text",
+            cause=value,
+        )
+    bad = _unstorable(value)
+    if len(value) > limit or bad is not None:
+        raise InvalidDeclarationError(
+            f"{what} {value[:60]!r} "
+            + (f"holds {bad}" if bad else f"is {len(value)} characters, over {limit}"),
+            fix=f"use a {what} of at most {limit} characters, without NUL",
+            cause=value,
+        )
+
+
+def _check_queue(queue: object, owner: str) -> None:
+    if queue is None:
+        return
+    if not isinstance(queue, str) or not queue.strip():
+        raise InvalidDeclarationError(
+            f"{owner} has queue={queue!r}, not a queue name",
+            fix='pass a non-empty queue name, e.g. queue="emails", or leave it out',
+            cause=queue,
+        )
+    _check_text(queue, "queue name", QUEUE_LIMIT)
+
+
+def check_columns(handle: JobHandle) -> None:
+    """Hold a handle to the job table's limits, as ``@job`` does: one built without it (a
+    plugin, a test double) must fail its own task's round, never the insert of everyone's."""
+    if handle in _FITTING:
+        return  # Checked once per handle: a round may hold thousands of its entries.
+    _check_text(handle.name, "job name", NAME_LIMIT)
+    _check_queue(handle.queue, f'job "{handle.name}"')
+    if handle.max_attempts is not None:
+        problem = _check_count(handle.max_attempts, "max_attempts", f'job "{handle.name}"')
+        if problem is not None:
+            raise InvalidDeclarationError(
+                problem, fix="pass max_attempts=1 or more to @job", cause=handle.max_attempts
+            )
+    _FITTING.add(handle)
+
+
+_FITTING: weakref.WeakSet[JobHandle] = weakref.WeakSet()
+
+
+def _check_count(value: object, what: str, owner: str) -> str | None:
+    """Why ``value`` is not a count from 1 to ``INT_LIMIT`` (bool refused), or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{owner} has {what}={value!r}, not a whole number"
+    if not 1 <= value <= INT_LIMIT:
+        return f"{owner} has {what}={value!r}, outside 1..{INT_LIMIT} (the column's range)"
+    return None
 
 
 @overload
@@ -481,12 +837,16 @@ def job(
     a callable of the input. ``max_attempts`` and ``queue`` default to the settings.
     """
     _check_name(name, "job")
-    if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+    attempts_problem = None
+    if max_attempts is not None:
+        attempts_problem = _check_count(max_attempts, "max_attempts", "@job")
+    if attempts_problem is not None:
         raise InvalidDeclarationError(
-            f"max_attempts={max_attempts!r} is not a positive integer",
-            fix="pass max_attempts=1 or more to @job",
+            f"{attempts_problem}: it is not a positive integer",
+            fix="pass max_attempts=1 or more to @job, e.g. max_attempts=5",
             cause=max_attempts,
         )
+    _check_queue(queue, "@job")
 
     def decorate(fn: Callable[..., Any]) -> JobHandle:
         if not callable(fn) or isinstance(fn, JobHandle | TaskHandle):
@@ -495,9 +855,10 @@ def job(
                 fix="put @job directly on a plain function",
                 cause=fn,
             )
-        handle = JobHandle(
-            fn, name=name or _default_name(fn), key=key, max_attempts=max_attempts, queue=queue
-        )
+        job_name = name or _default_name(fn)
+        _check_name(job_name, "job")
+        _check_key_declaration(key, fn, job_name)
+        handle = JobHandle(fn, name=job_name, key=key, max_attempts=max_attempts, queue=queue)
         registry.register(handle)
         return handle
 
@@ -534,18 +895,26 @@ def task(
                 cause=fn,
             )
         task_name = name or _default_name(fn)
+        _check_name(task_name, "task")
         zone = resolve_zone(tz, task_name)
         schedule = parse(cron)  # type: ignore[arg-type]
+        if len(schedule.expr) > CRON_LIMIT:
+            raise InvalidDeclarationError(
+                f'task "{task_name}" has a cron of {len(schedule.expr)} characters, over the '
+                f"{CRON_LIMIT} the task table holds",
+                fix="shorten the cron: ranges (1-5) and steps (*/15) rather than long lists",
+                cause=schedule.expr,
+            )
         if catch_up not in CATCH_UP_POLICIES:
             raise InvalidCatchUpError(
                 f'task "{task_name}" has catch_up={catch_up!r}',
                 fix='use catch_up="skip" (default), "run-once" or "run-all"',
                 cause=catch_up,
             )
-        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+        if _check_count(max_catch_up, "max_catch_up", f'task "{task_name}"') is not None:
             raise InvalidCatchUpError(
                 f'task "{task_name}" has max_catch_up={max_catch_up!r}',
-                fix="use a positive integer, e.g. max_catch_up=10",
+                fix=f"use a whole number from 1 to {INT_LIMIT}, e.g. max_catch_up=10",
                 cause=max_catch_up,
             )
         gap, repeat = check_dst_options(dst_gap, dst_repeat, f'task "{task_name}"')

@@ -43,6 +43,21 @@ def loop_backoff(interval: timedelta, failures: int) -> timedelta:
 
 
 def format_error(error: BaseException) -> str:
-    """The traceback as stored in ``last_error``: the end kept, and no NUL PostgreSQL refuses."""
-    text = "".join(traceback.format_exception(error)).replace("\x00", "\\x00")
+    """The traceback as stored in ``last_error``: the end kept, storable whatever it holds.
+
+    Never raises: a failure that cannot be recorded would leave its job running until it is
+    recovered and finally failed as "kept killing its worker".
+    """
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:
+        name = f"{type(error).__module__}.{type(error).__qualname__}"
+        text = f"{name} (its traceback could not be formatted)"
+    text = storable(text)
     return text if len(text) <= ERROR_LIMIT else "...\n" + text[-ERROR_LIMIT:]
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL stores it: NUL and unpaired surrogates written as escapes."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -82,6 +82,7 @@ class Scheduler:
         self._due: dict[str, datetime] | None = None
         self._due_for: dict[str, TaskHandle] | None = None
         self._synced_for: dict[str, TaskHandle] | None = None
+        self._refused: dict[str, Exception] = {}
         self._heap: list[tuple[datetime, str]] = []
         self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
         self._stopped = threading.Event()
@@ -114,15 +115,25 @@ class Scheduler:
         in the loop rather than at start, so a database down at start is retried like any other.
         """
         if self._synced_for is not handles:
-            self.state.sync(list(handles.values()))
+            # A declaration the database refused stays out of the schedule, logged; the
+            # others dispatch. It is tried again when the declarations change.
+            self._refused = dict(self.state.sync(list(handles.values())) or {})
             self._synced_for = handles
+            for name, error in self._refused.items():
+                self._task_failed(name, None, error)
         states = self.state.load(list(handles))
         self._due, self._heap, self._due_for = {}, [], handles
         now = self.clock()
         for name, handle in handles.items():
+            if name in self._refused:
+                continue
             watermark = states[name].watermark if name in states else None
             # No watermark yet: due now, so this round arms it.
-            self._set_due(name, now if watermark is None else self._resolve(handle, watermark))
+            try:
+                due = now if watermark is None else self._resolve(handle, watermark)
+            except Exception:
+                due = now  # Planning it fails it alone, logged, like any task-specific error.
+            self._set_due(name, due)
 
     def _pop_due(self, now: datetime) -> list[str]:
         assert self._due is not None
@@ -203,15 +214,20 @@ class Scheduler:
                 missing = missing or stored is None
                 continue
             handle = handles[name]
-            step = plan_task(
-                handle,
-                watermark=stored.watermark,
-                paused=stored.paused,
-                now=now,
-                misfire_grace=self.misfire_grace,
-                next_after=functools.partial(self._resolve, handle),
-                plan=plan,
-            )
+            try:
+                step = plan_task(
+                    handle,
+                    watermark=stored.watermark,
+                    paused=stored.paused,
+                    now=now,
+                    misfire_grace=self.misfire_grace,
+                    next_after=functools.partial(self._resolve, handle),
+                    plan=plan,
+                )
+            except Exception as error:
+                # Planning writes to the plan only once its decision stands, so a task whose
+                # schedule itself raised leaves nothing behind: it alone is retried next round.
+                step = TaskStep(now, failed=(None, error))
             reschedule[name] = step.next_due
             steps.append((handle, step))
         try:
@@ -260,7 +276,7 @@ class Scheduler:
         if step.failed is not None:
             self._task_failed(handle.name, *step.failed)
 
-    def _task_failed(self, name: str, occurrence: datetime, error: Exception) -> None:
+    def _task_failed(self, name: str, occurrence: datetime | None, error: Exception) -> None:
         fields = failure_fields(error)
         self.last_error = f"{name}: {fields['error']}"
         emit(

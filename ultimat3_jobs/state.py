@@ -8,16 +8,17 @@ watermark re-checked inside it, so a crash can neither lose nor repeat an occurr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import close_old_connections, connections, transaction
+from django.db import DataError, IntegrityError, close_old_connections, connections, transaction
 
 from . import clock as default_clock
 from . import history, jobstore, nodes, sql
 from .db import database_now
+from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
 from .models import Task
@@ -48,8 +49,11 @@ Fence = Callable[[str], bool]
 
 
 class SchedulerState(Protocol):
-    def sync(self, tasks: Sequence[TaskHandle]) -> None:
-        """Mirror the declarations; mark stored tasks no longer declared."""
+    def sync(self, tasks: Sequence[TaskHandle]) -> Mapping[str, Exception] | None:
+        """Mirror the declarations; mark stored tasks no longer declared.
+
+        May return the tasks whose declaration could not be stored: they are not dispatched.
+        """
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         """Watermarks of ``names`` (None: every stored task), in one read."""
@@ -96,31 +100,66 @@ class DatabaseState:
         self._last_leader: bool | None = None
         self._skew_warned: datetime | None = None
 
-    def sync(self, tasks: Sequence[TaskHandle]) -> None:
+    def sync(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
+        """Mirror the declarations; mark stored tasks no longer declared.
+
+        Returns the tasks whose declaration the database refused (a value past a column's
+        limit that slipped past ``@task``): each is tried alone so the others still sync.
+        """
+        try:
+            with transaction.atomic(using=self.using):
+                self._sync(tasks, every=True)
+                self._mark_gone(tasks)
+            return {}
+        except (DataError, IntegrityError):
+            pass
+        refused: dict[str, TaskSyncError] = {}
         with transaction.atomic(using=self.using):
-            rows = Task.objects.using(self.using)
-            stored = {task.name: task for task in rows.all()}
-            new, changed = [], []
             for handle in tasks:
-                task = stored.get(handle.name)
-                fields = _declaration(handle)
-                if task is None:
-                    new.append(Task(name=handle.name, jobs=_job_names(handle), **fields))
-                elif task.jobs and task.declared and _same(task, fields):
-                    continue  # Unchanged: a restart does not call every task's function.
-                else:
-                    for key, value in {**fields, "declared": True}.items():
-                        setattr(task, key, value)
-                    task.jobs = _job_names(handle)
-                    changed.append(task)
-            rows.bulk_create(new, ignore_conflicts=True)
-            rows.bulk_update(
-                changed,
-                ["cron", "tz", "catch_up", "max_catch_up", "overlap", "jobs", "declared"],
-            )
-            declared = {handle.name for handle in tasks}
-            gone = [name for name, task in stored.items() if name not in declared and task.declared]
-            rows.filter(name__in=gone).update(declared=False)
+                try:
+                    with transaction.atomic(using=self.using):
+                        self._sync([handle], every=False)
+                except (DataError, IntegrityError) as error:
+                    refused[handle.name] = TaskSyncError(
+                        f'the database refused the declaration of task "{handle.name[:80]}": '
+                        f"{error}".strip(),
+                        fix="keep the task's name to 200 characters and max_catch_up below "
+                        "2**31 (the task table's limits); the other tasks run meanwhile",
+                        cause=error,
+                    )
+            self._mark_gone(tasks)
+        return refused
+
+    def _sync(self, tasks: Sequence[TaskHandle], *, every: bool) -> None:
+        """Create or update the rows of ``tasks`` (reading ``every`` row, or only theirs)."""
+        rows = Task.objects.using(self.using)
+        read = rows.all() if every else rows.filter(name__in=[handle.name for handle in tasks])
+        stored = {task.name: task for task in read}
+        new, changed = [], []
+        for handle in tasks:
+            task = stored.get(handle.name)
+            fields = _declaration(handle)
+            if task is None:
+                new.append(Task(name=handle.name, jobs=_job_names(handle), **fields))
+            elif task.jobs and task.declared and _same(task, fields):
+                continue  # Unchanged: a restart does not call every task's function.
+            else:
+                for key, value in {**fields, "declared": True}.items():
+                    setattr(task, key, value)
+                task.jobs = _job_names(handle)
+                changed.append(task)
+        rows.bulk_create(new, ignore_conflicts=True)
+        rows.bulk_update(
+            changed, ["cron", "tz", "catch_up", "max_catch_up", "overlap", "jobs", "declared"]
+        )
+
+    def _mark_gone(self, tasks: Sequence[TaskHandle]) -> None:
+        rows = Task.objects.using(self.using)
+        declared = {handle.name for handle in tasks}
+        stored = rows.filter(declared=True).values_list("name", flat=True)
+        rows.filter(name__in=[name for name in stored if name not in declared]).update(
+            declared=False
+        )
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         rows = Task.objects.using(self.using).all()

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from django.db import (
     DEFAULT_DB_ALIAS,
     DatabaseError,
+    DataError,
     InterfaceError,
     OperationalError,
     close_old_connections,
@@ -38,7 +39,7 @@ from .logs import emit, failure_fields
 from .models import Job
 from .nodes import RunStatus, new_node_id
 from .registry import registry
-from .retries import format_error, loop_backoff, retry_delay
+from .retries import format_error, loop_backoff, retry_delay, storable
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -48,6 +49,10 @@ Outcome = Literal["succeeded", "retrying", "failed", "lost"]
 CLEAN_EXIT = 0
 #: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
 ABANDONED_EXIT = shutdown.FORCED_EXIT
+#: Exit status of a burst worker that gave up on an unreachable database.
+UNAVAILABLE_EXIT = 3
+#: Failed passes in a row after which a burst worker gives up: it has no later to wait for.
+BURST_GIVE_UP_AFTER = 3
 
 
 class Worker:
@@ -121,6 +126,7 @@ class Worker:
         self._drain_reason = ""
         self._listener: Listener | None = None
         self._release_hook: Callable[[], None] | None = None
+        self._gave_up = False
         self._started_at = self.clock()
 
     # -- the job table ----------------------------------------------------------------------
@@ -162,6 +168,18 @@ class Worker:
         self, job: Job, text: str, started: float, *, retry: bool, fields: dict[str, Any]
     ) -> Outcome:
         using, job_id, node = self.using, job.pk, self.node_id
+        text = storable(text)
+
+        def recorded(write: Callable[[str], bool]) -> Callable[[], bool]:
+            def attempt() -> bool:
+                try:
+                    return write(text)
+                except DataError:
+                    # The database refused the message itself: the outcome must still land.
+                    return write(f"the error of this attempt could not be stored ({job.name})")
+
+            return attempt
+
         if retry and job.attempts < job.max_attempts:
             delay = retry_delay(
                 job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
@@ -171,8 +189,10 @@ class Worker:
                 job,
                 "retrying",
                 started,
-                lambda: jobstore.retry(
-                    using=using, job_id=job_id, worker=node, run_at=run_at, error=text
+                recorded(
+                    lambda error: jobstore.retry(
+                        using=using, job_id=job_id, worker=node, run_at=run_at, error=error
+                    )
                 ),
                 log={"retry_at": run_at, **fields},
             )
@@ -180,8 +200,10 @@ class Worker:
             job,
             "failed",
             started,
-            lambda: jobstore.fail(
-                using=using, job_id=job_id, worker=node, now=self.clock(), error=text
+            recorded(
+                lambda error: jobstore.fail(
+                    using=using, job_id=job_id, worker=node, now=self.clock(), error=error
+                )
             ),
             log=fields,
         )
@@ -345,6 +367,7 @@ class Worker:
             self._abandoned.clear()
             self._draining.clear()
             self._drain_reason = ""
+            self._gave_up = False
             self._wake.clear()
 
     def stop(self, reason: str = "stop", *, wait: bool = True) -> None:
@@ -386,6 +409,8 @@ class Worker:
             self._start_up()
             self._loop()
             exit_code = self._settle()
+            if self._gave_up and exit_code == CLEAN_EXIT:
+                exit_code = UNAVAILABLE_EXIT
         finally:
             self._shut_down(exit_code)
         return exit_code
@@ -450,6 +475,9 @@ class Worker:
                 self.last_error = str(fields["error"])
                 emit(logger, "jobs.worker.loop-failed", logging.ERROR, failures=failures, **fields)
                 close_old_connections()
+                if self.burst and failures >= BURST_GIVE_UP_AFTER:
+                    self._gave_up = True
+                    return
                 idle_wait = loop_backoff(self.poll_interval, failures).total_seconds()
                 self._wake.clear()
                 self._draining.wait(idle_wait)
@@ -546,7 +574,8 @@ class Worker:
         emit(
             logger,
             "jobs.worker.stopped",
-            reason=self._drain_reason or ("burst" if self.burst else "max-jobs"),
+            reason=self._drain_reason
+            or ("database-unavailable" if self._gave_up else "burst" if self.burst else "max-jobs"),
             exit_code=exit_code,
             claimed=self.claimed,
             **outcomes,
@@ -554,7 +583,7 @@ class Worker:
         self._stopped.set()
 
 
-__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "Worker"]
+__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Worker"]
 
 
 def _drop_broken_connections() -> None:

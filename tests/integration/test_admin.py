@@ -89,6 +89,15 @@ def _nothing_enqueued() -> bool:
     return not Job.objects.exists() and not Occurrence.objects.exists()
 
 
+def _confirmed(client: Client, url: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``data`` plus the one-time token of the confirmation form at ``url``, as a submit sends."""
+    data = dict(data or {})
+    page = client.get(url, {"ids": data["ids"]} if "ids" in data else {}).content.decode()
+    found = re.search(r'name="run_token" value="([^"]+)"', page)
+    assert found, "no run token in the confirmation page"
+    return {**data, "run_token": found.group(1)}
+
+
 def _csrf_token(html: str) -> str:
     found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
     assert found, "no CSRF token in the page"
@@ -177,9 +186,14 @@ def test_run_now__post_with_csrf_enqueues_and_records_a_manual_occurrence(
     watermark = datetime(2026, 3, 8, 2, 0, tzinfo=UTC)
     Task.objects.filter(name=DIGEST).update(last_fired_at=watermark)
     client = _client(runner, csrf=True)
-    token = _csrf_token(client.get(run_url(tasks[DIGEST])).content.decode())
+    page = client.get(run_url(tasks[DIGEST])).content.decode()
+    token = _csrf_token(page)
+    run_token = re.search(r'name="run_token" value="([^"]+)"', page)
+    assert run_token
 
-    response = client.post(run_url(tasks[DIGEST]), {"csrfmiddlewaretoken": token})
+    response = client.post(
+        run_url(tasks[DIGEST]), {"csrfmiddlewaretoken": token, "run_token": run_token.group(1)}
+    )
 
     assert response.status_code == 302
     assert response["Location"] == TASKS_URL
@@ -203,7 +217,10 @@ def test_run_now__post_with_csrf_enqueues_and_records_a_manual_occurrence(
 
 
 def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner: User) -> None:
-    response = _client(runner).post(run_url(tasks[DIGEST]), follow=True)
+    client = _client(runner)
+    response = client.post(
+        run_url(tasks[DIGEST]), _confirmed(client, run_url(tasks[DIGEST])), follow=True
+    )
 
     job_id = Job.objects.get().pk
     [(level, text)] = _messages(response)
@@ -216,9 +233,10 @@ def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner:
 
 def test_run_now__second_run_says_already_present(tasks: dict[str, Task], runner: User) -> None:
     client = _client(runner)
-    client.post(run_url(tasks[DIGEST]), follow=True)  # shows, and so consumes, its message
+    url = run_url(tasks[DIGEST])
+    client.post(url, _confirmed(client, url), follow=True)  # shows, and so consumes, its message
 
-    response = client.post(run_url(tasks[DIGEST]), follow=True)
+    response = client.post(url, _confirmed(client, url), follow=True)
 
     job_id = Job.objects.get().pk
     [(level, text)] = _messages(response)
@@ -234,8 +252,9 @@ def test_run_now__second_run_says_already_present(tasks: dict[str, Task], runner
 def test_run_now__next_returns_to_the_change_page(tasks: dict[str, Task], runner: User) -> None:
     change = reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
 
-    response = _client(runner).post(run_url(tasks[DIGEST]), {"next": change})
-    offsite = _client(runner).post(run_url(tasks[DIGEST]), {"next": "https://evil.example/"})
+    client, url = _client(runner), run_url(tasks[DIGEST])
+    response = client.post(url, _confirmed(client, url, {"next": change}))
+    offsite = client.post(url, _confirmed(client, url, {"next": "https://evil.example/"}))
 
     assert response["Location"] == change
     assert offsite["Location"] == TASKS_URL
@@ -255,8 +274,9 @@ def test_run_now__task_error_is_shown_and_nothing_is_enqueued(
     DatabaseState(node_id="t", leader="sole").sync([broken])
     row = Task.objects.get(name="admintest.broken")
 
-    page = _client(runner).get(run_url(row)).content.decode()
-    response = _client(runner).post(run_url(row), follow=True)
+    client = _client(runner)
+    page = client.get(run_url(row)).content.decode()
+    response = client.post(run_url(row), _confirmed(client, run_url(row)), follow=True)
 
     assert "the ledger is locked" in page
     assert 'value="Yes, run now"' not in page
@@ -277,8 +297,9 @@ def test_run_now__task_without_entries_says_nothing_was_enqueued(
 
     DatabaseState(node_id="t", leader="sole").sync([idle])
     row = Task.objects.get(name="admintest.idle")
+    client = _client(runner)
 
-    response = _client(runner).post(run_url(row), follow=True)
+    response = client.post(run_url(row), _confirmed(client, run_url(row)), follow=True)
 
     assert _messages(response) == [
         (
@@ -293,8 +314,9 @@ def test_run_now__task_without_entries_says_nothing_was_enqueued(
 def test_run_now__removed_task_has_no_button_and_does_not_run(runner: User) -> None:
     row = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
 
-    listing = _client(runner).get(TASKS_URL).content.decode()
-    response = _client(runner).post(run_url(row), follow=True)
+    client = _client(runner)
+    listing = client.get(TASKS_URL).content.decode()
+    response = client.post(run_url(row), _confirmed(client, run_url(row)), follow=True)
 
     assert run_url(row) not in listing
     [(level, text)] = _messages(response)
@@ -316,7 +338,8 @@ def test_run_selected__confirms_then_runs_each_task(tasks: dict[str, Task], runn
     assert "demo.quarter_hour_ping" in confirmation.content.decode()
     assert _nothing_enqueued()
 
-    response = client.post(reverse("admin:ultimat3_jobs_task_run"), {"ids": ids}, follow=True)
+    url = reverse("admin:ultimat3_jobs_task_run")
+    response = client.post(url, _confirmed(client, url, {"ids": ids}), follow=True)
 
     assert sorted(Job.objects.values_list("name", flat=True)) == ["demo.ping", "demo.send_digest"]
     texts = sorted(strip_tags(text) for _, text in _messages(response))

@@ -33,7 +33,7 @@ def test_task__bogota_is_refused_with_a_fix_naming_full_zone_ids() -> None:
     assert error.code == "jobs.task.tz-invalid"
     assert "Bogota" in error.message
     assert "America/Bogota" in error.fix
-    assert "available_timezones" in error.fix
+    assert "tzdata" in error.fix
 
 
 def test_task__full_zone_id_is_accepted() -> None:

@@ -114,6 +114,27 @@ class JobAdmin(admin.ModelAdmin):
         # it would write back every column as loaded over what a worker wrote meanwhile.
         return obj is None and super().has_change_permission(request, obj)
 
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # Only a finished job may be deleted (it frees its key, as pruning does). A queued one
+        # would vanish unrun: cancel it. A running one would leave its worker writing to
+        # nothing. Django asks this of every selected job, in the delete view and the action.
+        if obj is not None and obj.status not in jobstore.FINISHED:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
+        if refused:
+            refused = {"queued or running jobs (cancel queued ones; running ones finish first)"}
+        return deleted, counts, refused, protected
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        # Re-checked in the statement: a worker may have claimed it since the page loaded.
+        Job.objects.filter(pk=obj.pk, status__in=jobstore.FINISHED).delete()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        queryset.filter(status__in=jobstore.FINISHED).delete()
+
     @admin.action(permissions=["change"], description="Retry selected failed jobs")
     def retry_failed(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Failed -> queued, due now, with a fresh set of attempts (``jobstore.retry_failed``)."""

@@ -8,8 +8,10 @@ was loaded.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any
 from urllib.parse import urlencode
@@ -17,9 +19,17 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.contrib import admin, messages
+from django.core import signing
 from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
@@ -36,10 +46,10 @@ from ..cron import (
     occurrences,
     parse,
 )
-from ..errors import UltimateError
+from ..errors import UltimateError, readable
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
 from ..manual import ManualRun, preview, run_now
-from ..models import Task
+from ..models import RunToken, Task
 from ..registry import TaskHandle, registry
 from ..status import scheduler_status
 from .backfill import BackfillAdmin
@@ -416,7 +426,12 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         return HttpResponseRedirect(f"{reverse('admin:ultimat3_jobs_task_run')}?{query}")
 
     def run_view(self, request: HttpRequest, object_id: str | None = None) -> HttpResponse:
-        """GET: what would be enqueued, and a confirm button. POST: run the tasks now."""
+        """GET: what would be enqueued, and a confirm button. POST: run the tasks now.
+
+        The form carries a one-time token: submitting it twice (a double click, a reload)
+        runs the tasks once. Each task runs on its own, so one that fails is reported and
+        the others still run.
+        """
         if not self.has_run_task_permission(request):
             raise PermissionDenied
         if request.method not in ("GET", "POST"):
@@ -424,7 +439,7 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         changelist = reverse("admin:ultimat3_jobs_task_changelist")
         source = request.POST if request.method == "POST" else request.GET
         raw = [object_id] if object_id is not None else source.getlist("ids")
-        ids = [int(value) for value in raw if value.isdigit()]
+        ids = [_task_id(value) for value in raw]
         tasks = list(Task.objects.filter(pk__in=ids).order_by("name"))
         if not tasks:
             messages.warning(request, "No task to run: it may have been deleted.")
@@ -435,10 +450,16 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         ):
             next_url = changelist
         if request.method == "POST":
-            for task in tasks:
-                self._run_one(request, task)
-            return HttpResponseRedirect(next_url)
-        previews = [preview(_live_handle(task), task.name) for task in tasks]
+            refused = _use_run_token(request, request.POST.get("run_token", ""), tasks)
+            if refused is None:
+                for task in tasks:
+                    self._run_one(request, task)
+                return HttpResponseRedirect(next_url)
+            messages.warning(request, refused)
+            if refused == ALREADY_SUBMITTED:
+                # Back where a run leads, never to a fresh confirmation to click again.
+                return HttpResponseRedirect(next_url)
+        previews = [preview(_live_handle(task), task.name, paused=task.paused) for task in tasks]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -446,6 +467,7 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
             "previews": previews,
             "runnable": any(p.runnable for p in previews),
             "ids": [task.pk for task in tasks],
+            "run_token": _run_token(request, tasks),
             "next_url": next_url,
             "cancel_url": next_url,
         }
@@ -469,8 +491,61 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
                 ),
             )
             return
+        except Exception as error:
+            # Whatever else the task's code raised: its own writes rolled back, and the other
+            # selected tasks still run. A page of per-task results beats a 500 for all.
+            messages.error(
+                request,
+                format_html(
+                    "Could not run {}: {}: {}. Nothing was enqueued for it.",
+                    task.name,
+                    type(error).__name__,
+                    readable(error),
+                ),
+            )
+            return
         level, text = _run_message(run)
         messages.add_message(request, level, text)
+
+
+#: How long a "Run now" confirmation form stays valid.
+RUN_TOKEN_MAX_AGE = timedelta(hours=12)
+_RUN_TOKEN_SALT = "ultimat3_jobs.run-now"
+ALREADY_SUBMITTED = "This confirmation was already submitted: nothing was run again."
+
+
+def _task_id(value: str) -> int:
+    """A task id from the URL or the form; anything else is a page that does not exist."""
+    # isdigit() alone takes "²"; the range is the id column's (a bigint).
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise Http404(f"no task with id {value[:30]!r}")
+    return int(value)
+
+
+def _run_token(request: HttpRequest, tasks: Sequence[Task]) -> str:
+    """A signed, one-time token for this user's confirmation of exactly these tasks."""
+    payload = {"n": uuid.uuid4().hex, "u": request.user.pk, "ids": sorted(t.pk for t in tasks)}
+    return signing.dumps(payload, salt=_RUN_TOKEN_SALT)
+
+
+def _use_run_token(request: HttpRequest, token: str, tasks: Sequence[Task]) -> str | None:
+    """Spend ``token``; None if it was good, else why nothing runs."""
+    try:
+        payload = signing.loads(token, salt=_RUN_TOKEN_SALT, max_age=RUN_TOKEN_MAX_AGE)
+    except signing.BadSignature:
+        return "This confirmation is missing or has expired: nothing was run. Confirm again."
+    if payload.get("u") != request.user.pk or payload.get("ids") != sorted(t.pk for t in tasks):
+        return "This confirmation was for other tasks: nothing was run. Confirm again."
+    now = clock.now()
+    try:
+        # Its own transaction, committed before the run: a concurrent second submit of the
+        # same form fails to insert the same nonce and runs nothing.
+        with transaction.atomic():
+            RunToken.objects.create(nonce=payload["n"], used_at=now)
+    except IntegrityError:
+        return ALREADY_SUBMITTED
+    RunToken.objects.filter(used_at__lt=now - RUN_TOKEN_MAX_AGE).delete()
+    return None
 
 
 def _run_message(run: ManualRun) -> tuple[int, SafeString]:

@@ -1,27 +1,64 @@
-"""Argument types for the commands: a bad value is refused by argparse with a clear message."""
+"""Argument types for the commands: a bad value is refused by argparse with a clear message.
+
+Every number has an upper bound too: ``inf`` or ``1e308`` seconds would overflow the
+``timedelta`` built from it, far past any sensible setting.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
+
+#: The longest interval or grace a flag accepts: a day.
+MAX_SECONDS = 86_400.0
+#: The most job threads one worker runs; each holds a database connection of its own.
+MAX_CONCURRENCY = 128
+#: The longest retention ``prune_jobs --days`` accepts: a century.
+MAX_DAYS = 36_500
 
 
-def positive_int(value: str) -> int:
+def _whole(value: str, maximum: int | None) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    if maximum is not None and number > maximum:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at most {maximum}")
     return number
 
 
+def positive_int(value: str) -> int:
+    """A whole number, 1 or more."""
+    return _whole(value, None)
+
+
+def up_to(maximum: int) -> Callable[[str], int]:
+    """A whole number from 1 to ``maximum``."""
+
+    def whole(value: str) -> int:
+        return _whole(value, maximum)
+
+    whole.__name__ = f"whole number up to {maximum}"
+    return whole
+
+
 def positive_seconds(value: str) -> float:
+    """A finite number of seconds, more than 0 and at most ``MAX_SECONDS``."""
     try:
         seconds = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 seconds")
+    if seconds > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be at most {MAX_SECONDS:g} seconds (a day)"
+        )
     return seconds
 
 

@@ -5,9 +5,22 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 
-from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.logs import NOT_MIGRATED_FIX
+from ultimat3_jobs.errors import UltimateError, UnknownDatabaseError
+from ultimat3_jobs.logs import NOT_MIGRATED_FIX, failure_fields
 from ultimat3_jobs.models import Job, Task
+
+
+def require_database(using: str) -> None:
+    """Refuse an alias that is not in ``DATABASES``, naming the ones that are."""
+    if using not in connections.databases:
+        aliases = ", ".join(sorted(connections.databases)) or "none"
+        raise command_error(
+            UnknownDatabaseError(
+                f"there is no database {using!r} in DATABASES",
+                fix=f"pass --database with one of the aliases in DATABASES ({aliases})",
+                cause=using,
+            )
+        )
 
 
 def require_migrated(using: str) -> None:
@@ -16,6 +29,7 @@ def require_migrated(using: str) -> None:
     A database that cannot be reached is left to the loop, which logs, backs off and retries
     until it comes back; a missing table never comes back by waiting.
     """
+    require_database(using)
     try:
         tables = set(connections[using].introspection.table_names())
     except DatabaseError:
@@ -30,3 +44,22 @@ def require_migrated(using: str) -> None:
 def command_error(error: UltimateError) -> CommandError:
     """A user error as the command's failure: the message, then the fix on a line of its own."""
     return CommandError(f"{error.message}\nfix: {error.fix}")
+
+
+def database_error(using: str, error: BaseException) -> CommandError:
+    """A database failure (unreachable, unmigrated) as the command's failure, with its fix."""
+    fields = failure_fields(error)
+    fix = fields["fix"]
+    if fields["code"] == "jobs.database-unavailable":
+        fix = unavailable_fix(using)
+    return CommandError(
+        f"the database {using!r} failed: {fields['error']} [{fields['code']}]\nfix: {fix}"
+    )
+
+
+def unavailable_fix(using: str) -> str:
+    """The fix for a database a one-shot command could not reach: no loop retries for it."""
+    return (
+        f"check that the database {using!r} in DATABASES / DATABASE_URL is running and "
+        "reachable from this host, then run the command again"
+    )

@@ -15,12 +15,18 @@ from ultimat3_jobs import logs, metrics
 from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
-from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
-from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.management.arguments import (
+    MAX_CONCURRENCY,
+    positive_int,
+    positive_seconds,
+    queue_names,
+    up_to,
+)
+from ultimat3_jobs.management.preflight import command_error, require_migrated, unavailable_fix
 from ultimat3_jobs.nodes import new_node_id
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
-from ultimat3_jobs.worker import CLEAN_EXIT, Worker
+from ultimat3_jobs.worker import CLEAN_EXIT, UNAVAILABLE_EXIT, Worker
 
 
 def port_number(value: str) -> int:
@@ -56,16 +62,17 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tick-interval",
         type=positive_seconds,
-        help="Seconds between the end of one round and the start of the next.",
+        help="Seconds between the end of one round and the start of the next (at most a day).",
     )
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency",
-        type=positive_int,
+        type=up_to(MAX_CONCURRENCY),
         default=1,
-        help="Jobs run at once, each in a thread of its own (default 1).",
+        help=f"Jobs run at once, each in a thread (and a database connection) of its own: "
+        f"1 to {MAX_CONCURRENCY} (default 1).",
     )
     parser.add_argument(
         "--queues",
@@ -150,8 +157,15 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
         raise command_error(error) from error
 
 
-def worker_exit(exit_code: int) -> None:
-    """Turn a worker's exit status into the command's: a drain past its grace fails it."""
+def worker_exit(exit_code: int, database: str) -> None:
+    """Turn a worker's exit status into the command's: a drain past its grace fails it, and so
+    does a burst that could not reach the database."""
+    if exit_code == UNAVAILABLE_EXIT:
+        raise CommandError(
+            f"the database {database!r} could not be reached, so this burst ran nothing"
+            f"\nfix: {unavailable_fix(database)}",
+            returncode=exit_code,
+        )
     if exit_code != CLEAN_EXIT:
         raise CommandError(
             "the drain grace ran out; the jobs still in flight went back to the queue",

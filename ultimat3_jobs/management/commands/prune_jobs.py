@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.management.arguments import positive_int
-from ultimat3_jobs.management.preflight import command_error
+from ultimat3_jobs.management.arguments import MAX_DAYS, up_to
+from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 from ultimat3_jobs.retention import prune
 
 
@@ -23,8 +24,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--days",
-            type=positive_int,
-            help="Keep this many days (default: the RETENTION_DAYS setting).",
+            type=up_to(MAX_DAYS),
+            help=f"Keep this many days, at most {MAX_DAYS} (default: the RETENTION_DAYS setting).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would go; delete nothing."
@@ -32,6 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
     def handle(self, *, days: int | None, dry_run: bool, database: str, **options: Any) -> None:
+        require_migrated(database)
         try:
             result = prune(
                 older_than=None if days is None else timedelta(days=days),
@@ -40,6 +42,9 @@ class Command(BaseCommand):
             )
         except UltimateError as error:
             raise command_error(error) from error
+        except (DatabaseError, psycopg.Error) as error:
+            # A one-shot command has no loop to retry in: say what failed and how to fix it.
+            raise database_error(database, error) from None
         verb = "Would delete" if dry_run else "Deleted"
         self.stdout.write(
             f"{verb} {result.jobs} finished job(s), {result.occurrences} occurrence record(s) "

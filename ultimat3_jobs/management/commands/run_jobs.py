@@ -46,4 +46,4 @@ class Command(BaseCommand):
             # stop() may return as soon as the status reads "stopped", wait() once it is done.
             scheduler.stop("worker-stopped")
             scheduler.wait()
-        worker_exit(exit_code)
+        worker_exit(exit_code, options["database"])

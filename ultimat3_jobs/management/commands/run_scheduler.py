@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import DatabaseError
 
+from ultimat3_jobs.management.preflight import database_error
 from ultimat3_jobs.management.roles import (
     add_process_arguments,
     add_scheduler_arguments,
@@ -26,7 +29,11 @@ class Command(BaseCommand):
         prepare(options)
         scheduler = build_scheduler(options)
         if once:
-            scheduler.run_once()
+            try:
+                scheduler.run_once()
+            except (DatabaseError, psycopg.Error) as error:
+                # One round and no loop to retry in: the failure is the command's.
+                raise database_error(options["database"], error) from None
             return
         scheduler.start()
         scheduler.wait()

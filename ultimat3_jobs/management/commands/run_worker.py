@@ -33,4 +33,4 @@ class Command(BaseCommand):
     def handle(self, *, burst: bool, max_jobs: int | None, **options: Any) -> None:
         prepare(options)
         worker = build_worker(options, burst=burst, max_jobs=max_jobs)
-        worker_exit(worker.run())
+        worker_exit(worker.run(), options["database"])

@@ -1,0 +1,119 @@
+"""The commands refuse what they cannot use, with a fix and no traceback, as an operator sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from .helpers import ROOT, process_database_url
+
+pytestmark = [pytest.mark.acceptance]
+
+#: Nothing listens on port 1: every connection is refused at once.
+UNREACHABLE = "postgres://postgres@127.0.0.1:1/nowhere"
+
+
+def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *argv],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": process_database_url(), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run_scheduler", "--once", "--tick-interval", "inf"], "not a finite number"),
+        (["run_scheduler", "--once", "--tick-interval", "1e308"], "at most 86400 seconds"),
+        (["run_scheduler", "--once", "--tick-interval", "nan"], "not a finite number"),
+        (["run_worker", "--burst", "--poll-interval", "inf"], "not a finite number"),
+        (["run_worker", "--burst", "--drain-grace", "inf"], "not a finite number"),
+        (["run_worker", "--burst", "--concurrency", "129"], "must be at most 128"),
+        (["prune_jobs", "--days", "1000000000"], "must be at most 36500"),
+    ],
+    ids=["tick_inf", "tick_1e308", "tick_nan", "poll_inf", "grace_inf", "concurrency", "days"],
+)
+def test_commands__out_of_range_flags_are_refused_by_argparse(
+    argv: list[str], message: str
+) -> None:
+    result = run(*argv)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_worker__the_concurrency_bound_is_in_its_help() -> None:
+    result = run("run_worker", "--help")
+    assert result.returncode == 0
+    assert "1 to 128" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run_scheduler", "--once"], ["run_worker", "--burst"], ["prune_jobs"]],
+    ids=["scheduler", "worker", "prune"],
+)
+def test_commands__an_unknown_database_alias_is_a_command_error_with_the_fix(
+    argv: list[str],
+) -> None:
+    result = run(*argv, "--database", "nosuch")
+    assert result.returncode == 1
+    assert "there is no database 'nosuch' in DATABASES" in result.stderr
+    assert "fix: pass --database with one of the aliases in DATABASES (default)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["run_scheduler", "--once"], ["prune_jobs"]], ids=["scheduler", "prune"]
+)
+def test_one_shot_commands__an_unreachable_database_is_a_command_error_with_the_fix(
+    argv: list[str],
+) -> None:
+    result = run(*argv, DATABASE_URL=UNREACHABLE)
+    assert result.returncode == 1, result.stderr
+    assert "[jobs.database-unavailable]" in result.stderr
+    assert "fix: check that the database 'default'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_scheduler__a_refused_advisory_connection_is_logged_as_database_unavailable() -> None:
+    result = run("run_scheduler", "--once", "--log-format", "json", DATABASE_URL=UNREACHABLE)
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    lost = [e for e in events if e["event"] == "jobs.leader.connection-lost"]
+    assert lost, result.stdout
+    assert {e["code"] for e in lost} == {"jobs.database-unavailable"}
+    assert "jobs.unexpected-error" not in result.stdout
+
+
+def test_run_worker__burst_against_an_unreachable_database_gives_up_non_zero() -> None:
+    result = run("run_worker", "--burst", "--poll-interval", "0.05", DATABASE_URL=UNREACHABLE)
+    assert result.returncode == 3, result.stderr
+    assert "could not be reached, so this burst ran nothing" in result.stderr
+    assert "fix: check that the database" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_prune_jobs__an_unmigrated_database_is_a_command_error_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    result = run("prune_jobs", DATABASE_URL=f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    assert result.returncode == 1
+    assert "fix: run: python manage.py migrate" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_prune_jobs__refusals_reach_call_command_as_command_errors() -> None:
+    with pytest.raises(CommandError, match="must be at most 36500"):
+        call_command("prune_jobs", "--days", "1000000000")
+    with pytest.raises(CommandError, match="there is no database 'nosuch'"):
+        call_command("prune_jobs", "--database", "nosuch")

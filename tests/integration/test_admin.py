@@ -377,6 +377,19 @@ def test_task_list__shows_next_run_in_task_zone_and_utc(
     assert "run-once" in row
 
 
+def test_task_list__an_armed_task_that_never_fired_says_never(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    # Arming puts the watermark just before the first occurrence, in the future.
+    armed = NOW + timedelta(hours=14) - timedelta(milliseconds=1)
+    Task.objects.filter(name=DIGEST).update(last_fired_at=armed)
+    Task.objects.exclude(name=DIGEST).update(last_fired_at=NOW - timedelta(hours=1))
+    html = _client(viewer).get(TASKS_URL).content.decode()
+    row = html[html.index(f">{DIGEST}<") :].split("</tr>")[0]
+    assert '<td class="field-last_fired_column">never</td>' in row
+    assert html.count("1 h ago") >= 1
+
+
 def test_task_list__filters_and_search(tasks: dict[str, Task], viewer: User) -> None:
     Task.objects.filter(name=DIGEST).update(paused=True, paused_note="ledger migration")
     client = _client(viewer)

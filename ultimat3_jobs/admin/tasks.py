@@ -210,7 +210,9 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
 
     @admin.display(description="Last fired", ordering="last_fired_at")
     def last_fired_column(self, task: Task) -> SafeString | str:
-        if task.last_fired_at is None:
+        # Arming sets the watermark just before the first occurrence, so a watermark still in
+        # the future means nothing has fired since the task was first seen.
+        if task.last_fired_at is None or task.last_fired_at > clock.now():
             return "never"
         schedule = _schedule_of(task)
         zone = schedule.zone if schedule is not None else UTC_ZONE

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core import checks
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
@@ -86,3 +86,51 @@ def check_removed_tasks(
         )
         for name in sorted(set(stored) - declared)
     ]
+
+
+@checks.register()
+def check_task_backends(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Each ``JobsBackend``'s database exists, and every scheduled Django Task can be enqueued."""
+    from django.conf import settings
+
+    from .backends import JobsBackend
+    from .errors import UltimateError
+    from .registry import registry
+    from .tasks_compat import AVAILABLE, task_backends
+
+    if not AVAILABLE:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for alias in getattr(settings, "TASKS", None) or {}:
+        try:
+            backend = task_backends[alias]
+        except Exception:
+            continue  # The framework's own checks report a backend that cannot load.
+        if isinstance(backend, JobsBackend) and backend.database not in settings.DATABASES:
+            messages.append(
+                checks.Error(
+                    f'TASKS["{alias}"] keeps its tasks in database "{backend.database}", '
+                    "which is not in DATABASES",
+                    hint=f'set TASKS["{alias}"]["OPTIONS"]["DATABASE"] to one of: '
+                    f"{', '.join(sorted(settings.DATABASES))}",
+                    id="ultimat3_jobs.E005",
+                )
+            )
+    for handle in registry.tasks():
+        try:
+            entries = handle.entries()
+        except Exception:
+            continue  # A failing function is the scheduler's to report, every round.
+        seen: set[str] = set()
+        for job, _ in entries:
+            try:
+                job.check_backend(DEFAULT_DB_ALIAS)
+            except UltimateError as error:
+                if error.message not in seen:
+                    seen.add(error.message)
+                    messages.append(
+                        checks.Warning(error.message, hint=error.fix, id="ultimat3_jobs.W004")
+                    )
+    return messages

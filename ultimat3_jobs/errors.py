@@ -95,3 +95,9 @@ class LeaderUnavailableError(UltimateError):
     """The configured leader election cannot run on this database."""
 
     code = "jobs.scheduler.leader-unavailable"
+
+
+class TaskBackendError(UltimateError):
+    """A scheduler entry names a Django Task whose backend cannot take it in the round."""
+
+    code = "jobs.task.backend-unsupported"

@@ -54,6 +54,8 @@ class RoundPlan:
     records: list[PlannedRecord] = field(default_factory=list)
     #: task -> (watermark the round read, watermark to write)
     watermarks: dict[str, tuple[datetime | None, datetime]] = field(default_factory=dict)
+    #: The database the round is written to, which a Django Task entry's backend must use.
+    database: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,10 @@ def plan_task(
     for occurrence, catch_up in decision.fire:
         try:
             entries = handle.entries(occurrence)
+            for job, _ in entries:
+                # A Django Task on another backend would be enqueued outside the round:
+                # refused, and the occurrence held, until the settings are fixed.
+                job.check_backend(plan.database)
         except Exception as error:
             # One failing task must not stop the others; its occurrence is retried next round,
             # everything before it stays decided.

@@ -95,13 +95,15 @@ def check_task_backends(
     """Each ``JobsBackend``'s database exists, and every scheduled Django Task can be enqueued."""
     from django.conf import settings
 
+    from .tasks_compat import AVAILABLE
+
+    if not AVAILABLE:
+        return []  # Neither django.tasks nor the backport: no Django Task can be declared.
     from .backends import JobsBackend
     from .errors import UltimateError
     from .registry import registry
-    from .tasks_compat import AVAILABLE, task_backends
+    from .tasks_compat import task_backends
 
-    if not AVAILABLE:
-        return []
     messages: list[checks.CheckMessage] = []
     for alias in getattr(settings, "TASKS", None) or {}:
         try:

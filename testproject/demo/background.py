@@ -49,3 +49,9 @@ def attempt_of(context: TaskContext, label: str) -> dict[str, Any]:
 @task(backend="elsewhere")
 def elsewhere(label: str) -> None:
     """On a backend that is not ``JobsBackend``: a schedule must refuse it."""
+
+
+@task()
+def stamp(occurrence: str) -> str:
+    """What the multi-process tests schedule every second: its result names its occurrence."""
+    return occurrence

@@ -286,6 +286,9 @@ def task_succeeded(
         finished_at=now,
         last_error="",
         return_value=return_value,
+        # A retried row that failed before succeeds without its earlier error.
+        error_class="",
+        traceback="",
     )
 
 

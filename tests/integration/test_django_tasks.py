@@ -12,6 +12,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.dispatch import Signal
+from django.test import override_settings
 from django.utils import timezone
 from django_tasks import TaskResultStatus, default_task_backend, task_backends
 from django_tasks.exceptions import TaskResultDoesNotExist
@@ -389,3 +390,39 @@ def test_run_now__a_task_whose_entries_are_django_tasks() -> None:
 
     assert background.add.get_result(result_id).return_value == 4
     assert Job.objects.get(pk=entry.result.job_id).enqueued_by == "admin:alice"
+
+
+def test_checks__a_jobs_backend_on_a_missing_database_is_an_error() -> None:
+    from ultimat3_jobs.checks import check_task_backends
+
+    tasks = {
+        "default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend"},
+        "far": {
+            "BACKEND": "ultimat3_jobs.backends.JobsBackend",
+            "OPTIONS": {"DATABASE": "nowhere"},
+        },
+    }
+    with override_settings(TASKS=tasks):
+        messages = check_task_backends()
+    [error] = [m for m in messages if m.id == "ultimat3_jobs.E005"]
+    assert 'TASKS["far"]' in error.msg
+    assert "nowhere" in error.msg
+    assert "default" in str(error.hint)
+
+
+@pytest.mark.django_db
+def test_recover__a_django_task_whose_worker_died_ends_failed_not_run_twice() -> None:
+    result = background.add.enqueue(1, 2)
+    [claimed] = jobstore.claim(using="default", worker="dead-node", limit=1, now=timezone.now())
+    assert claimed.pk == int(result.id)
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    assert result.worker_ids == ["dead-node"]
+
+    recovered = jobstore.recover(
+        using="default", stale_after=timedelta(seconds=60), now=timezone.now()
+    )
+
+    assert recovered.failed == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED

@@ -9,6 +9,7 @@ PostgreSQL statements come from ``sql.py``; other databases go through the ORM.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from django.db.models.functions import Concat, Now
 from . import clock, sql
 from .conf import get_settings
 from .db import json_rows
-from .listener import notify
+from .listener import NOTIFY_CHANNEL, notify
 from .models import Job, JobStatus, Node
 
 if TYPE_CHECKING:
@@ -150,8 +151,30 @@ def enqueue_task(
         now=clock.now(),
     )
     job.args = args
-    job.save(force_insert=True, using=using)
-    notify([job.queue], using=using)
+    if connections[using].vendor != "postgresql":
+        job.save(force_insert=True, using=using)
+        notify([job.queue], using=using)
+        return job
+    params = {
+        field: getattr(job, field)
+        for field in (
+            "name",
+            "key",
+            "queue",
+            "max_attempts",
+            "run_at",
+            "created_at",
+            "enqueued_by",
+            "priority",
+            "backend",
+        )
+    }
+    params.update(input=json.dumps(kwargs), args=json.dumps(args), channel=NOTIFY_CHANNEL)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.INSERT_TASK, params)
+        job.pk = cursor.fetchone()[0]
+    job._state.adding = False
+    job._state.db = using
     return job
 
 

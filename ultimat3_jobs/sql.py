@@ -33,6 +33,21 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key, id
 """
 
+#: One Django Task's row and the NOTIFY that wakes a worker for its queue: one round trip,
+#: where an ORM insert and a notify take two. A NOTIFY in a transaction is sent at commit.
+INSERT_TASK = f"""
+WITH job AS (
+    INSERT INTO {_JOB} (name, key, input, args, status, queue, attempts, max_attempts, run_at,
+                        created_at, last_error, task, catch_up, enqueued_by, worker, priority,
+                        backend)
+    VALUES (%(name)s, %(key)s, %(input)s::jsonb, %(args)s::jsonb, 'queued', %(queue)s, 0,
+            %(max_attempts)s, %(run_at)s, %(created_at)s, '', '', false, %(enqueued_by)s, '',
+            %(priority)s, %(backend)s)
+    RETURNING id, queue
+)
+SELECT job.id, pg_notify(%(channel)s, job.queue) FROM job
+"""
+
 #: Ids of jobs whose keys already existed.
 EXISTING_JOBS = f"SELECT key, id FROM {_JOB} WHERE key = ANY(%s)"
 

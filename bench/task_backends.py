@@ -104,6 +104,66 @@ def _measure(
         _stop(workers)
 
 
+def _backlog(
+    task: Any, n: int, start: Callable[[], list[subprocess.Popen[bytes]]], rows: Any
+) -> float:
+    """Tasks per second a backlog of ``n`` drains at: first start to last finish, from rows."""
+    from django.db import close_old_connections
+    from django.db.models import Max, Min
+
+    for i in range(n):
+        task.enqueue(i)
+    workers = start()
+    try:
+
+        def all_done() -> bool:
+            close_old_connections()
+            return bool(rows().filter(finished_at__isnull=False).count() >= n)
+
+        _wait_until(all_done, 600, f"a backlog of {n} tasks to drain")
+        span = rows().aggregate(first=Min("started_at"), last=Max("finished_at"))
+        return float(n / (span["last"] - span["first"]).total_seconds())
+    finally:
+        _stop(workers)
+        _clean()
+
+
+def backlog_jobs_backend(n: int, concurrency: int) -> float:
+    from ultimat3_jobs.models import Job
+
+    from .tasks import noop_jobs
+
+    argv = ["run_worker", "--queues", "bench", "--concurrency", str(concurrency)]
+    return _backlog(
+        noop_jobs, n, lambda: _start(argv, 1), lambda: Job.objects.filter(queue="bench")
+    )
+
+
+def backlog_db_worker(n: int, processes: int) -> float:
+    from django_tasks_db.models import DBTaskResult
+
+    from .tasks import noop_db
+
+    return _backlog(
+        noop_db,
+        n,
+        lambda: _start(DB_WORKER, processes),
+        lambda: DBTaskResult.objects.filter(queue_name="bench"),
+    )
+
+
+DB_WORKER = [
+    "db_worker",
+    "--backend",
+    "db",
+    "--queue-name",
+    "bench",
+    "--interval",
+    "0.05",
+    "--no-startup-delay",
+]
+
+
 def measure_jobs_backend(n: int, concurrency: int) -> tuple[float, float]:
     from ultimat3_jobs.models import Job, Node
 
@@ -135,17 +195,7 @@ def measure_db_worker(n: int, processes: int) -> tuple[float, float]:
 
     from .tasks import noop_db
 
-    argv = [
-        "db_worker",
-        "--backend",
-        "db",
-        "--queue-name",
-        "bench",
-        "--interval",
-        "0.05",
-        "--no-startup-delay",
-    ]
-    workers = _start(argv, processes)
+    workers = _start(DB_WORKER, processes)
     time.sleep(3)  # No heartbeat to wait for: give the processes time to import and poll.
 
     def done() -> datetime | None:
@@ -179,21 +229,40 @@ def main(argv: list[str] | None = None) -> None:
     _clean()
     n, c = args.tasks, args.concurrency
     rows = [
-        ("JobsBackend, run_worker --concurrency 1", *measure_jobs_backend(n, 1)),
-        (f"JobsBackend, run_worker --concurrency {c}", *measure_jobs_backend(n, c)),
-        ("django-tasks-db, 1 db_worker process", *measure_db_worker(n, 1)),
-        (f"django-tasks-db, {c} db_worker processes", *measure_db_worker(n, c)),
+        (
+            "JobsBackend, run_worker --concurrency 1",
+            *measure_jobs_backend(n, 1),
+            backlog_jobs_backend(n, 1),
+        ),
+        (
+            f"JobsBackend, run_worker --concurrency {c}",
+            *measure_jobs_backend(n, c),
+            backlog_jobs_backend(n, c),
+        ),
+        ("django-tasks-db, 1 db_worker process", *measure_db_worker(n, 1), backlog_db_worker(n, 1)),
+        (
+            f"django-tasks-db, {c} db_worker processes",
+            *measure_db_worker(n, c),
+            backlog_db_worker(n, c),
+        ),
     ]
-    floor = rows[2][2]
-    print(f"\nDjango Tasks backends (no-op task, {n} per run, enqueued one by one; PostgreSQL)")
-    header = f"{'':<44} | {'enqueue/s':>9} | {'enqueue+run/s':>13} | {'vs 1 db_worker':>14}"
+    floor, backlog_floor = rows[2][2], rows[2][3]
+    print(f"\nDjango Tasks backends (no-op task, {n} per run; PostgreSQL)")
+    header = (
+        f"{'':<42} | {'enqueue/s':>9} | {'enqueue+run/s':>13} | {'vs db':>6} | "
+        f"{'backlog/s':>9} | {'vs db':>6}"
+    )
     print(header)
     print("-" * len(header))
-    for label, enqueue_rate, rate in rows:
-        print(f"{label:<44} | {enqueue_rate:>9.0f} | {rate:>13.0f} | {rate / floor:>13.1f}x")
+    for label, enqueue_rate, rate, backlog in rows:
+        print(
+            f"{label:<42} | {enqueue_rate:>9.0f} | {rate:>13.0f} | {rate / floor:>5.1f}x | "
+            f"{backlog:>9.0f} | {backlog / backlog_floor:>5.1f}x"
+        )
     print(
-        "enqueue+run: from the first enqueue to the last finish its row records; workers "
-        "started and idle beforehand."
+        "enqueue+run: tasks enqueued one by one (a transaction each) to idle workers, first "
+        "enqueue to last finish. backlog: the same tasks enqueued first, then the workers "
+        "started; first start to last finish. vs db: against one db_worker process."
     )
 
 

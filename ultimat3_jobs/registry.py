@@ -279,10 +279,9 @@ class DjangoTaskHandle(JobHandle):
     ) -> EnqueueResult:
         """A manual run ("Run now"): the task's row on its backend's database."""
         from .backends import require_jobs_backend
-
-        backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
         from .jobstore import enqueue
 
+        backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
         data = self.check_input(input)
         return enqueue(
             self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -357,11 +358,17 @@ def test_plan__a_jobs_backend_on_another_database_is_refused() -> None:
 
 
 @pytest.mark.django_db
-def test_round__an_entry_on_another_backend_enqueues_nothing_round_after_round() -> None:
+def test_round__an_entry_on_another_backend_enqueues_nothing_round_after_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "dt.refused")
-    scheduler, clock = fire_once(handle)
-    clock.advance(60)
-    scheduler.tick()
+    with caplog.at_level(logging.ERROR, logger="ultimat3_jobs"):
+        scheduler, clock = fire_once(handle)
+        clock.advance(60)
+        scheduler.tick()
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-failed"]
+    assert [r.fields["code"] for r in failed] == ["jobs.task.backend-unsupported"] * 2
+    assert "JobsBackend" in failed[0].fields["fix"]
     assert not Job.objects.filter(task="dt.refused").exists()
     # Held just before the occurrence that keeps failing, so it is tried again next round.
     watermark = Task.objects.get(name="dt.refused").last_fired_at

@@ -52,6 +52,9 @@ STATUSES = {
 }
 #: The largest id a bigint primary key holds; a larger "id" is malformed, not a query.
 MAX_ID = 2**63 - 1
+#: The widths of ``Job.name`` (a task's module path) and ``Job.queue``.
+NAME_LIMIT = 200
+QUEUE_LIMIT = 100
 
 
 class JobsBackend(BaseTaskBackend):
@@ -69,6 +72,19 @@ class JobsBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.database: str = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+
+    def validate_task(self, task: Task) -> None:
+        """The framework's rules, and the widths of the job row's name and queue columns."""
+        super().validate_task(task)
+        if len(task.module_path) > NAME_LIMIT:
+            raise InvalidTaskError(
+                f"Task path {task.module_path!r} is longer than {NAME_LIMIT} characters, the "
+                "job name JobsBackend stores it as; move or rename the function."
+            )
+        if len(task.queue_name) > QUEUE_LIMIT:
+            raise InvalidTaskError(
+                f"Queue name {task.queue_name!r} is longer than {QUEUE_LIMIT} characters."
+            )
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """One job row in the caller's transaction, due at ``task.run_after`` (else now)."""

@@ -16,7 +16,7 @@ from django.dispatch import Signal
 from django.test import override_settings
 from django.utils import timezone
 from django_tasks import TaskResultStatus, default_task_backend, task_backends
-from django_tasks.exceptions import TaskResultDoesNotExist
+from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from django_tasks.signals import task_enqueued, task_finished, task_started
 
 from testproject.demo import background
@@ -433,3 +433,14 @@ def test_recover__a_django_task_whose_worker_died_ends_failed_not_run_twice() ->
     assert recovered.failed == 1
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
+
+
+def test_validate_task__a_queue_wider_than_the_job_row_is_refused_at_declaration() -> None:
+    wide = "q" * 101
+    with (
+        override_settings(
+            TASKS={"default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend", "QUEUES": [wide]}}
+        ),
+        pytest.raises(InvalidTaskError, match="longer than 100"),
+    ):
+        background.add.using(queue_name=wide)

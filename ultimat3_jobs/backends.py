@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ STATUSES = {
 }
 #: The largest id a bigint primary key holds; a larger "id" is malformed, not a query.
 MAX_ID = 2**63 - 1
+ID_PATTERN = re.compile(r"[1-9][0-9]{0,18}")
 #: The widths of ``Job.name`` (a task's module path) and ``Job.queue``.
 NAME_LIMIT = 200
 QUEUE_LIMIT = 100
@@ -107,12 +109,11 @@ class JobsBackend(BaseTaskBackend):
         """The task's row as it is now; ``TaskResultDoesNotExist`` for an unknown or bad id."""
         from . import jobstore
 
-        try:
-            pk = int(str(result_id))
-        except ValueError:
-            raise TaskResultDoesNotExist(result_id) from None
-        if not 0 < pk <= MAX_ID:
+        text = str(result_id)
+        # Only the ids enqueue() hands out: "12", never " 12", "+12" or "012".
+        if not ID_PATTERN.fullmatch(text) or int(text) > MAX_ID:
             raise TaskResultDoesNotExist(result_id)
+        pk = int(text)
         job = jobstore.read_task(pk, backend=self.alias, using=self.database)
         if job is None:
             raise TaskResultDoesNotExist(result_id)

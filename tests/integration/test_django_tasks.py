@@ -212,10 +212,15 @@ def test_enqueue__a_task_taking_context_sees_its_own_result() -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("bad", ["999999999", "abc", "", "-1", "0", str(2**70), "1.5"])
+@pytest.mark.parametrize(
+    "bad",
+    ["999999999", "abc", "", "-1", "0", str(2**70), "{id}.0", " {id}", "+{id}", "0{id}", "\uff11"],
+)
 def test_get_result__an_unknown_or_malformed_id_does_not_exist(bad: str) -> None:
+    real = background.add.enqueue(1, 1)  # Variants of a real id must not find it.
+    assert task_backends["default"].get_result(real.id).id == real.id
     with pytest.raises(TaskResultDoesNotExist):
-        task_backends["default"].get_result(bad)
+        task_backends["default"].get_result(bad.format(id=real.id))
 
 
 @pytest.mark.django_db(transaction=True)

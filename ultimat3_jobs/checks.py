@@ -110,6 +110,8 @@ def check_task_backends(
             backend = task_backends[alias]
         except Exception:
             continue  # The framework's own checks report a backend that cannot load.
+        if isinstance(backend, JobsBackend):
+            messages.extend(_unservable_queues(alias, backend.queues))
         if isinstance(backend, JobsBackend) and backend.database not in settings.DATABASES:
             messages.append(
                 checks.Error(
@@ -135,4 +137,28 @@ def check_task_backends(
                     messages.append(
                         checks.Warning(error.message, hint=error.fix, id="ultimat3_jobs.W004")
                     )
+    return messages
+
+
+def _unservable_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
+    """Queues that no ``run_worker --queues`` value can name (it splits on commas, strips)."""
+    from .management.arguments import queue_names
+
+    messages: list[checks.CheckMessage] = []
+    for queue in sorted(queues):
+        try:
+            named = queue_names(queue) == [queue]
+        except Exception:
+            named = False
+        if not named:
+            messages.append(
+                checks.Warning(
+                    f'TASKS["{alias}"]["QUEUES"] has {queue!r}, which no run_worker --queues '
+                    "option can name: only a worker serving every queue runs its tasks",
+                    hint=f'rename the queue in TASKS["{alias}"]["QUEUES"] and in its tasks\' '
+                    "queue_name to a name without commas or surrounding spaces, e.g. "
+                    '"emails"',
+                    id="ultimat3_jobs.W005",
+                )
+            )
     return messages

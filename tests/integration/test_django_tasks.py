@@ -449,3 +449,18 @@ def test_validate_task__a_queue_wider_than_the_job_row_is_refused_at_declaration
         pytest.raises(InvalidTaskError, match="longer than 100"),
     ):
         background.add.using(queue_name=wide)
+
+
+def test_checks__a_queue_no_worker_option_can_name_is_warned_about() -> None:
+    from ultimat3_jobs.checks import check_task_backends
+
+    queues = ["default", "mail,sms", " padded", "emails"]
+    with override_settings(
+        TASKS={"default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend", "QUEUES": queues}}
+    ):
+        messages = check_task_backends()
+    warned = sorted(m.msg for m in messages if m.id == "ultimat3_jobs.W005")
+    assert len(warned) == 2
+    assert "' padded'" in warned[0]
+    assert "'mail,sms'" in warned[1]
+    assert all("run_worker --queues" in text for text in warned)

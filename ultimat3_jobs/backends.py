@@ -190,6 +190,23 @@ def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> Job
     return backend
 
 
+def announce_round(rows: list[dict[str, Any]], enqueued: dict[str, tuple[int, bool]]) -> None:
+    """``task_enqueued`` for the Django Task rows a committed scheduler round created."""
+    from .models import Job
+
+    for row in rows:
+        pk, created = enqueued.get(row["key"], (None, False))
+        if not row.get("backend") or not created:
+            continue
+        try:
+            backend = task_backends[row["backend"]]
+            task = load_task(row["name"])
+        except Exception:
+            continue  # The round refused such an entry; nothing to announce.
+        job = Job(pk=pk, **row)
+        task_enqueued.send(type(backend), task_result=result_of(job, task, row["backend"]))
+
+
 # -- the worker's side ----------------------------------------------------------------------------
 
 

@@ -293,12 +293,15 @@ def fire_once(handle: TaskHandle) -> tuple[Scheduler, FrozenClock]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_round__a_django_task_entry_is_written_with_the_occurrence_key_and_runs() -> None:
+def test_round__a_django_task_entry_is_written_with_the_occurrence_key_and_runs(
+    signals: list[tuple[str, str, str]],
+) -> None:
     handle = every_minute(
         lambda at: [(background.send_email, {"to": f"{at:%H:%M}@example.com"})], "dt.mail"
     )
     fire_once(handle)
     [job] = Job.objects.filter(task="dt.mail")
+    assert signals == [("enqueued", str(job.pk), "READY")]
     assert job.key == occurrence_key(
         "dt.mail", MINUTE, f"testproject.demo.background.send_email:{input_digest(job.input)}"
     )

@@ -190,6 +190,15 @@ def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> Job
     return backend
 
 
+def announce(backend: JobsBackend, task: Task, job_id: int) -> None:
+    """``task_enqueued`` for one row enqueued outside ``enqueue()`` (a manual "Run now")."""
+    from . import jobstore
+
+    job = jobstore.read_task(job_id, backend=backend.alias, using=backend.database)
+    if job is not None:
+        task_enqueued.send(type(backend), task_result=result_of(job, task, backend.alias))
+
+
 def announce_round(rows: list[dict[str, Any]], enqueued: dict[str, tuple[int, bool]]) -> None:
     """``task_enqueued`` for the Django Task rows a committed scheduler round created."""
     from .models import Job

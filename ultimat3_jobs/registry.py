@@ -283,7 +283,7 @@ class DjangoTaskHandle(JobHandle):
 
         backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
         data = self.check_input(input)
-        return enqueue(
+        result = enqueue(
             self,
             data,
             key=key or self.plain_key(data),
@@ -293,6 +293,11 @@ class DjangoTaskHandle(JobHandle):
             task=task,
             using=backend.database,
         )
+        if result.created:
+            from .backends import announce
+
+            announce(backend, self.task, result.job_id)
+        return result
 
     def describe(self) -> dict[str, Any]:
         return {

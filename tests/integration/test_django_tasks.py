@@ -394,12 +394,15 @@ def test_entries__a_django_task_takes_keyword_arguments_that_fit_it() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_now__a_task_whose_entries_are_django_tasks() -> None:
+def test_run_now__a_task_whose_entries_are_django_tasks(
+    signals: list[tuple[str, str, str]],
+) -> None:
     handle = every_minute(lambda at: [(background.add, {"a": 2, "b": 2})], "dt.manual")
     run = run_now(handle, user="alice")
     [entry] = run.created
     result_id = str(entry.result.job_id)
     assert background.add.get_result(result_id).status == TaskResultStatus.READY
+    assert signals == [("enqueued", result_id, "READY")]
 
     burst()
 

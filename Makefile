@@ -46,6 +46,7 @@ soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 from . import scheduler
@@ -14,6 +15,8 @@ def main() -> None:
     except ImportError:
         return
     worker.main([])
+    # Its own process: it needs settings of its own (django-tasks-db installed beside us).
+    subprocess.run([sys.executable, "-m", "bench.task_backends"], check=True)
 
 
 main()

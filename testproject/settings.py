@@ -83,3 +83,13 @@ LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
 
 ULTIMAT3_JOBS = env.json("ULTIMAT3_JOBS", default={})
+
+# Django Tasks (django.tasks on Django 6, the django-tasks backport on 5.2) as job rows.
+TASKS = {
+    "default": {
+        "BACKEND": "ultimat3_jobs.backends.JobsBackend",
+        "QUEUES": ["default", "emails"],
+    },
+    # Enqueues nothing anywhere: a backend a scheduler entry must refuse.
+    "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+}

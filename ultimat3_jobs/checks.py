@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core import checks
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
@@ -111,3 +111,79 @@ def check_dst_options(
         if not handle.schedule.wall_clock
         and (handle.dst_gap, handle.dst_repeat) != ("end-of-gap", "first")
     ]
+
+
+@checks.register()
+def check_task_backends(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Each ``JobsBackend``'s database exists, and every scheduled Django Task can be enqueued."""
+    from django.conf import settings
+
+    from .tasks_compat import AVAILABLE
+
+    if not AVAILABLE:
+        return []  # Neither django.tasks nor the backport: no Django Task can be declared.
+    from .backends import JobsBackend
+    from .errors import UltimateError
+    from .registry import registry
+    from .tasks_compat import task_backends
+
+    messages: list[checks.CheckMessage] = []
+    for alias in getattr(settings, "TASKS", None) or {}:
+        try:
+            backend = task_backends[alias]
+        except Exception:
+            continue  # The framework's own checks report a backend that cannot load.
+        if isinstance(backend, JobsBackend):
+            messages.extend(_unservable_queues(alias, backend.queues))
+        if isinstance(backend, JobsBackend) and backend.database not in settings.DATABASES:
+            messages.append(
+                checks.Error(
+                    f'TASKS["{alias}"] keeps its tasks in database "{backend.database}", '
+                    "which is not in DATABASES",
+                    hint=f'set TASKS["{alias}"]["OPTIONS"]["DATABASE"] to one of: '
+                    f"{', '.join(sorted(settings.DATABASES))}",
+                    id="ultimat3_jobs.E005",
+                )
+            )
+    for handle in registry.tasks():
+        try:
+            entries = handle.entries()
+        except Exception:
+            continue  # A failing function is the scheduler's to report, every round.
+        seen: set[str] = set()
+        for job, _ in entries:
+            try:
+                job.check_backend(DEFAULT_DB_ALIAS)
+            except UltimateError as error:
+                if error.message not in seen:
+                    seen.add(error.message)
+                    messages.append(
+                        checks.Warning(error.message, hint=error.fix, id="ultimat3_jobs.W004")
+                    )
+    return messages
+
+
+def _unservable_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
+    """Queues that no ``run_worker --queues`` value can name (it splits on commas, strips)."""
+    from .management.arguments import queue_names
+
+    messages: list[checks.CheckMessage] = []
+    for queue in sorted(queues):
+        try:
+            named = queue_names(queue) == [queue]
+        except Exception:
+            named = False
+        if not named:
+            messages.append(
+                checks.Warning(
+                    f'TASKS["{alias}"]["QUEUES"] has {queue!r}, which no run_worker --queues '
+                    "option can name: only a worker serving every queue runs its tasks",
+                    hint=f'rename the queue in TASKS["{alias}"]["QUEUES"] and in its tasks\' '
+                    "queue_name to a name without commas or surrounding spaces, e.g. "
+                    '"emails"',
+                    id="ultimat3_jobs.W005",
+                )
+            )
+    return messages

@@ -167,3 +167,9 @@ def readable(value: object) -> str:
         return str(value)
     except Exception:
         return f"<{type(value).__qualname__} whose str() raised>"
+
+
+class TaskBackendError(UltimateError):
+    """A scheduler entry names a Django Task whose backend cannot take it in the round."""
+
+    code = "jobs.task.backend-unsupported"

@@ -9,6 +9,8 @@ PostgreSQL statements come from ``sql.py``; other databases go through the ORM.
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,7 +32,7 @@ from django.db.models.functions import Concat, Now
 from . import clock, sql
 from .conf import get_settings
 from .db import json_rows
-from .listener import notify
+from .listener import NOTIFY_CHANNEL, notify
 from .models import Job, JobStatus, Node
 
 if TYPE_CHECKING:
@@ -92,6 +94,8 @@ def job_fields(
         "occurrence": occurrence,
         "catch_up": catch_up,
         "enqueued_by": enqueued_by,
+        "priority": handle.priority,
+        "backend": handle.backend,
     }
 
 
@@ -109,6 +113,7 @@ def enqueue(
     queue: str | None = None,
     enqueued_by: str = "code",
     task: str = "",
+    using: str = DEFAULT_DB_ALIAS,
 ) -> EnqueueResult:
     """Insert one job, or return the one that already holds ``key``.
 
@@ -130,15 +135,69 @@ def enqueue(
         task=task,
     )
     try:
-        with transaction.atomic():
-            job.save(force_insert=True)
-            notify([job.queue])
+        with transaction.atomic(using=using):
+            job.save(force_insert=True, using=using)
+            notify([job.queue], using=using)
     except IntegrityError:
-        existing = Job.objects.filter(key=key).values_list("pk", flat=True).first()
+        existing = Job.objects.using(using).filter(key=key).values_list("pk", flat=True).first()
         if existing is None:
             raise
         return EnqueueResult(created=False, job_id=existing, key=key)
     return EnqueueResult(created=True, job_id=job.pk, key=key)
+
+
+def enqueue_task(
+    handle: JobHandle,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    *,
+    run_at: datetime | None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job:
+    """Insert one Django Task's row in the caller's transaction: its rollback leaves nothing.
+
+    The key is fresh: the framework has no idempotency key, so every enqueue is a run.
+    """
+    job = build_job(
+        handle,
+        kwargs,
+        key=f"{handle.name}:{uuid.uuid4().hex}"[-255:],
+        run_at=run_at,
+        queue=None,
+        enqueued_by="code",
+        now=clock.now(),
+    )
+    job.args = args
+    if connections[using].vendor != "postgresql":
+        job.save(force_insert=True, using=using)
+        notify([job.queue], using=using)
+        return job
+    params = {
+        field: getattr(job, field)
+        for field in (
+            "name",
+            "key",
+            "queue",
+            "max_attempts",
+            "run_at",
+            "created_at",
+            "enqueued_by",
+            "priority",
+            "backend",
+        )
+    }
+    params.update(input=json.dumps(kwargs), args=json.dumps(args), channel=NOTIFY_CHANNEL)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.INSERT_TASK, params)
+        job.pk = cursor.fetchone()[0]
+    job._state.adding = False
+    job._state.db = using
+    return job
+
+
+def read_task(job_id: int, *, backend: str, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """The row of a Django Task enqueued through ``backend``; None for any other id."""
+    return Job.objects.using(using).filter(pk=job_id, backend=backend).first()
 
 
 def insert_many(jobs: Sequence[Job], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
@@ -225,7 +284,7 @@ def claim(
     now: datetime,
     queues: frozenset[str] | None = None,
 ) -> list[Job]:
-    """Mark up to ``limit`` due jobs running on ``worker``, oldest ``run_at`` first."""
+    """Mark up to ``limit`` due jobs running on ``worker``: highest priority, then oldest."""
     if limit < 1:
         return []
     if connections[using].vendor == "postgresql":
@@ -234,14 +293,14 @@ def claim(
             params["queues"] = sorted(queues)
         statement = sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES
         jobs = list(Job.objects.using(using).raw(statement, params))
-        return sorted(jobs, key=lambda job: (job.run_at, job.pk))
+        return sorted(jobs, key=lambda job: (-job.priority, job.run_at, job.pk))
     # Without SKIP LOCKED: each row is taken by a conditional update of its own, which only
     # one claimer can win, so a job is never claimed twice even by racing workers.
     rows = Job.objects.using(using)
     due = rows.filter(status=JobStatus.QUEUED, run_at__lte=now)
     if queues is not None:
         due = due.filter(queue__in=sorted(queues))
-    ids = list(due.order_by("run_at", "pk").values_list("pk", flat=True)[:limit])
+    ids = list(due.order_by("-priority", "run_at", "pk").values_list("pk", flat=True)[:limit])
     won = [
         pk
         for pk in ids
@@ -253,7 +312,7 @@ def claim(
             worker=worker,
         )
     ]
-    return list(rows.filter(pk__in=won).order_by("run_at", "pk"))
+    return list(rows.filter(pk__in=won).order_by("-priority", "run_at", "pk"))
 
 
 def _if_ours(using: str, job_id: int, claimed_by: str, **changes: Any) -> bool:
@@ -279,6 +338,40 @@ def fail(*, using: str, job_id: int, worker: str, now: datetime, error: str) -> 
     """Running -> failed for good."""
     return _if_ours(
         using, job_id, worker, status=JobStatus.FAILED, finished_at=now, last_error=error
+    )
+
+
+def task_succeeded(
+    *, using: str, job_id: int, worker: str, now: datetime, return_value: Any
+) -> bool:
+    """A Django Task's run succeeded: running -> succeeded with its JSON return value."""
+    return _if_ours(
+        using,
+        job_id,
+        worker,
+        status=JobStatus.SUCCEEDED,
+        finished_at=now,
+        last_error="",
+        return_value=return_value,
+        # A retried row that failed before succeeds without its earlier error.
+        error_class="",
+        traceback="",
+    )
+
+
+def task_failed(
+    *, using: str, job_id: int, worker: str, now: datetime, error: str, error_class: str, tb: str
+) -> bool:
+    """A Django Task raised: running -> failed after its one run (the framework never retries)."""
+    return _if_ours(
+        using,
+        job_id,
+        worker,
+        status=JobStatus.FAILED,
+        finished_at=now,
+        last_error=error,
+        error_class=error_class,
+        traceback=tb,
     )
 
 

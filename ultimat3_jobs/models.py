@@ -71,10 +71,33 @@ class Job(models.Model):
     enqueued_by = models.CharField(max_length=200, default="code")
     #: The worker node running it, so a dead worker's jobs can be found and recovered.
     worker = models.CharField(max_length=64, blank=True)
+    # Django Tasks (``backends.JobsBackend``). Database defaults too, so a row inserted by raw
+    # SQL that does not name these columns is a plain @job of priority 0.
+    #: Claimed highest first; a @job is 0, a Django Task -100..100.
+    priority = models.IntegerField(default=0, db_default=0)
+    #: The ``TASKS`` alias of a Django Task's row; empty for a @job.
+    backend = models.CharField(max_length=100, blank=True, default="", db_default="")
+    #: A Django Task's positional arguments (``input`` holds its keyword arguments).
+    args = models.JSONField(null=True, blank=True)
+    #: A Django Task's JSON return value, once it succeeded.
+    return_value = models.JSONField(null=True, blank=True)
+    #: A failed Django Task's exception class path and traceback (``TaskError``).
+    error_class = models.CharField(max_length=255, blank=True, default="", db_default="")
+    traceback = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["status", "queue", "run_at"], name="u3j_job_claim")]
+        indexes = [
+            models.Index(fields=["status", "queue", "run_at"], name="u3j_job_claim"),
+            # The claim's order (priority, then due time, then id) over queued rows only.
+            models.Index(
+                models.F("priority").desc(),
+                "run_at",
+                "id",
+                condition=models.Q(status="queued"),
+                name="u3j_job_ready",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} [{self.key}]"

@@ -54,6 +54,8 @@ class RoundPlan:
     #: Tasks declared ``overlap="skip"`` that fire this round: the commit asks which of them
     #: still have jobs of earlier occurrences, then ``skip_overlaps`` adjusts the plan.
     skip_overlap: set[str] = field(default_factory=set)
+    #: The database the round is written to, which a Django Task entry's backend must use.
+    database: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,12 @@ def plan_task(
     for occurrence, catch_up in decision.fire:
         try:
             # Entries, input checks, keys: all of it is this task's, so all of it fails here.
-            planned = plan_jobs(name, occurrence, handle.entries(occurrence))
+            entries = handle.entries(occurrence)
+            for job, _ in entries:
+                # A Django Task on another backend would be enqueued outside the round:
+                # refused, and the occurrence held, until the settings are fixed.
+                job.check_backend(plan.database)
+            planned = plan_jobs(name, occurrence, entries)
         except Exception as error:
             # One failing task must not stop the others; its occurrence is retried next round,
             # everything before it stays decided.

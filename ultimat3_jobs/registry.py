@@ -56,7 +56,8 @@ CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
 Overlap = Literal["allow", "skip"]
 OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "skip")
 JobKey = str | Callable[[dict[str, Any]], str] | None
-Entry = tuple["JobHandle", dict[str, Any]]
+#: ``(job, input)``: a @job handle, or a Django Task (the framework's ``@task``).
+Entry = tuple[Any, dict[str, Any]]
 
 # The limits of the tables (models.py), checked at declaration and enqueue so the database never
 # refuses a value the app accepted. A test holds them equal to the models' fields.
@@ -340,6 +341,10 @@ class JobHandle:
     """A unit of work a worker runs. Calling the handle runs the function in-process."""
 
     kind: Literal["job"] = "job"
+    #: Claim priority of its rows; only Django Tasks set one.
+    priority: int = 0
+    #: The ``TASKS`` alias a Django Task runs on; empty for a @job.
+    backend: str = ""
 
     def __init__(
         self,
@@ -461,6 +466,9 @@ class JobHandle:
             task=task,
         )
 
+    def check_backend(self, database: str | None) -> None:
+        """Raise if a round on ``database`` cannot enqueue this entry; a @job always can."""
+
     def describe(self) -> dict[str, Any]:
         return {
             "kind": "job",
@@ -468,6 +476,89 @@ class JobHandle:
             "queue": self.queue,
             "max_attempts": self.max_attempts,
         }
+
+
+class DjangoTaskHandle(JobHandle):
+    """A Django Task (the framework's ``@task``) as a scheduler entry: enqueued like a @job.
+
+    Its rows carry the task's priority, queue and backend alias and run once: the framework
+    has no retries. Only a ``JobsBackend`` on the round's database can take it in the round's
+    transaction; ``check_backend`` refuses any other.
+    """
+
+    def __init__(self, task: Any) -> None:
+        super().__init__(
+            task.func, name=task.module_path, key=None, max_attempts=1, queue=task.queue_name
+        )
+        self.task = task
+        self.priority = task.priority
+        self.backend = task.backend
+        if task.takes_context:
+            # The worker passes the context first; entries name the other arguments.
+            params = list(self.signature.parameters.values())[1:]
+            self.signature = self.signature.replace(parameters=params)
+
+    def __repr__(self) -> str:
+        return f"<django task {self.name}>"
+
+    def check_backend(self, database: str | None) -> None:
+        from .backends import require_jobs_backend
+
+        require_jobs_backend(self.task, owner=self.name, database=database)
+
+    def enqueue(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        enqueued_by: str = "code",
+        task: str = "",
+    ) -> EnqueueResult:
+        """A manual run ("Run now"): the task's row on its backend's database."""
+        from .backends import require_jobs_backend
+        from .jobstore import enqueue
+
+        backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
+        data = self.check_input(input)
+        result = enqueue(
+            self,
+            data,
+            key=key or self.plain_key(data),
+            run_at=run_at or self.task.run_after,
+            queue=queue,
+            enqueued_by=enqueued_by,
+            task=task,
+            using=backend.database,
+        )
+        if result.created:
+            from .backends import announce
+
+            announce(backend, self.task, result.job_id)
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "django-task",
+            "name": self.name,
+            "queue": self.queue,
+            "priority": self.priority,
+            "backend": self.backend,
+        }
+
+
+def _is_django_task(value: object) -> bool:
+    # Imported here: importing the framework loads django.conf, which ``cron`` must not need.
+    from .tasks_compat import is_django_task
+
+    return is_django_task(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def django_task_handle(task: Any) -> DjangoTaskHandle:
+    """The entry handle of a Django Task, built once per task (its signature is read once)."""
+    return DjangoTaskHandle(task)
 
 
 @dataclass(frozen=True)
@@ -548,10 +639,13 @@ class TaskHandle:
                     cause=item,
                 )
             handle, data = item
+            if not isinstance(handle, JobHandle) and _is_django_task(handle):
+                handle = django_task_handle(handle)
             if not isinstance(handle, JobHandle):
                 raise TaskEntriesError(
                     f'task "{self.name}" returned {handle!r} where a @job handle belongs',
-                    fix="decorate the function with @job and return the decorated function",
+                    fix="decorate the function with @job (or the Django Tasks @task) and "
+                    "return the decorated function",
                     cause=handle,
                 )
             checked.append((handle, handle.check_input(data)))

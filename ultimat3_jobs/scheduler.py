@@ -192,7 +192,7 @@ class Scheduler:
         if not names:
             return []
         states = self.state.load(names)
-        plan = RoundPlan(now=now)
+        plan = RoundPlan(now=now, database=getattr(self.state, "using", None))
         reschedule: dict[str, datetime] = {}
         steps: list[tuple[TaskHandle, TaskStep]] = []
         missing = False

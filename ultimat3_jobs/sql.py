@@ -20,15 +20,32 @@ SELECT name, last_fired_at FROM {_TASK} WHERE name = ANY(%s) FOR UPDATE
 #: Insert jobs from a JSON array; existing keys are left alone. Returns the created ones.
 INSERT_JOBS = f"""
 INSERT INTO {_JOB} (name, key, input, status, queue, attempts, max_attempts, run_at,
-                    created_at, last_error, task, occurrence, catch_up, enqueued_by, worker)
+                    created_at, last_error, task, occurrence, catch_up, enqueued_by, worker,
+                    priority, backend)
 SELECT r.name, r.key, r.input, 'queued', r.queue, 0, r.max_attempts, r.run_at,
-       r.created_at, '', r.task, r.occurrence, r.catch_up, r.enqueued_by, ''
+       r.created_at, '', r.task, r.occurrence, r.catch_up, r.enqueued_by, '',
+       r.priority, r.backend
 FROM jsonb_to_recordset(%s::jsonb) AS r(
     name text, key text, input jsonb, queue text, max_attempts integer, run_at timestamptz,
     created_at timestamptz, task text, occurrence timestamptz, catch_up boolean,
-    enqueued_by text)
+    enqueued_by text, priority integer, backend text)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, id
+"""
+
+#: One Django Task's row and the NOTIFY that wakes a worker for its queue: one round trip,
+#: where an ORM insert and a notify take two. A NOTIFY in a transaction is sent at commit.
+INSERT_TASK = f"""
+WITH job AS (
+    INSERT INTO {_JOB} (name, key, input, args, status, queue, attempts, max_attempts, run_at,
+                        created_at, last_error, task, catch_up, enqueued_by, worker, priority,
+                        backend)
+    VALUES (%(name)s, %(key)s, %(input)s::jsonb, %(args)s::jsonb, 'queued', %(queue)s, 0,
+            %(max_attempts)s, %(run_at)s, %(created_at)s, '', '', false, %(enqueued_by)s, '',
+            %(priority)s, %(backend)s)
+    RETURNING id, queue
+)
+SELECT job.id, pg_notify(%(channel)s, job.queue) FROM job
 """
 
 #: Ids of jobs whose keys already existed.
@@ -63,11 +80,12 @@ WHERE t.name = v.name
 # Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
 # without waiting on each other's rows, and a row locked by one is never returned to another.
 # The attempt is counted here, at claim time, so a job that kills its worker still uses one up.
+# Highest priority first (Django Tasks set it; a @job is 0), then the longest due.
 _CLAIM = """
 WITH due AS (
     SELECT id FROM {table}
     WHERE status = 'queued' AND run_at <= %(now)s {queue_filter}
-    ORDER BY run_at, id
+    ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )

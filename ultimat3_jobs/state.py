@@ -187,6 +187,10 @@ class DatabaseState:
             ]
             enqueued = jobstore.insert_round(jobs, using=self.using)
             history.write(self._records(plan, enqueued), using=self.using)
+        if any(row["backend"] for row in jobs):
+            from .backends import announce_round
+
+            announce_round(jobs, enqueued)  # Django Tasks: after commit, as enqueue() does.
         return enqueued
 
     def _compare_and_set(self, plan: RoundPlan) -> None:

@@ -139,6 +139,8 @@ class Worker:
 
     def execute(self, job: Job) -> Outcome:
         """Run one claimed job and record how it ended."""
+        if job.backend:
+            return self._execute_django_task(job)
         handle = registry.get_job(job.name)
         started = time.monotonic()
         if handle is None:
@@ -163,6 +165,42 @@ class Worker:
                 using=self.using, job_id=job.pk, worker=self.node_id, now=self.clock()
             ),
         )
+
+    def _execute_django_task(self, job: Job) -> Outcome:
+        """A Django Task's row: one run, no retry; its return value or ``TaskError`` kept."""
+        from . import backends
+
+        started = time.monotonic()
+        run = backends.run_task(job)
+        using, job_id, node, now = self.using, job.pk, self.node_id, self.clock()
+        if run.error is None:
+            outcome = self._finish(
+                job,
+                "succeeded",
+                started,
+                lambda: jobstore.task_succeeded(
+                    using=using, job_id=job_id, worker=node, now=now, return_value=run.return_value
+                ),
+            )
+        else:
+            outcome = self._finish(
+                job,
+                "failed",
+                started,
+                lambda: jobstore.task_failed(
+                    using=using,
+                    job_id=job_id,
+                    worker=node,
+                    now=now,
+                    error=run.message,
+                    error_class=run.error_class,
+                    tb=run.traceback,
+                ),
+                log=failure_fields(run.error),
+            )
+        if outcome != "lost":
+            backends.finished(run, now=now)
+        return outcome
 
     def _failed(
         self, job: Job, text: str, started: float, *, retry: bool, fields: dict[str, Any]

@@ -6,6 +6,7 @@ import os
 import time
 from datetime import datetime
 
+from testproject.demo.background import stamp
 from ultimat3_jobs import Entry, job, task
 
 
@@ -23,6 +24,18 @@ def mark(occurrence: str) -> None:
 )
 def every_second(occurrence: datetime) -> list[Entry]:
     return [(mark, {"occurrence": occurrence.isoformat()})]
+
+
+@task(
+    cron="* * * * * *",
+    tz="UTC",
+    name="acceptance.django_task_every_second",
+    catch_up="run-all",
+    max_catch_up=1000,
+)
+def django_task_every_second(occurrence: datetime) -> list[Entry]:
+    # A Django Task on JobsBackend: written in the round, with the occurrence key.
+    return [(stamp, {"occurrence": occurrence.isoformat()})]
 
 
 if os.environ.get("ULTIMAT3_ACCEPTANCE_SLOW"):

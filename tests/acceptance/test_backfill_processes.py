@@ -40,7 +40,7 @@ def test_backfill_task__an_error_is_one_clear_line_without_a_traceback() -> None
     _, err = process.communicate(timeout=60)
     assert process.returncode == 1
     assert 'CommandError: no task "acceptance.nope" is declared in code' in err
-    assert "fix: pass the name of a @task (did you mean acceptance.every_second?)" in err
+    assert "fix: pass the name of a @task (did you mean acceptance.every_second" in err
     assert "Traceback" not in err
 
 

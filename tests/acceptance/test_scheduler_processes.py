@@ -32,6 +32,7 @@ pytestmark = [
 ]
 
 TASK = "acceptance.every_second"
+DJANGO_TASK = "acceptance.django_task_every_second"
 FAST = {"TICK_INTERVAL": 0.2, "LEASE_TTL": 2, "HEARTBEAT_INTERVAL": 1}
 
 
@@ -115,6 +116,8 @@ def test_schedulers__leader_killed_repeatedly__every_occurrence_once(
     assert all(p.popen.returncode in (0, -signal.SIGKILL) for p in processes)
     seen = assert_every_occurrence_exactly_once()
     assert len(seen) >= 8
+    # The same rounds enqueue a Django Task (JobsBackend) beside the @job.
+    assert len(assert_every_occurrence_exactly_once(DJANGO_TASK)) >= 8
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,8 @@ def test_worker__a_failure_that_is_hard_to_print_is_still_recorded(
         burst=True,
         poll_interval=timedelta(seconds=0.05),
         heartbeat_interval=timedelta(seconds=0.2),
-        backoff_max=timedelta(hours=1),  # a retried job waits: the burst ends with it queued
+        backoff_max=timedelta(hours=1),
+        rand=lambda: 1.0,  # no jitter: a retried job waits 2 s, so the burst ends with it queued
         drain_on_shutdown=False,
     )
     with caplog.at_level(logging.WARNING, logger="ultimat3_jobs.worker"):

@@ -1,4 +1,4 @@
-"""Migration 0002 on a database that already holds tasks, records and jobs: every row stays."""
+"""Migrations on a database that already holds tasks, records and jobs: every row stays."""
 
 from __future__ import annotations
 
@@ -11,23 +11,29 @@ from django.db.migrations.executor import MigrationExecutor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BEFORE = [("ultimat3_jobs", "0001_initial")]
-AFTER = [("ultimat3_jobs", "0002_overlap_and_backfill")]
 AT = datetime(2026, 6, 1, 3, tzinfo=UTC)
 
 
-@pytest.fixture
-def executor() -> Iterator[MigrationExecutor]:
+def migrate_to(target: str) -> MigrationExecutor:
     executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE)
-    yield executor
+    executor.loader.build_graph()
+    executor.migrate([("ultimat3_jobs", target)])
+    return executor
+
+
+@pytest.fixture
+def leave_at_latest() -> Iterator[None]:
+    yield
     # Leave the schema as the rest of the suite expects it.
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())
 
 
-def test_0002__keeps_every_row_and_defaults_overlap_to_allow(executor: MigrationExecutor) -> None:
-    old = executor.loader.project_state(BEFORE).apps
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0002__keeps_every_row_and_defaults_overlap_to_allow() -> None:
+    before, after = "0001_initial", "0002_overlap_and_backfill"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps
     old.get_model("ultimat3_jobs", "Task").objects.create(
         name="m.nightly", cron="0 3 * * *", tz="UTC", last_fired_at=AT
     )
@@ -39,10 +45,9 @@ def test_0002__keeps_every_row_and_defaults_overlap_to_allow(executor: Migration
         name="m.job", key="m.nightly:1:k", run_at=AT, created_at=AT, task="m.nightly"
     )
 
-    executor = MigrationExecutor(connection)
-    executor.migrate(AFTER)
+    executor = migrate_to(after)
 
-    new = executor.loader.project_state(AFTER).apps
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps
     task = new.get_model("ultimat3_jobs", "Task").objects.get()
     assert (task.name, task.last_fired_at, task.overlap) == ("m.nightly", AT, "allow")
     outcomes = new.get_model("ultimat3_jobs", "Occurrence").objects.values_list(
@@ -52,3 +57,39 @@ def test_0002__keeps_every_row_and_defaults_overlap_to_allow(executor: Migration
     assert new.get_model("ultimat3_jobs", "Job").objects.get().key == "m.nightly:1:k"
     field = new.get_model("ultimat3_jobs", "Occurrence")._meta.get_field("outcome")
     assert {"overlap", "backfill"} <= {value for value, _ in field.choices}
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0004__keeps_every_job_as_a_plain_job_of_priority_0() -> None:
+    before, after = "0003_run_token", "0004_django_tasks"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(name="demo.ping", key="k1", input={"label": "x"}, run_at=AT, created_at=AT)
+    old.objects.create(
+        name="demo.ping", key="k2", status="failed", last_error="boom", run_at=AT, created_at=AT
+    )
+
+    executor = migrate_to(after)
+
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    rows = list(
+        new.objects.order_by("key").values_list(
+            "key",
+            "status",
+            "priority",
+            "backend",
+            "args",
+            "return_value",
+            "error_class",
+            "traceback",
+            "last_error",
+        )
+    )
+    assert rows == [
+        ("k1", "queued", 0, "", None, None, "", "", ""),
+        ("k2", "failed", 0, "", None, None, "", "", "boom"),
+    ]

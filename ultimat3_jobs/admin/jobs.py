@@ -16,6 +16,17 @@ from .. import jobstore
 from ..models import Job, Task
 from .display import fields_of, utc_column
 
+#: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
+DJANGO_TASK_FIELDS = [
+    "backend",
+    "priority",
+    "args_column",
+    "return_value_column",
+    "task_error_column",
+]
+#: Characters of a return value the list shows.
+RESULT_PREVIEW = 60
+
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
@@ -36,10 +47,11 @@ class JobAdmin(admin.ModelAdmin):
         "run_at_column",
         "finished_column",
         "enqueued_by",
+        "result_column",
     ]
     list_display_links = ["id", "name"]
-    list_filter = ["status", "task", "queue", "enqueued_by", "catch_up"]
-    search_fields = ["key", "name", "input", "last_error"]
+    list_filter = ["status", "task", "queue", "enqueued_by", "catch_up", "backend"]
+    search_fields = ["key", "name", "input", "last_error", "error_class"]
     actions = ["retry_failed", "cancel_queued"]
     fieldsets = [
         (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
@@ -59,7 +71,7 @@ class JobAdmin(admin.ModelAdmin):
             },
         ),
     ]
-    readonly_fields = fields_of(fieldsets)
+    readonly_fields = [*fields_of(fieldsets), *DJANGO_TASK_FIELDS]
 
     occurrence_column = utc_column("occurrence", "Occurrence")
     run_at_column = utc_column("run_at", "Run at")
@@ -95,6 +107,42 @@ class JobAdmin(admin.ModelAdmin):
         if not job.last_error:
             return "-"
         return format_html('<pre class="u3j-pre">{}</pre>', job.last_error)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.backend:
+            return fieldsets
+        # A Django Task's row: what the framework's TaskResult reads, shown in full.
+        return [*fieldsets, ("Django Task", {"fields": DJANGO_TASK_FIELDS})]
+
+    @admin.display(description="Result")
+    def result_column(self, job: Job) -> SafeString | str:
+        """A Django Task's return value or exception class; "-" for a @job or an unfinished one."""
+        if job.error_class:
+            return format_html('<span class="u3j-error">{}</span>', job.error_class)
+        if not job.backend or job.status != "succeeded":
+            return "-"
+        text = json.dumps(job.return_value)
+        short = text if len(text) <= RESULT_PREVIEW else text[: RESULT_PREVIEW - 1] + "…"
+        return format_html('<code title="{}">{}</code>', text, short)
+
+    @admin.display(description="Return value")
+    def return_value_column(self, job: Job) -> SafeString | str:
+        if job.status != "succeeded":
+            return "-"
+        return format_html('<pre class="u3j-pre">{}</pre>', json.dumps(job.return_value, indent=2))
+
+    @admin.display(description="Positional arguments")
+    def args_column(self, job: Job) -> SafeString:
+        return format_html('<pre class="u3j-pre">{}</pre>', json.dumps(job.args or [], indent=2))
+
+    @admin.display(description="Error")
+    def task_error_column(self, job: Job) -> SafeString | str:
+        if not job.error_class:
+            return "-"
+        return format_html(
+            '<strong>{}</strong><pre class="u3j-pre">{}</pre>', job.error_class, job.traceback
+        )
 
     @admin.display(description="Task")
     def task_column(self, job: Job) -> SafeString | str:

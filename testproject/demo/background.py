@@ -1,0 +1,57 @@
+"""Example Django Tasks (the framework's ``@task``), run by ``JobsBackend``'s worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_tasks import TaskContext, task
+
+from .models import Ping
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+def record(label: str) -> str:
+    """Leave a row, so a test sees that (and in which order) it ran."""
+    Ping.objects.create(label=label)
+    return label
+
+
+@task(queue_name="emails", priority=10)
+def send_email(to: str) -> dict[str, str]:
+    return {"sent": to}
+
+
+@task()
+def explode(reason: str) -> None:
+    raise ValueError(f"exploded: {reason}")
+
+
+@task()
+async def add_later(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task(takes_context=True)
+def attempt_of(context: TaskContext, label: str) -> dict[str, Any]:
+    return {"label": label, "attempt": context.attempt, "id": context.task_result.id}
+
+
+@task(backend="elsewhere")
+def elsewhere(label: str) -> None:
+    """On a backend that is not ``JobsBackend``: a schedule must refuse it."""
+
+
+@task()
+def stamp(occurrence: str) -> str:
+    """What the multi-process tests schedule every second: its result names its occurrence."""
+    return occurrence

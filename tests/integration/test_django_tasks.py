@@ -1,0 +1,473 @@
+"""Django Tasks on ``JobsBackend``, through the framework's public API and ``run_worker``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core import checks
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.dispatch import Signal
+from django.test import override_settings
+from django.utils import timezone
+from django_tasks import TaskResultStatus, default_task_backend, task_backends
+from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+from django_tasks.signals import task_enqueued, task_finished, task_started
+
+from testproject.demo import background
+from testproject.demo.models import Ping
+from ultimat3_jobs import jobstore
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.cron import parse
+from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError
+from ultimat3_jobs.leaders import SoleLeader
+from ultimat3_jobs.manual import run_now
+from ultimat3_jobs.models import Job, Task
+from ultimat3_jobs.planner import RoundPlan, occurrence_key, plan_task
+from ultimat3_jobs.registry import TaskHandle, input_digest, resolve_zone
+from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import DatabaseState
+
+
+def burst() -> None:
+    """What an operator runs: the worker, until nothing is due."""
+    call_command("run_worker", "--burst", "--no-listen")
+
+
+@pytest.fixture
+def signals() -> Iterator[list[tuple[str, str, str]]]:
+    """(signal, result id, status) for every framework signal sent meanwhile."""
+    seen: list[tuple[str, str, str]] = []
+    receivers = []
+    for name, signal in (
+        ("enqueued", task_enqueued),
+        ("started", task_started),
+        ("finished", task_finished),
+    ):
+
+        def receive(*, task_result: Any, _name: str = name, **kwargs: Any) -> None:
+            seen.append((_name, task_result.id, str(task_result.status)))
+
+        signal.connect(receive, weak=False)
+        receivers.append((signal, receive))
+    yield seen
+    for signal, receive in receivers:
+        Signal.disconnect(signal, receive)
+
+
+def test_backend__claims_every_capability() -> None:
+    backend = task_backends["default"]
+    assert type(backend).__name__ == "JobsBackend"
+    assert default_task_backend.alias == "default"
+    assert backend.supports_defer
+    assert backend.supports_priority
+    assert backend.supports_get_result
+    assert backend.supports_async_task
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__ready_then_successful_with_its_return_value(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    result = background.add.enqueue(2, b=3)
+    assert isinstance(result.id, str)
+    assert result.status == TaskResultStatus.READY
+    assert not result.is_finished
+    assert result.backend == "default"
+
+    burst()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.attempts == 1
+    assert len(result.worker_ids) == 1
+    assert result.started_at is not None and result.finished_at is not None
+    from_backend = task_backends["default"].get_result(result.id)
+    assert from_backend.status == TaskResultStatus.SUCCESSFUL
+    assert from_backend.return_value == 5
+    assert background.add.get_result(result.id).return_value == 5
+    assert signals == [
+        ("enqueued", result.id, "READY"),
+        ("started", result.id, "RUNNING"),
+        ("finished", result.id, "SUCCESSFUL"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__a_raising_task_ends_failed_with_its_error_after_one_run(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    result = background.explode.enqueue(reason="on purpose")
+
+    burst()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 1  # No retries: the framework has none.
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert "exploded: on purpose" in error.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = result.return_value
+    assert signals[-1] == ("finished", result.id, "FAILED")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__inside_a_rolled_back_transaction_runs_nothing() -> None:
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        result = background.record.enqueue("rolled back")
+        raise Undo()
+
+    burst()
+
+    assert not Ping.objects.filter(label="rolled back").exists()
+    with pytest.raises(TaskResultDoesNotExist):
+        background.record.get_result(result.id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__run_after_in_the_future_is_not_run_and_burst_still_exits() -> None:
+    later = background.record.using(run_after=timezone.now() + timedelta(hours=1))
+    result = later.enqueue("later")
+    now = background.record.enqueue("now")
+
+    burst()  # Returns: a job due in an hour is not work for a burst.
+
+    result.refresh()
+    now.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert now.status == TaskResultStatus.SUCCESSFUL
+    assert list(Ping.objects.values_list("label", flat=True)) == ["now"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__priorities_run_high_to_low_with_one_thread() -> None:
+    for priority in (-5, 0, 50, -100, 100, 7):
+        background.record.using(priority=priority).enqueue(f"p{priority}")
+
+    call_command("run_worker", "--burst", "--no-listen", "--concurrency", "1")
+
+    ran = list(Ping.objects.order_by("pk").values_list("label", flat=True))
+    assert ran == ["p100", "p50", "p7", "p0", "p-5", "p-100"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__a_task_on_another_declared_queue_runs() -> None:
+    result = background.send_email.enqueue(to="ops@example.com")
+    assert result.task.queue_name == "emails"
+
+    call_command("run_worker", "--burst", "--no-listen", "--queues", "emails")
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"sent": "ops@example.com"}
+    assert result.task.priority == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__an_async_task_runs() -> None:
+    result = background.add_later.enqueue(20, 22)
+
+    burst()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 42
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__nested_args_and_kwargs_round_trip() -> None:
+    args = [1, [2, [3, {"four": 4}]], None, "five", 6.5, True]
+    kwargs = {"deep": {"list": [1, {"x": [None, False]}]}, "text": "é"}
+    result = background.echo.enqueue(*args, **kwargs)
+    assert result.args == args
+    assert result.kwargs == kwargs
+
+    burst()
+
+    again = background.echo.get_result(result.id)
+    assert again.args == args
+    assert again.kwargs == kwargs
+    assert again.return_value == {"args": args, "kwargs": kwargs}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__a_task_taking_context_sees_its_own_result() -> None:
+    result = background.attempt_of.enqueue(label="ctx")
+
+    burst()
+
+    result.refresh()
+    assert result.return_value == {"label": "ctx", "attempt": 1, "id": result.id}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "bad",
+    ["999999999", "abc", "", "-1", "0", str(2**70), "{id}.0", " {id}", "+{id}", "0{id}", "\uff11"],
+)
+def test_get_result__an_unknown_or_malformed_id_does_not_exist(bad: str) -> None:
+    real = background.add.enqueue(1, 1)  # Variants of a real id must not find it.
+    assert task_backends["default"].get_result(real.id).id == real.id
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(bad.format(id=real.id))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_aenqueue__writes_the_same_row() -> None:
+    import asyncio
+
+    async def go() -> str:
+        result = await background.add.aenqueue(1, 1)
+        # The enqueue ran in asgiref's thread for sync code: close the connection it opened.
+        await sync_to_async(connections.close_all)()
+        return result.id
+
+    result_id = asyncio.run(go())
+
+    burst()
+
+    assert background.add.get_result(result_id).return_value == 2
+
+
+def test_checks__a_schedule_entry_on_another_backend_is_warned_about(
+    fresh_registry: Any,
+) -> None:
+    from ultimat3_jobs import task
+    from ultimat3_jobs.checks import check_task_backends
+
+    @task(cron="0 3 * * *", tz="UTC", name="checks.elsewhere")
+    def uses_elsewhere(occurrence: datetime) -> list[Any]:
+        return [(background.elsewhere, {"label": "x"}), (background.add, {"a": 1, "b": 2})]
+
+    messages = check_task_backends()
+    [warning] = [m for m in messages if m.id == "ultimat3_jobs.W004"]
+    assert warning.level == checks.WARNING
+    assert "elsewhere" in warning.msg
+    assert "ultimat3_jobs.backends.JobsBackend" in str(warning.hint)
+
+
+# -- scheduled: a @task whose entries are Django Tasks ----------------------------------------
+
+T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
+MINUTE = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+
+
+def every_minute(entries: Callable[[datetime], list[Any]], name: str) -> TaskHandle:
+    return TaskHandle(
+        entries,
+        name=name,
+        schedule=parse("* * * * *"),
+        zone=resolve_zone("UTC", name),
+        catch_up="skip",
+        max_catch_up=10,
+    )
+
+
+def fire_once(handle: TaskHandle) -> tuple[Scheduler, FrozenClock]:
+    """Arm ``handle``, then run the round of its next occurrence (MINUTE)."""
+    clock = FrozenClock(T0)
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state,
+        leader=SoleLeader(),
+        clock=clock,
+        tasks=[handle],
+        drain_on_shutdown=False,
+    )
+    state.sync([handle])
+    scheduler.tick()
+    clock.set(MINUTE + timedelta(milliseconds=200))
+    scheduler.tick()
+    return scheduler, clock
+
+
+@pytest.mark.django_db(transaction=True)
+def test_round__a_django_task_entry_is_written_with_the_occurrence_key_and_runs(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    handle = every_minute(
+        lambda at: [(background.send_email, {"to": f"{at:%H:%M}@example.com"})], "dt.mail"
+    )
+    fire_once(handle)
+    [job] = Job.objects.filter(task="dt.mail")
+    assert signals == [("enqueued", str(job.pk), "READY")]
+    assert job.key == occurrence_key(
+        "dt.mail", MINUTE, f"testproject.demo.background.send_email:{input_digest(job.input)}"
+    )
+    assert (job.backend, job.queue, job.priority, job.max_attempts) == ("default", "emails", 10, 1)
+    assert job.occurrence == MINUTE
+
+    # The same occurrence planned again (a second scheduler's round) finds the key taken.
+    again = jobstore.insert_round([{**{f: getattr(job, f) for f in ROUND_FIELDS}, "key": job.key}])
+    assert again == {job.key: (job.pk, False)}
+
+    call_command("run_worker", "--burst", "--no-listen", "--queues", "emails")
+
+    result = background.send_email.get_result(str(job.pk))
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"sent": "00:01@example.com"}
+    assert result.kwargs == {"to": "00:01@example.com"}
+
+
+ROUND_FIELDS = (
+    "name",
+    "input",
+    "queue",
+    "max_attempts",
+    "run_at",
+    "created_at",
+    "task",
+    "occurrence",
+    "catch_up",
+    "enqueued_by",
+    "priority",
+    "backend",
+)
+
+
+def test_plan__an_entry_on_another_backend_is_refused_and_its_occurrence_held() -> None:
+    handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "dt.elsewhere")
+    plan = RoundPlan(now=MINUTE + timedelta(seconds=1), database="default")
+    step = plan_task(
+        handle,
+        watermark=T0,
+        paused=False,
+        now=plan.now,
+        misfire_grace=timedelta(minutes=1),
+        next_after=lambda after: MINUTE if after < MINUTE else MINUTE + timedelta(minutes=1),
+        plan=plan,
+    )
+    assert plan.fired == []
+    assert step.failed is not None
+    occurrence, error = step.failed
+    assert occurrence == MINUTE
+    assert isinstance(error, TaskBackendError)
+    assert error.code == "jobs.task.backend-unsupported"
+    assert "JobsBackend" in error.fix
+    assert plan.watermarks["dt.elsewhere"] == (T0, MINUTE - timedelta(milliseconds=1))
+
+
+def test_plan__a_jobs_backend_on_another_database_is_refused() -> None:
+    handle = every_minute(lambda at: [(background.add, {"a": 1, "b": 2})], "dt.otherdb")
+    with pytest.raises(TaskBackendError, match="not the scheduler's"):
+        for entry, _ in handle.entries(MINUTE):
+            entry.check_backend("replica")
+
+
+@pytest.mark.django_db
+def test_round__an_entry_on_another_backend_enqueues_nothing_round_after_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "dt.refused")
+    with caplog.at_level(logging.ERROR, logger="ultimat3_jobs"):
+        scheduler, clock = fire_once(handle)
+        clock.advance(60)
+        scheduler.tick()
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-failed"]
+    fields = [getattr(r, "fields", {}) for r in failed]
+    assert [f["code"] for f in fields] == ["jobs.task.backend-unsupported"] * 2
+    assert "JobsBackend" in fields[0]["fix"]
+    assert not Job.objects.filter(task="dt.refused").exists()
+    # Held just before the occurrence that keeps failing, so it is tried again next round.
+    watermark = Task.objects.get(name="dt.refused").last_fired_at
+    assert watermark == MINUTE + timedelta(minutes=1) - timedelta(milliseconds=1)
+
+
+def test_entries__a_django_task_takes_keyword_arguments_that_fit_it() -> None:
+    bad = every_minute(lambda at: [(background.add, {"a": 1})], "dt.bad")
+    with pytest.raises(InvalidJobInputError, match="does not fit"):
+        bad.entries(MINUTE)
+    context = every_minute(lambda at: [(background.attempt_of, {"label": "x"})], "dt.ctx")
+    [(entry, data)] = context.entries(MINUTE)
+    assert data == {"label": "x"}
+    assert entry.name == "testproject.demo.background.attempt_of"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now__a_task_whose_entries_are_django_tasks(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    handle = every_minute(lambda at: [(background.add, {"a": 2, "b": 2})], "dt.manual")
+    run = run_now(handle, user="alice")
+    [entry] = run.created
+    result_id = str(entry.result.job_id)
+    assert background.add.get_result(result_id).status == TaskResultStatus.READY
+    assert signals == [("enqueued", result_id, "READY")]
+
+    burst()
+
+    assert background.add.get_result(result_id).return_value == 4
+    assert Job.objects.get(pk=entry.result.job_id).enqueued_by == "admin:alice"
+
+
+def test_checks__a_jobs_backend_on_a_missing_database_is_an_error() -> None:
+    from ultimat3_jobs.checks import check_task_backends
+
+    tasks = {
+        "default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend"},
+        "far": {
+            "BACKEND": "ultimat3_jobs.backends.JobsBackend",
+            "OPTIONS": {"DATABASE": "nowhere"},
+        },
+    }
+    with override_settings(TASKS=tasks):
+        messages = check_task_backends()
+    [error] = [m for m in messages if m.id == "ultimat3_jobs.E005"]
+    assert 'TASKS["far"]' in error.msg
+    assert "nowhere" in error.msg
+    assert "default" in str(error.hint)
+
+
+@pytest.mark.django_db
+def test_recover__a_django_task_whose_worker_died_ends_failed_not_run_twice() -> None:
+    result = background.add.enqueue(1, 2)
+    [claimed] = jobstore.claim(using="default", worker="dead-node", limit=1, now=timezone.now())
+    assert claimed.pk == int(result.id)
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    assert result.worker_ids == ["dead-node"]
+
+    recovered = jobstore.recover(
+        using="default", stale_after=timedelta(seconds=60), now=timezone.now()
+    )
+
+    assert recovered.failed == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+
+
+def test_validate_task__a_queue_wider_than_the_job_row_is_refused_at_declaration() -> None:
+    wide = "q" * 101
+    with (
+        override_settings(
+            TASKS={"default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend", "QUEUES": [wide]}}
+        ),
+        pytest.raises(InvalidTaskError, match="longer than 100"),
+    ):
+        background.add.using(queue_name=wide)
+
+
+def test_checks__a_queue_no_worker_option_can_name_is_warned_about() -> None:
+    from ultimat3_jobs.checks import check_task_backends
+
+    queues = ["default", "mail,sms", " padded", "emails"]
+    with override_settings(
+        TASKS={"default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend", "QUEUES": queues}}
+    ):
+        messages = check_task_backends()
+    warned = sorted(m.msg for m in messages if m.id == "ultimat3_jobs.W005")
+    assert len(warned) == 2
+    assert "' padded'" in warned[0]
+    assert "'mail,sms'" in warned[1]
+    assert all("run_worker --queues" in text for text in warned)

@@ -1,0 +1,280 @@
+"""``JobsBackend``: the Django Tasks backend whose tasks are rows of the job table.
+
+Configured the framework's way::
+
+    TASKS = {"default": {"BACKEND": "ultimat3_jobs.backends.JobsBackend", "QUEUES": ["default"]}}
+
+``enqueue()`` writes one job row in the caller's transaction and ``run_worker`` runs it: one
+run (the framework has no retries), its JSON return value or ``TaskError`` kept on the row.
+The framework builds the backend when a task is declared, during ``ready()``, so this module
+touches no database and imports no models at import time; ``jobstore`` is imported on use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.utils.module_loading import import_string
+
+from .errors import TaskBackendError
+from .retries import format_error
+from .tasks_compat import (
+    BaseTaskBackend,
+    InvalidTaskError,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    get_exception_traceback,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+
+if TYPE_CHECKING:
+    from .models import Job
+
+#: Job status -> the framework's. A cancelled row never ran and never will: FAILED.
+STATUSES = {
+    "queued": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "succeeded": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+#: The largest id a bigint primary key holds; a larger "id" is malformed, not a query.
+MAX_ID = 2**63 - 1
+ID_PATTERN = re.compile(r"[1-9][0-9]{0,18}")
+#: The widths of ``Job.name`` (a task's module path) and ``Job.queue``.
+NAME_LIMIT = 200
+QUEUE_LIMIT = 100
+
+
+class JobsBackend(BaseTaskBackend):
+    """Django Tasks as job rows: deferred, prioritised, async-capable, results kept.
+
+    ``OPTIONS``: ``DATABASE``, the alias whose job table holds this backend's tasks (default
+    ``"default"``); a worker and a scheduler on that database serve them.
+    """
+
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database: str = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+
+    def validate_task(self, task: Task) -> None:
+        """The framework's rules, and the widths of the job row's name and queue columns."""
+        super().validate_task(task)
+        if len(task.module_path) > NAME_LIMIT:
+            raise InvalidTaskError(
+                f"Task path {task.module_path!r} is longer than {NAME_LIMIT} characters, the "
+                "job name JobsBackend stores it as; move or rename the function."
+            )
+        if len(task.queue_name) > QUEUE_LIMIT:
+            raise InvalidTaskError(
+                f"Queue name {task.queue_name!r} is longer than {QUEUE_LIMIT} characters."
+            )
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """One job row in the caller's transaction, due at ``task.run_after`` (else now)."""
+        from . import jobstore
+        from .registry import django_task_handle
+
+        self.validate_task(task)
+        job = jobstore.enqueue_task(
+            django_task_handle(task),
+            normalize_json(list(args)),
+            normalize_json(dict(kwargs)),
+            run_at=task.run_after,
+            using=self.database,
+        )
+        result = result_of(job, task, self.alias)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's row as it is now; ``TaskResultDoesNotExist`` for an unknown or bad id."""
+        from . import jobstore
+
+        text = str(result_id)
+        # Only the ids enqueue() hands out: "12", never " 12", "+12" or "012".
+        if not ID_PATTERN.fullmatch(text) or int(text) > MAX_ID:
+            raise TaskResultDoesNotExist(result_id)
+        pk = int(text)
+        job = jobstore.read_task(pk, backend=self.alias, using=self.database)
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        try:
+            task = load_task(job.name)
+        except ImportError as error:
+            raise TaskResultDoesNotExist(f"{result_id}: {error}") from error
+        return result_of(job, task, self.alias)
+
+
+def load_task(path: str) -> Task:
+    """The Django Task declared at ``path`` (its module path), or ``ImportError``."""
+    found = import_string(path)
+    if not isinstance(found, Task):
+        raise ImportError(f"{path} is {type(found).__name__}, not a Django Task")
+    return found
+
+
+def result_of(job: Job, task: Task, alias: str) -> TaskResult:
+    """A ``TaskResult`` of ``job``'s row as loaded."""
+    # Should the settings have changed since, the declared task still tells what it is.
+    with contextlib.suppress(InvalidTaskError):
+        task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
+    errors: list[TaskError] = []
+    if job.error_class:
+        errors.append(TaskError(exception_class_path=job.error_class, traceback=job.traceback))
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(job.pk),
+        status=STATUSES[job.status],
+        enqueued_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        last_attempted_at=job.started_at,
+        args=list(job.args or []),
+        kwargs=dict(job.input or {}),
+        backend=alias,
+        errors=errors,
+        worker_ids=[job.worker] if job.attempts and job.worker else [],
+    )
+    # The framework keeps the value behind a read-only property; a backend sets it.
+    object.__setattr__(result, "_return_value", job.return_value)
+    return result
+
+
+def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> JobsBackend:
+    """The task's backend, if it is a ``JobsBackend`` (on ``database`` when given)."""
+    alias = task.backend
+    try:
+        backend = task_backends[alias]
+    except Exception as error:
+        raise TaskBackendError(
+            f'"{owner}" enqueues {task.module_path}, whose backend "{alias}" is not in TASKS',
+            fix=f'add TASKS["{alias}"] with "BACKEND": "ultimat3_jobs.backends.JobsBackend"',
+            cause=error,
+        ) from error
+    if not isinstance(backend, JobsBackend):
+        raise TaskBackendError(
+            f'"{owner}" enqueues {task.module_path} on backend "{alias}" '
+            f"({type(backend).__module__}.{type(backend).__name__}), which a round cannot "
+            "write exactly once",
+            fix=f'set TASKS["{alias}"]["BACKEND"] to "ultimat3_jobs.backends.JobsBackend", or '
+            f"declare the task with backend= an alias that is one, or return a @job instead",
+            cause=alias,
+        )
+    if database is not None and backend.database != database:
+        raise TaskBackendError(
+            f'"{owner}" enqueues {task.module_path} on backend "{alias}", whose database '
+            f'"{backend.database}" is not the scheduler\'s ("{database}")',
+            fix=f'set TASKS["{alias}"]["OPTIONS"]["DATABASE"] to "{database}", or run the '
+            f"scheduler with --database {backend.database}",
+            cause=alias,
+        )
+    return backend
+
+
+def announce(backend: JobsBackend, task: Task, job_id: int) -> None:
+    """``task_enqueued`` for one row enqueued outside ``enqueue()`` (a manual "Run now")."""
+    from . import jobstore
+
+    job = jobstore.read_task(job_id, backend=backend.alias, using=backend.database)
+    if job is not None:
+        task_enqueued.send(type(backend), task_result=result_of(job, task, backend.alias))
+
+
+def announce_round(rows: list[dict[str, Any]], enqueued: dict[str, tuple[int, bool]]) -> None:
+    """``task_enqueued`` for the Django Task rows a committed scheduler round created."""
+    from .models import Job
+
+    for row in rows:
+        pk, created = enqueued.get(row["key"], (None, False))
+        if not row.get("backend") or not created:
+            continue
+        try:
+            backend = task_backends[row["backend"]]
+            task = load_task(row["name"])
+        except Exception:
+            continue  # The round refused such an entry; nothing to announce.
+        job = Job(pk=pk, **row)
+        task_enqueued.send(type(backend), task_result=result_of(job, task, row["backend"]))
+
+
+# -- the worker's side ----------------------------------------------------------------------------
+
+
+@dataclass
+class TaskRun:
+    """One run of a Django Task's row: its JSON return value, or the error it ended with."""
+
+    job: Job
+    task: Task | None = None
+    backend: type[BaseTaskBackend] = JobsBackend
+    return_value: Any = None
+    error: BaseException | None = None
+    error_class: str = ""
+    traceback: str = ""
+
+    @property
+    def message(self) -> str:
+        """The error as ``last_error`` keeps it."""
+        return "" if self.error is None else format_error(self.error)
+
+
+def run_task(job: Job) -> TaskRun:
+    """Run a claimed Django Task's row once (a coroutine function on an event loop of its own).
+
+    Sends ``task_started``; the caller records the outcome, then calls ``finished``.
+    """
+    run = TaskRun(job)
+    try:
+        backend = task_backends[job.backend]
+        run.backend = type(backend)
+        run.task = load_task(job.name)
+        result = result_of(job, run.task, job.backend)
+        task_started.send(run.backend, task_result=result)
+        args = list(job.args or [])
+        if run.task.takes_context:
+            args.insert(0, TaskContext(task_result=result))
+        # Task.call runs a coroutine function to completion (async_to_sync), a plain one as is.
+        value = normalize_json(run.task.call(*args, **(job.input or {})))
+        json.dumps(value, allow_nan=False)  # The row's JSON column takes nothing else.
+        run.return_value = value
+    except BaseException as error:
+        run.error = error
+        cls = type(error)
+        run.error_class = f"{cls.__module__}.{cls.__qualname__}"
+        run.traceback = get_exception_traceback(error)
+    return run
+
+
+def finished(run: TaskRun, *, now: Any) -> None:
+    """Send ``task_finished`` with the result as recorded (status, value or error)."""
+    job = run.job
+    if run.task is None:
+        return  # Not even loaded: there is no task to tell of.
+    job.status = "failed" if run.error is not None else "succeeded"
+    job.finished_at = now
+    job.return_value = run.return_value
+    job.error_class = run.error_class
+    job.traceback = run.traceback
+    task_finished.send(run.backend, task_result=result_of(job, run.task, job.backend))
+
+
+__all__ = ["JobsBackend", "TaskRun", "finished", "load_task", "result_of", "run_task"]

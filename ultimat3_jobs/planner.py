@@ -139,8 +139,9 @@ def plan_task(
         try:
             entries = handle.entries(occurrence)
             for job, _ in entries:
-                # A Django Task on another backend would be enqueued outside the round:
-                # refused, and the occurrence held, until the settings are fixed.
+                # A Django Task whose backend cannot take the row (an alias not in TASKS, a
+                # JobsBackend on another database) holds the occurrence until it is fixed;
+                # one on another engine's backend is an outbox row, relayed after commit.
                 job.check_backend(plan.database)
         except Exception as error:
             # One failing task must not stop the others; its occurrence is retried next round,

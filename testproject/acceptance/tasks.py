@@ -41,3 +41,7 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_SLOW"):
                 file.write(f"{os.getpid()} {occurrence.isoformat()}\n")
         time.sleep(float(os.environ["ULTIMAT3_ACCEPTANCE_SLOW"]))
         return [(mark, {"occurrence": occurrence.isoformat()})]
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_RELAY"):
+    from testproject.acceptance import relayed  # noqa: F401  (its tasks register on import)

@@ -48,4 +48,11 @@ def attempt_of(context: TaskContext, label: str) -> dict[str, Any]:
 
 @task(backend="elsewhere")
 def elsewhere(label: str) -> None:
-    """On a backend that is not ``JobsBackend``: a schedule must refuse it."""
+    """On a backend that is not ``JobsBackend``: a schedule's rows for it are relayed."""
+
+
+@task(backend="immediate")
+def record_immediately(label: str) -> str:
+    """On a second backend that runs it inside ``enqueue()``: the relay hands it over."""
+    Ping.objects.create(label=label)
+    return label

@@ -1,0 +1,352 @@
+"""Relaying in one process: outbox rows from a round, the relay's passes against a real Redis,
+``ExactlyOnceTask`` against the real database, and the admin's view of relayed jobs."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.db import close_old_connections, connection, transaction
+
+from testproject.celery import app as celery_app
+from testproject.demo import background
+from testproject.demo.celery_tasks import plain_row, write_row
+from testproject.demo.models import Ping
+from ultimat3_jobs import jobstore
+from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
+from ultimat3_jobs.errors import BrokerUnavailableError
+from ultimat3_jobs.models import Job
+from ultimat3_jobs.planner import occurrence_key
+from ultimat3_jobs.registry import input_digest
+from ultimat3_jobs.relay import Relay, celery_task_id, send
+
+from ..redis_server import RedisServer
+from .test_django_tasks import MINUTE, every_minute, fire_once
+
+QUEUE = "celery"  # Celery's default queue: where a worker started without -Q consumes.
+
+
+def point_celery_at(url: str) -> None:
+    """The project's Celery app publishes to ``url`` from now on."""
+    if celery_app.conf.broker_url == url:
+        return  # Its pool reconnects by itself to a broker that came back.
+    celery_app.conf.broker_url = url
+    celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def broker(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """An empty Redis that the Celery app publishes to."""
+    if redis_server.process is None:
+        redis_server.start()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushdb()
+    point_celery_at(redis_server.url)
+    yield client
+    client.close()
+
+
+def messages(client: redis.Redis) -> list[dict[str, Any]]:
+    """The headers of the messages waiting in Celery's default queue, oldest first."""
+    raw = client.lrange(QUEUE, 0, -1)
+    return [json.loads(item)["headers"] for item in reversed(raw)]
+
+
+def relay(**options: Any) -> Relay:
+    return Relay(listen=False, **options)
+
+
+def celery_round(name: str) -> Job:
+    """One round of a task whose entry is the ``ExactlyOnceTask`` ``write_row``: its row."""
+    handle = every_minute(lambda at: [(write_row, {"occurrence": at.isoformat()})], name)
+    fire_once(handle)
+    [job] = Job.objects.filter(task=name)
+    return job
+
+
+def run_message(job: Job, *, using: str = "default") -> Any:
+    """Run ``write_row`` as a worker would run the relay's message for ``job``."""
+    headers = {JOB_HEADER: job.pk, DATABASE_HEADER: using, KEY_HEADER: job.key}
+    return write_row.apply(
+        kwargs=job.input, task_id=celery_task_id(job.key), headers=headers, throw=True
+    )
+
+
+# -- the round ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_round__a_celery_entry_is_one_outbox_row_under_the_occurrence_key() -> None:
+    job = celery_round("relay.outbox")
+    assert job.key == occurrence_key(
+        "relay.outbox", MINUTE, f"demo.write_row:{input_digest(job.input)}"
+    )
+    assert (job.status, job.relay, job.name, job.queue) == (
+        "outbox",
+        "celery-once",
+        "demo.write_row",
+        QUEUE,
+    )
+    assert job.input == {"occurrence": MINUTE.isoformat()}
+    # Our own worker never claims an outbox row.
+    call_command("run_worker", "--burst", "--no-listen")
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("outbox", 0)
+
+
+@pytest.mark.django_db
+def test_entries__a_celery_entry_takes_keyword_arguments_that_fit_it() -> None:
+    from ultimat3_jobs.errors import InvalidJobInputError
+
+    bad = every_minute(lambda at: [(write_row, {"day": "x"})], "relay.bad")
+    with pytest.raises(InvalidJobInputError, match="does not fit"):
+        bad.entries(MINUTE)
+    plain = every_minute(lambda at: [(plain_row, {"label": "x"})], "relay.plain")
+    [(handle, _)] = plain.entries(MINUTE)
+    assert handle.relay == "celery"
+
+
+# -- the relay ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_relay__publishes_with_the_task_id_of_the_key_and_records_it(
+    broker: redis.Redis,
+) -> None:
+    job = celery_round("relay.send")
+    assert relay().relay_once() == 1
+    job.refresh_from_db()
+    assert job.status == "relayed"
+    assert job.engine_id == celery_task_id(job.key)
+    assert job.relayed_at is not None
+    assert job.attempts == 1
+    [headers] = messages(broker)
+    assert headers["id"] == job.engine_id
+    assert headers["task"] == "demo.write_row"
+    assert (headers[JOB_HEADER], headers[KEY_HEADER]) == (job.pk, job.key)
+    # Nothing more to send: a second pass publishes nothing.
+    assert relay().relay_once() == 0
+    assert len(messages(broker)) == 1
+
+
+@pytest.mark.django_db
+def test_relay__resends_an_exactly_once_task_not_done_in_time_with_the_same_id(
+    broker: redis.Redis,
+) -> None:
+    job = celery_round("relay.resend")
+    relay().relay_once()
+    # Not resent while it is young.
+    assert relay(resend_after=timedelta(hours=1)).relay_once() == 0
+    Job.objects.filter(pk=job.pk).update(relayed_at=datetime(2026, 1, 1, tzinfo=UTC))
+    again = relay(resend_after=timedelta(minutes=5))
+    assert again.relay_once() == 1
+    assert again.stats.resent == 1
+    first, second = messages(broker)
+    assert first["id"] == second["id"] == celery_task_id(job.key)
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("relayed", 2)
+
+
+@pytest.mark.django_db
+def test_relay__never_resends_a_plain_celery_task(broker: redis.Redis) -> None:
+    handle = every_minute(lambda at: [(plain_row, {"label": at.isoformat()})], "relay.plain2")
+    fire_once(handle)
+    relay().relay_once()
+    Job.objects.filter(task="relay.plain2").update(relayed_at=datetime(2026, 1, 1, tzinfo=UTC))
+    assert relay(resend_after=timedelta(minutes=5)).relay_once() == 0
+    assert len(messages(broker)) == 1
+
+
+@pytest.mark.django_db
+def test_relay__a_broker_that_is_down_keeps_the_row_until_it_is_back(
+    broker: redis.Redis, redis_server: RedisServer
+) -> None:
+    job = celery_round("relay.down")
+    redis_server.stop()
+    try:
+        with pytest.raises(BrokerUnavailableError) as raised:
+            relay().relay_once()
+        assert raised.value.code == "jobs.relay.broker-unavailable"
+        job.refresh_from_db()
+        assert (job.status, job.engine_id, job.attempts) == ("outbox", "", 0)
+    finally:
+        redis_server.start()
+    assert relay().relay_once() == 1
+    job.refresh_from_db()
+    assert job.status == "relayed"
+    assert [h["id"] for h in messages(broker)] == [celery_task_id(job.key)]
+
+
+@pytest.mark.django_db
+def test_relay__a_task_it_does_not_know_fails_the_row_with_a_fix(broker: redis.Redis) -> None:
+    job = celery_round("relay.unknown")
+    Job.objects.filter(pk=job.pk).update(name="demo.no_such_task")
+    relayer = relay()
+    assert relayer.relay_once() == 0
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert "not registered" in job.last_error
+    assert "fix:" in job.last_error
+    assert relayer.stats.refused == 1
+    # Retried from the admin, it goes back to the outbox, not to our worker's queue.
+    assert jobstore.retry_failed(Job.objects.filter(pk=job.pk)) == 1
+    job.refresh_from_db()
+    assert job.status == "outbox"
+
+
+@pytest.mark.django_db
+def test_relay__a_django_task_on_an_immediate_backend_runs_once_and_is_done() -> None:
+    handle = every_minute(
+        lambda at: [(background.record_immediately, {"label": f"imm {at:%H:%M}"})], "relay.imm"
+    )
+    fire_once(handle)
+    [job] = Job.objects.filter(task="relay.imm")
+    assert (job.status, job.relay, job.backend) == ("outbox", "tasks", "immediate")
+    assert relay().relay_once() == 1
+    assert relay().relay_once() == 0
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert job.engine_id
+    assert job.done_at is not None
+    assert job.return_value == "imm 00:01"
+    assert list(Ping.objects.values_list("label", flat=True)) == ["imm 00:01"]
+
+
+@pytest.mark.django_db
+def test_relay__a_django_task_on_a_dummy_backend_is_handed_over_once() -> None:
+    from django_tasks import task_backends
+
+    dummy = task_backends["elsewhere"]
+    dummy.clear()
+    handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "relay.dummy")
+    fire_once(handle)
+    assert relay().relay_once() == 1
+    assert relay().relay_once() == 0
+    [job] = Job.objects.filter(task="relay.dummy")
+    [result] = dummy.results
+    assert (job.status, job.engine_id) == ("relayed", result.id)
+    assert result.kwargs == {"label": "x"}
+
+
+@pytest.mark.django_db
+def test_send__refuses_a_relay_kind_it_does_not_know() -> None:
+    from ultimat3_jobs.errors import RelayTargetError
+
+    job = celery_round("relay.kind")
+    job.relay = "carrier-pigeon"
+    with pytest.raises(RelayTargetError, match="carrier-pigeon"):
+        send(job, "default")
+
+
+# -- ExactlyOnceTask ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_exactly_once_task__a_second_delivery_changes_nothing() -> None:
+    job = celery_round("relay.once")
+    first = run_message(job)
+    assert first.result == job.key  # The body sees its key, for its own outside dedupe.
+    second = run_message(job)
+    assert second.result == job.key  # The recorded return value, not a second run.
+    assert Ping.objects.filter(label=f"relayed {MINUTE.isoformat()}").count() == 1
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert job.done_at is not None
+    assert job.engine_id == celery_task_id(job.key)
+
+
+@pytest.mark.django_db
+def test_exactly_once_task__a_body_that_raises_rolls_back_and_fails_the_row() -> None:
+    job = celery_round("relay.raise")
+    Job.objects.filter(pk=job.pk).update(input={"occurrence": "explode"})
+    job.refresh_from_db()
+    with pytest.raises(RuntimeError, match="after writing its row"):
+        run_message(job)
+    assert not Ping.objects.exists()
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.done_at is not None
+    assert "RuntimeError" in job.last_error
+
+
+@pytest.mark.django_db
+def test_exactly_once_task__called_without_a_relayed_message_runs_as_a_plain_task() -> None:
+    result = write_row.apply(kwargs={"occurrence": "direct"}, throw=True)
+    assert result.result == ""
+    assert Ping.objects.filter(label="relayed direct").count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_exactly_once_task__two_copies_at_once_wait_for_each_other() -> None:
+    job = celery_round("relay.race")
+    holding = threading.Event()
+    release = threading.Event()
+    outcome: list[Any] = []
+
+    def first_copy() -> None:
+        # Holds the row lock as a body in flight would, then commits the row done.
+        try:
+            with transaction.atomic():
+                jobstore.lock_relayed(using="default", job_id=job.pk)
+                holding.set()
+                release.wait(30)
+                Ping.objects.create(label=f"relayed {MINUTE.isoformat()}")
+                jobstore.relayed_done(using="default", job_id=job.pk, now=MINUTE)
+        finally:
+            close_old_connections()
+            connection.close()
+
+    def second_copy() -> None:
+        try:
+            outcome.append(run_message(job).result)
+        finally:
+            connection.close()
+
+    one = threading.Thread(target=first_copy)
+    one.start()
+    assert holding.wait(30)
+    two = threading.Thread(target=second_copy)
+    two.start()
+    two.join(0.5)
+    blocked = two.is_alive()  # Waiting on the lock, not running the body beside the first.
+    release.set()
+    one.join(30)
+    two.join(30)
+    assert blocked
+    assert outcome == [None]
+    assert Ping.objects.filter(label=f"relayed {MINUTE.isoformat()}").count() == 1
+
+
+@pytest.mark.django_db
+def test_plain_celery_task__its_row_is_marked_done_when_it_returns() -> None:
+    handle = every_minute(lambda at: [(plain_row, {"label": "plain"})], "relay.plain3")
+    fire_once(handle)
+    [job] = Job.objects.filter(task="relay.plain3")
+    headers = {JOB_HEADER: job.pk, DATABASE_HEADER: "default", KEY_HEADER: job.key}
+    plain_row.apply(kwargs=job.input, headers=headers, throw=True)
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert job.done_at is not None
+
+
+# -- counts ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_relay_counts__outbox_relayed_done_and_stuck(broker: redis.Redis) -> None:
+    done = celery_round("relay.count-done")
+    waiting = celery_round("relay.count-relayed")
+    relay().relay_once()
+    run_message(done)
+    Job.objects.filter(pk=waiting.pk).update(relayed_at=datetime(2026, 1, 1, tzinfo=UTC))
+    celery_round("relay.count-outbox")
+    counts = relay().counts()
+    assert counts == {"outbox": 1, "relayed": 1, "done": 1, "failed": 0, "stuck": 1}

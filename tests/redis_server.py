@@ -79,3 +79,14 @@ class RedisServer:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def point_celery_at(url: str) -> None:
+    """The project's Celery app publishes to ``url`` from now on."""
+    from testproject.celery import app
+
+    if app.conf.broker_url == url:
+        return  # Its pool reconnects by itself to a broker that came back.
+    app.conf.broker_url = url
+    app._pool = None
+    app.amqp._producer_pool = None

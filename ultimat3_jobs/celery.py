@@ -110,6 +110,17 @@ class ExactlyOnceTask(Task):
             raise
 
 
+def named(name: str) -> Any:
+    """The Celery task registered as ``name`` in the current app, for a schedule's entries.
+
+    Looked up when the entries are built, so the module declaring it need not be imported
+    first; ``KeyError`` names a task that is not registered (the round retries it).
+    """
+    from celery import current_app
+
+    return current_app.tasks[name]
+
+
 def _plain_task_row(sender: Any) -> tuple[int, str] | None:
     if sender is None or isinstance(sender, ExactlyOnceTask):
         return None  # Its row was marked in the body's own transaction.
@@ -136,4 +147,11 @@ def _plain_task_failed(
         )
 
 
-__all__ = ["DATABASE_HEADER", "JOB_HEADER", "KEY_HEADER", "ExactlyOnceTask", "outbox_row"]
+__all__ = [
+    "DATABASE_HEADER",
+    "JOB_HEADER",
+    "KEY_HEADER",
+    "ExactlyOnceTask",
+    "named",
+    "outbox_row",
+]

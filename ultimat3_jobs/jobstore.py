@@ -490,11 +490,20 @@ def relay_counts(*, using: str, stuck_before: datetime) -> dict[str, int]:
         "relayed": by_status.get(JobStatus.RELAYED, 0),
         "done": by_status.get(JobStatus.SUCCEEDED, 0),
         "failed": by_status.get(JobStatus.FAILED, 0),
-        # Only Celery reports done; another Tasks backend's row is done when it says so at enqueue.
-        "stuck": rows.filter(
-            status=JobStatus.RELAYED, relay__startswith="celery", relayed_at__lt=stuck_before
-        ).count(),
+        "stuck": stuck_relayed(using=using, before=stuck_before),
     }
+
+
+def stuck_relayed(*, using: str, before: datetime) -> int:
+    """Relayed Celery rows handed over before ``before`` and not reported done since.
+
+    Only Celery reports done; another Tasks backend's row is done when its ``enqueue()`` ran it.
+    """
+    return (
+        Job.objects.using(using)
+        .filter(status=JobStatus.RELAYED, relay__startswith="celery", relayed_at__lt=before)
+        .count()
+    )
 
 
 # -- what staff do from the admin -----------------------------------------------------------------

@@ -14,7 +14,6 @@ import redis
 from django.core.management import call_command
 from django.db import close_old_connections, connection, transaction
 
-from testproject.celery import app as celery_app
 from testproject.demo import background
 from testproject.demo.celery_tasks import plain_row, write_row
 from testproject.demo.models import Ping
@@ -26,19 +25,10 @@ from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.registry import input_digest
 from ultimat3_jobs.relay import Relay, celery_task_id, send
 
-from ..redis_server import RedisServer
+from ..redis_server import RedisServer, point_celery_at
 from .test_django_tasks import MINUTE, every_minute, fire_once
 
 QUEUE = "celery"  # Celery's default queue: where a worker started without -Q consumes.
-
-
-def point_celery_at(url: str) -> None:
-    """The project's Celery app publishes to ``url`` from now on."""
-    if celery_app.conf.broker_url == url:
-        return  # Its pool reconnects by itself to a broker that came back.
-    celery_app.conf.broker_url = url
-    celery_app._pool = None
-    celery_app.amqp._producer_pool = None
 
 
 @pytest.fixture

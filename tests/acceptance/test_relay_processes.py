@@ -214,6 +214,17 @@ def queue_drained(client: redis.Redis) -> bool:
     return client.llen("celery") == 0 and client.hlen("unacked") == 0
 
 
+def received_more_than_once(workers: list[CeleryWorker]) -> int:
+    """Task ids that Celery workers received twice or more: redeliveries and resends."""
+    seen: dict[str, int] = {}
+    for worker in workers:
+        for line in worker.log_path.read_text(errors="replace").splitlines():
+            if line.endswith("] received") and "demo.write_row[" in line:
+                task_id = line.rsplit("[", 1)[1].split("]")[0]
+                seen[task_id] = seen.get(task_id, 0) + 1
+    return sum(1 for n in seen.values() if n > 1)
+
+
 def test_relay__workers_and_relays_killed_at_random__each_occurrence_written_once(
     tmp_path: Path,
     processes: list[Process],
@@ -222,6 +233,30 @@ def test_relay__workers_and_relays_killed_at_random__each_occurrence_written_onc
     redis_server: RedisServer,
 ) -> None:
     seconds = float(os.environ.get("ULTIMAT3_RELAY_CHAOS_SECONDS", "40"))
+    chaos(tmp_path, processes, workers, broker, redis_server, seconds)
+
+
+@pytest.mark.soak
+def test_relay_soak__workers_and_relays_killed_at_random_for_minutes(
+    tmp_path: Path,
+    processes: list[Process],
+    workers: list[CeleryWorker],
+    broker: redis.Redis,
+    redis_server: RedisServer,
+) -> None:
+    seconds = float(os.environ.get("ULTIMAT3_SOAK_SECONDS", "300"))
+    chaos(tmp_path, processes, workers, broker, redis_server, seconds)
+
+
+def chaos(
+    tmp_path: Path,
+    processes: list[Process],
+    workers: list[CeleryWorker],
+    broker: redis.Redis,
+    redis_server: RedisServer,
+    seconds: float,
+) -> None:
+    """Kill relays and Celery workers at random for ``seconds``, then check every row."""
     rng = random.Random(seconds)
     pause = {"ULTIMAT3_ACCEPTANCE_BODY_PAUSE": "0.4"}
     start_scheduler(tmp_path, processes, redis_server)
@@ -269,9 +304,15 @@ def test_relay__workers_and_relays_killed_at_random__each_occurrence_written_onc
     assert celery_tasks.write_row.name == "demo.write_row"  # Registered in this process too.
     for job in found:
         send_celery(job, "default")
+    redelivered = received_more_than_once(workers)
     wait_for(lambda: queue_drained(broker), 120, "the redelivered messages consumed")
     assert_each_occurrence_written_once()
-    print(f"\nrelay chaos: {len(found)} occurrences, kills {kills}")
+    resent = sum(1 for job in found if job.attempts > 1)
+    print(
+        f"\nrelay chaos: {len(found)} occurrences in {seconds:g} s, kills {kills}, "
+        f"{resent} rows sent more than once, {redelivered} task ids received twice or more "
+        "before the final redelivery"
+    )
 
 
 def test_relay__a_django_task_on_a_second_backend__relayed_once_per_occurrence(

@@ -40,7 +40,7 @@ ROWS = [
     "INSERT INTO django_celery_beat_intervalschedule VALUES (2, 7, 'minutes')",
     "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
     "one_off, crontab_id) VALUES (1, 'Nightly report', 'demo.plain_row', '[]', "
-    "'{\"label\": \"nightly\"}', NULL, TRUE, FALSE, 1)",
+    '\'{"label": "nightly"}\', NULL, TRUE, FALSE, 1)',
     "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
     "one_off, interval_id) VALUES (2, 'quarter hour', 'demo.plain_row', '[]', "
     "'{\"label\": \"q\"}', '', TRUE, FALSE, 1)",

@@ -10,7 +10,7 @@ class Ultimat3JobsConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import checks, relay_checks  # noqa: F401  (registers the system checks)
 
         # Every installed app's tasks.py, as the admin discovers admin.py: a bad declaration
         # fails here, at startup, rather than at the first round.

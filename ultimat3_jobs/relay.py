@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    close_old_connections,
+    transaction,
+)
 
 from . import clock as default_clock
 from . import jobstore, nodes, shutdown
@@ -330,7 +336,7 @@ class Relay:
                         broker_errors=self.stats.broker_errors,
                         **error.as_fields(),
                     )
-                except DatabaseError as error:
+                except (DatabaseError, InterfaceError) as error:
                     self.failures += 1
                     wait = loop_backoff(self.poll_interval, self.failures)
                     emit(
@@ -352,7 +358,7 @@ class Relay:
             if self._listener is not None:
                 self._listener.stop()
             self.log_stats()
-            with contextlib.suppress(DatabaseError):
+            with contextlib.suppress(DatabaseError, InterfaceError):
                 nodes.stopped(using=self.using, node_id=self.node_id)
             unregister()
             emit(logger, "jobs.relay.stopped", node=self.node_id, sent=self.stats.sent)
@@ -375,7 +381,7 @@ class Relay:
                 started_at=self._started_at,
                 last_error="" if not self.failures else f"{self.failures} failed passes",
             )
-        except DatabaseError as error:
+        except (DatabaseError, InterfaceError) as error:
             emit(logger, "jobs.relay.heartbeat-failed", logging.WARNING, **failure_fields(error))
 
     def counts(self) -> dict[str, int]:
@@ -386,7 +392,7 @@ class Relay:
         """``jobs.relay.stats``: this relay's counters and the outbox's rows by state."""
         try:
             counts = self.counts()
-        except DatabaseError as error:
+        except (DatabaseError, InterfaceError) as error:
             counts = {"error": 1}
             emit(logger, "jobs.relay.stats-failed", logging.WARNING, error=format_error(error))
         emit(

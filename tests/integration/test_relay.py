@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -340,3 +341,103 @@ def test_relay_counts__outbox_relayed_done_and_stuck(broker: redis.Redis) -> Non
     celery_round("relay.count-outbox")
     counts = relay().counts()
     assert counts == {"outbox": 1, "relayed": 1, "done": 1, "failed": 0, "stuck": 1}
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_relay__burst_sends_what_is_due_and_exits(broker: redis.Redis) -> None:
+    from ultimat3_jobs.models import Node
+
+    jobs = [celery_round(f"relay.burst-{n}") for n in range(3)]
+    call_command("run_relay", "--burst", "--no-listen", "--batch", "2")
+    assert sorted(h["id"] for h in messages(broker)) == sorted(
+        celery_task_id(job.key) for job in jobs
+    )
+    assert set(
+        Job.objects.filter(task__startswith="relay.burst-").values_list("status", flat=True)
+    ) == {"relayed"}
+    # It said it was a relay, and that it stopped.
+    [node] = Node.objects.filter(role="relay")
+    assert node.stopped_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay__stop_from_another_thread_ends_run(broker: redis.Redis) -> None:
+    relayer = relay(poll_interval=timedelta(seconds=30))
+    exit_codes: list[int] = []
+
+    def serve() -> None:
+        try:
+            exit_codes.append(relayer.run())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    celery_round("relay.stop")
+    relayer._wake.set()  # As a NOTIFY would.
+    for _ in range(600):  # Up to a minute for the pass the wake-up started.
+        if messages(broker):
+            break
+        time.sleep(0.1)
+    relayer.stop("test")
+    thread.join(30)
+    assert not thread.is_alive()
+    assert exit_codes == [0]
+    assert relayer.status == "stopped"
+    assert relayer.stats.sent == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_relay__two_relays_share_the_outbox_without_sending_a_row_twice(
+    broker: redis.Redis,
+) -> None:
+    jobs = [celery_round(f"relay.pair-{n}") for n in range(20)]
+    first, second = relay(batch=3), relay(batch=3)
+    results: list[int] = []
+
+    def drain(one: Relay) -> None:
+        try:
+            while True:
+                handed = one.relay_once()
+                results.append(handed)
+                if not handed:
+                    return
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    ids = [h["id"] for h in messages(broker)]
+    assert sorted(ids) == sorted(celery_task_id(job.key) for job in jobs)
+    assert first.stats.sent + second.stats.sent == 20
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def test_checks__a_scheduled_exactly_once_task_that_acks_early_is_warned_about(
+    fresh_registry: Any,
+) -> None:
+    from ultimat3_jobs import task
+    from ultimat3_jobs.relay_checks import ACKS_LATE_FIX, check_relayed_celery_tasks
+
+    @task(cron="0 3 * * *", tz="UTC", name="checks.celery")
+    def nightly(occurrence: datetime) -> list[Any]:
+        return [(write_row, {"occurrence": "x"})]
+
+    assert check_relayed_celery_tasks() == []  # The project acknowledges late.
+    write_row.acks_late = False
+    try:
+        [warning] = check_relayed_celery_tasks()
+    finally:
+        write_row.acks_late = True
+    assert warning.id == "ultimat3_jobs.W005"
+    assert "demo.write_row" in warning.msg
+    assert warning.hint == ACKS_LATE_FIX

@@ -105,8 +105,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT", default=3600.0),
-    "unacked_restore_interval": env.float("CELERY_UNACKED_RESTORE_INTERVAL", default=10.0),
+    "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT", default=60.0),
+    "unacked_restore_interval": env.float("CELERY_UNACKED_RESTORE_INTERVAL", default=5.0),
     "unacked_restore_throttle": 1,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -245,13 +246,22 @@ class Relay:
                 if self._stopping.is_set():
                     break  # Drain: what is recorded commits; the rest waits for the next relay.
                 try:
-                    sent = self.sender(job, self.using)
+                    # A backend that runs the task inside enqueue() writes in our transaction:
+                    # a savepoint keeps a task's database error from breaking the batch.
+                    inline = job.relay == TASKS
+                    with transaction.atomic(using=self.using) if inline else nullcontext():
+                        sent = self.sender(job, self.using)
                 except BrokerUnavailableError as error:
                     down = error
                     break
                 except UltimateError as error:
                     self._refuse(job, error)
                     continue
+                except DatabaseError as error:
+                    if not inline:
+                        raise
+                    # The task ran, inside enqueue(), and failed on the database: it is done.
+                    sent = Sent("", done=True, ok=False, error=format_error(error))
                 self._record(job, sent)
                 handed += 1
         if down is not None:

@@ -56,3 +56,9 @@ def record_immediately(label: str) -> str:
     """On a second backend that runs it inside ``enqueue()``: the relay hands it over."""
     Ping.objects.create(label=label)
     return label
+
+
+@task(backend="immediate")
+def break_transaction() -> None:
+    """Fails on the database inside ``enqueue()``, where the relay's transaction is open."""
+    Ping.objects.create(label=None)

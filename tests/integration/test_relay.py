@@ -441,3 +441,21 @@ def test_checks__a_scheduled_exactly_once_task_that_acks_early_is_warned_about(
     assert warning.id == "ultimat3_jobs.W005"
     assert "demo.write_row" in warning.msg
     assert warning.hint == ACKS_LATE_FIX
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay__a_django_task_failing_on_the_database_inside_enqueue_spares_the_batch() -> None:
+    handle = every_minute(
+        lambda at: [
+            (background.break_transaction, {}),
+            (background.record_immediately, {"label": "after"}),
+        ],
+        "relay.broken",
+    )
+    fire_once(handle)
+    assert relay().relay_once() == 2
+    broken, fine = Job.objects.filter(task="relay.broken").order_by("pk")
+    assert broken.name.endswith("break_transaction") and broken.status == "failed"
+    assert "IntegrityError" in broken.last_error or "null" in broken.last_error.lower()
+    assert (fine.status, fine.return_value) == ("succeeded", "after")
+    assert list(Ping.objects.values_list("label", flat=True)) == ["after"]

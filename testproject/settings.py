@@ -94,6 +94,8 @@ TASKS = {
     "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
     # Runs each task inside enqueue(): a second backend the relay hands occurrences to.
     "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    # Keeps results in memory and says so: a backend the relay asks whether a task finished.
+    "reporting": {"BACKEND": "testproject.demo.reporting.ReportingBackend"},
 }
 
 # Celery (testproject/celery.py reads the CELERY_ settings). The tests start Redis and point

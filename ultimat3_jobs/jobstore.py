@@ -479,6 +479,15 @@ def relayed_done(
     return bool(rows.exclude(status__in=RELAY_DONE).update(**changes))
 
 
+def relayed_tasks(*, using: str, limit: int) -> list[Job]:
+    """Relayed Django Task rows whose backend may have finished them, least recently asked
+    first; locked (``SKIP LOCKED``) until the caller's transaction ends."""
+    rows = Job.objects.using(using).filter(relay="tasks", status=JobStatus.RELAYED)
+    if connections[using].features.has_select_for_update_skip_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    return list(rows.order_by("relayed_at", "pk")[:limit])
+
+
 def relay_counts(*, using: str, stuck_before: datetime) -> dict[str, int]:
     """Outbox rows by state: waiting, relayed, done, failed, and relayed ones not done since
     ``stuck_before`` (stuck)."""

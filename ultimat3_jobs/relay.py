@@ -195,6 +195,7 @@ class Relay:
         poll_interval: timedelta | None = None,
         resend_after: timedelta | None = None,
         stats_interval: timedelta = timedelta(seconds=60),
+        results_interval: timedelta = timedelta(seconds=5),
         listen: bool = True,
         node_id: str | None = None,
         clock: Callable[[], datetime] | None = None,
@@ -211,6 +212,7 @@ class Relay:
         self.stuck_after = config.relay_stuck_after
         self.heartbeat_interval = config.heartbeat_interval
         self.stats_interval = stats_interval
+        self.results_interval = results_interval
         self.listen = listen
         self.node_id = node_id or new_node_id()
         self.clock = clock or default_clock.now
@@ -268,6 +270,36 @@ class Relay:
             raise down
         return handed
 
+    def check_results(self) -> int:
+        """Ask the backends of relayed Django Tasks that can tell (``supports_get_result``)
+        whether they finished; mark those done. How many were."""
+        from .tasks_compat import TaskResultStatus, task_backends
+
+        finished = 0
+        with transaction.atomic(using=self.using):
+            for job in jobstore.relayed_tasks(using=self.using, limit=self.batch):
+                try:
+                    backend = task_backends[job.backend]
+                    if not backend.supports_get_result:
+                        continue
+                    result = backend.get_result(job.engine_id)
+                except Exception:
+                    continue  # Unknown to it (yet): asked again next time.
+                if result.status not in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+                    continue
+                ok = result.status == TaskResultStatus.SUCCESSFUL
+                errors = getattr(result, "errors", None) or []
+                jobstore.relayed_done(
+                    using=self.using,
+                    job_id=job.pk,
+                    now=self.clock(),
+                    ok=ok,
+                    return_value=_result_value(result) if ok else None,
+                    error="" if ok else (errors[-1].traceback if errors else "failed"),
+                )
+                finished += 1
+        return finished
+
     def _record(self, job: Job, sent: Sent) -> None:
         now = self.clock()
         jobstore.record_relayed(using=self.using, job_id=job.pk, engine_id=sent.engine_id, now=now)
@@ -317,7 +349,7 @@ class Relay:
             )
             self._listener.start()
         emit(logger, "jobs.relay.started", node=self.node_id, batch=self.batch, burst=self.burst)
-        last_beat = last_stats = 0.0
+        last_beat = last_stats = last_results = 0.0
         try:
             while not self._stopping.is_set():
                 if time.monotonic() - last_beat >= self.heartbeat_interval.total_seconds():
@@ -358,6 +390,10 @@ class Relay:
                         **failure_fields(error),
                     )
                     close_old_connections()
+                if time.monotonic() - last_results >= self.results_interval.total_seconds():
+                    with contextlib.suppress(DatabaseError, InterfaceError):
+                        self.check_results()
+                    last_results = time.monotonic()
                 if time.monotonic() - last_stats >= self.stats_interval.total_seconds():
                     self.log_stats()
                     last_stats = time.monotonic()

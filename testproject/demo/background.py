@@ -61,4 +61,9 @@ def record_immediately(label: str) -> str:
 @task(backend="immediate")
 def break_transaction() -> None:
     """Fails on the database inside ``enqueue()``, where the relay's transaction is open."""
-    Ping.objects.create(label=None)
+    Ping.objects.create(label=None)  # type: ignore[misc]
+
+
+@task(backend="reporting")
+def reported(label: str) -> None:
+    """On a backend that reports when its tasks finish; nothing runs it in the tests."""

@@ -459,3 +459,25 @@ def test_relay__a_django_task_failing_on_the_database_inside_enqueue_spares_the_
     assert "IntegrityError" in broken.last_error or "null" in broken.last_error.lower()
     assert (fine.status, fine.return_value) == ("succeeded", "after")
     assert list(Ping.objects.values_list("label", flat=True)) == ["after"]
+
+
+@pytest.mark.django_db
+def test_relay__asks_a_backend_that_reports_results_and_marks_finished_tasks_done() -> None:
+    from django_tasks import TaskResultStatus, task_backends
+
+    backend = task_backends["reporting"]
+    backend.clear()
+    handle = every_minute(lambda at: [(background.reported, {"label": "r"})], "relay.reported")
+    fire_once(handle)
+    relayer = relay()
+    relayer.relay_once()
+    assert relayer.check_results() == 0  # Still READY there.
+    [result] = backend.results
+    # The backend's worker would do this; the framework keeps both behind read-only fields.
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", {"done": "r"})
+    assert relayer.check_results() == 1
+    [job] = Job.objects.filter(task="relay.reported")
+    assert (job.status, job.engine_id, job.return_value) == ("succeeded", result.id, {"done": "r"})
+    assert job.done_at is not None
+    assert relayer.check_results() == 0

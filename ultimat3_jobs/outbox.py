@@ -69,7 +69,9 @@ class CeleryTaskHandle(JobHandle):
         self.task = task
         self.relay = CELERY_ONCE if isinstance(task, ExactlyOnceTask) else CELERY
         if getattr(task, "typing", True) is False:
-            self.signature = inspect.Signature()  # The task takes whatever it is sent.
+            # Declared with typing=False: Celery checks no arguments, and neither do we.
+            anything = inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)
+            self.signature = inspect.Signature([anything])
 
     def __repr__(self) -> str:
         return f"<celery task {self.name}>"

@@ -481,3 +481,15 @@ def test_relay__asks_a_backend_that_reports_results_and_marks_finished_tasks_don
     assert (job.status, job.engine_id, job.return_value) == ("succeeded", result.id, {"done": "r"})
     assert job.done_at is not None
     assert relayer.check_results() == 0
+
+
+def test_entries__a_celery_task_declared_without_typing_takes_any_keywords() -> None:
+    from celery import shared_task
+
+    @shared_task(typing=False, name="relay.untyped")
+    def untyped(a: int) -> None:
+        """Celery passes whatever it is sent."""
+
+    handle = every_minute(lambda at: [(untyped, {"b": 1, "c": [2]})], "relay.untyped-task")
+    [(entry, data)] = handle.entries(MINUTE)
+    assert (entry.name, data) == ("relay.untyped", {"b": 1, "c": [2]})

@@ -51,6 +51,8 @@ class SchedulerStatus:
     #: The latest round any scheduler node ran.
     last_round_at: datetime | None
     warnings: list[StatusWarning] = field(default_factory=list)
+    #: Live ``run_relay`` nodes.
+    relays: list[Node] = field(default_factory=list)
 
     @property
     def last_round_age(self) -> timedelta | None:
@@ -133,6 +135,7 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
         workers=workers,
         last_round_at=last_round_at,
         warnings=warnings,
+        relays=[n for n in nodes if n.role == "relay" and live(n)],
     )
 
 

@@ -493,3 +493,34 @@ def test_entries__a_celery_task_declared_without_typing_takes_any_keywords() -> 
     handle = every_minute(lambda at: [(untyped, {"b": 1, "c": [2]})], "relay.untyped-task")
     [(entry, data)] = handle.entries(MINUTE)
     assert (entry.name, data) == ("relay.untyped", {"b": 1, "c": [2]})
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_relay__a_round_wakes_a_listening_relay(broker: redis.Redis) -> None:
+    # Polling every ten minutes: only the round's NOTIFY can bring the row out within the wait.
+    relayer = Relay(listen=True, poll_interval=timedelta(minutes=10))
+
+    def serve() -> None:
+        try:
+            relayer.run()
+        finally:
+            connection.close()  # This thread's own connection.
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        for _ in range(600):
+            if relayer._listener is not None and relayer._listener.listening.is_set():
+                break
+            time.sleep(0.1)
+        time.sleep(1)  # The pass the listener's own wake-up started, with nothing to send.
+        job = celery_round("relay.wake")
+        for _ in range(600):
+            if messages(broker):
+                break
+            time.sleep(0.1)
+        assert [h["id"] for h in messages(broker)] == [celery_task_id(job.key)]
+    finally:
+        relayer.stop("test")
+        thread.join(30)

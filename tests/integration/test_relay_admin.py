@@ -143,3 +143,14 @@ def test_actions__cancel_an_unsent_outbox_row_and_retry_a_failed_one(staff: Clie
     failed.refresh_from_db()
     assert waiting.status == "cancelled"
     assert (failed.status, failed.done_at, failed.relayed_at) == ("outbox", None, None)
+
+
+def test_status__counts_live_relays(staff: Client) -> None:
+    from ultimat3_jobs import nodes
+
+    DatabaseState(node_id="n", leader="sole").sync([])
+    nodes.heartbeat(using="default", node_id="relay-1", role="relay", started_at=NOW)
+    status = scheduler_status(clock.now())
+    assert [n.node_id for n in status.relays] == ["relay-1"]
+    text = page_text(staff.get("/admin/ultimat3_jobs/task/"))
+    assert "1 relay" in text

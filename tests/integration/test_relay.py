@@ -524,3 +524,19 @@ def test_relay__a_round_wakes_a_listening_relay(broker: redis.Redis) -> None:
     finally:
         relayer.stop("test")
         thread.join(30)
+
+
+@pytest.mark.django_db
+def test_run_relay__stats_prints_the_outbox_by_state(broker: redis.Redis) -> None:
+    import io
+
+    celery_round("relay.stats")
+    out = io.StringIO()
+    call_command("run_relay", "--stats", stdout=out)
+    assert json.loads(out.getvalue()) == {
+        "done": 0,
+        "failed": 0,
+        "outbox": 1,
+        "relayed": 0,
+        "stuck": 0,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import timedelta
 from typing import Any
@@ -46,6 +47,12 @@ class Command(BaseCommand):
             action="store_true",
             help="Poll only; do not LISTEN for new rows (e.g. behind a transaction pooler).",
         )
+        parser.add_argument(
+            "--stats",
+            action="store_true",
+            help="Print the outbox's rows by state as JSON (outbox, relayed, done, failed, "
+            "stuck) and exit, for monitoring.",
+        )
         parser.add_argument("--log-format", choices=("text", "json"), default="text")
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
@@ -57,6 +64,7 @@ class Command(BaseCommand):
         poll_interval: float | None,
         resend_after: float | None,
         no_listen: bool,
+        stats: bool,
         log_format: str,
         database: str,
         verbosity: int,
@@ -75,4 +83,7 @@ class Command(BaseCommand):
             )
         except UltimateError as error:
             raise command_error(error) from error
+        if stats:
+            self.stdout.write(json.dumps(relay.counts(), sort_keys=True))
+            return
         relay.run()

@@ -1,3 +1,5 @@
+import sys
+
 from django.apps import AppConfig
 
 
@@ -15,8 +17,6 @@ class Ultimat3JobsConfig(AppConfig):
         # Every installed app's tasks.py, as the admin discovers admin.py: a bad declaration
         # fails here, at startup, rather than at the first round.
         autodiscover_modules("tasks")
-        import sys
-
         if "celery" in sys.modules:
             # The project runs Celery (its app module is imported first, as Celery's Django
             # layout has it): mark plain Celery tasks' outbox rows done when they finish.

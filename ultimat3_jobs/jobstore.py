@@ -479,13 +479,15 @@ def relayed_done(
     return bool(rows.exclude(status__in=RELAY_DONE).update(**changes))
 
 
-def relayed_tasks(*, using: str, limit: int) -> list[Job]:
-    """Relayed Django Task rows whose backend may have finished them, least recently asked
-    first; locked (``SKIP LOCKED``) until the caller's transaction ends."""
-    rows = Job.objects.using(using).filter(relay="tasks", status=JobStatus.RELAYED)
+def relayed_tasks(*, using: str, backends: Sequence[str], after: int, limit: int) -> list[Job]:
+    """Relayed Django Task rows of ``backends`` with an id above ``after``, in id order;
+    locked (``SKIP LOCKED``) until the caller's transaction ends."""
+    rows = Job.objects.using(using).filter(
+        relay="tasks", status=JobStatus.RELAYED, backend__in=list(backends), pk__gt=after
+    )
     if connections[using].features.has_select_for_update_skip_locked:
         rows = rows.select_for_update(skip_locked=True)
-    return list(rows.order_by("relayed_at", "pk")[:limit])
+    return list(rows.order_by("pk")[:limit])
 
 
 def relay_counts(*, using: str, stuck_before: datetime) -> dict[str, int]:

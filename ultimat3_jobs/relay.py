@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import (
     DEFAULT_DB_ALIAS,
     DatabaseError,
@@ -103,8 +104,14 @@ def resolve_celery_task(name: str) -> Any:
 
 def send_celery(job: Job, using: str) -> Sent:
     """Publish ``job`` through its task's own app, routed where Celery routes that task."""
-    from .celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
-
+    try:
+        from .celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
+    except ImportError as error:
+        raise RelayTargetError(
+            f'job {job.pk} is the Celery task "{job.name}", and Celery is not installed here',
+            fix="install the celery extra (pip install ultimat3-jobs[celery]) where run_relay runs",
+            cause=error,
+        ) from error
     task = resolve_celery_task(job.name)
     task_id = celery_task_id(job.key)
     try:
@@ -223,6 +230,7 @@ class Relay:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._listener: Listener | None = None
+        self._results_after = 0
         self._started_at = self.clock()
 
     # -- one pass -------------------------------------------------------------------------------
@@ -276,13 +284,22 @@ class Relay:
         from .tasks_compat import TaskResultStatus, task_backends
 
         finished = 0
+        aliases = []
+        for alias in getattr(settings, "TASKS", None) or {}:
+            with contextlib.suppress(Exception):
+                if task_backends[alias].supports_get_result:
+                    aliases.append(alias)
+        if not aliases:
+            return 0
         with transaction.atomic(using=self.using):
-            for job in jobstore.relayed_tasks(using=self.using, limit=self.batch):
+            rows = jobstore.relayed_tasks(
+                using=self.using, backends=aliases, after=self._results_after, limit=self.batch
+            )
+            # Round the table in id order, so rows still running never hide the ones after.
+            self._results_after = rows[-1].pk if len(rows) == self.batch else 0
+            for job in rows:
                 try:
-                    backend = task_backends[job.backend]
-                    if not backend.supports_get_result:
-                        continue
-                    result = backend.get_result(job.engine_id)
+                    result = task_backends[job.backend].get_result(job.engine_id)
                 except Exception:
                     continue  # Unknown to it (yet): asked again next time.
                 if result.status not in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
@@ -356,6 +373,7 @@ class Relay:
                     self._heartbeat()
                     last_beat = time.monotonic()
                 wait = self.poll_interval
+                self._wake.clear()  # A NOTIFY during the pass below starts the next at once.
                 try:
                     handed = self.relay_once()
                     if self.failures:
@@ -390,6 +408,19 @@ class Relay:
                         **failure_fields(error),
                     )
                     close_old_connections()
+                except Exception as error:
+                    # A bug or an engine's surprise must not stop the relay: the batch rolled
+                    # back, its rows wait in the outbox, and the next pass tries again.
+                    self.failures += 1
+                    wait = loop_backoff(self.poll_interval, self.failures)
+                    emit(
+                        logger,
+                        "jobs.relay.loop-failed",
+                        logging.ERROR,
+                        failures=self.failures,
+                        retry_in=wait.total_seconds(),
+                        **failure_fields(error),
+                    )
                 if time.monotonic() - last_results >= self.results_interval.total_seconds():
                     with contextlib.suppress(DatabaseError, InterfaceError):
                         self.check_results()
@@ -398,7 +429,6 @@ class Relay:
                     self.log_stats()
                     last_stats = time.monotonic()
                 self._wake.wait(wait.total_seconds())
-                self._wake.clear()
         finally:
             self.status = "stopped"
             if self._listener is not None:

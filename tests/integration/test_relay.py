@@ -540,3 +540,30 @@ def test_run_relay__stats_prints_the_outbox_by_state(broker: redis.Redis) -> Non
         "relayed": 0,
         "stuck": 0,
     }
+
+
+@pytest.mark.django_db
+def test_relay__a_surprise_from_the_engine_is_logged_and_the_row_sent_on_the_next_pass(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from ultimat3_jobs.relay import Sent
+
+    job = celery_round("relay.surprise")
+    calls: list[int] = []
+
+    def flaky(row: Job, using: str) -> Sent:
+        calls.append(row.pk)
+        if len(calls) == 1:
+            raise RuntimeError("the engine surprised us")
+        return Sent("engine-1")
+
+    relayer = Relay(
+        listen=False, burst=True, poll_interval=timedelta(milliseconds=10), sender=flaky
+    )
+    assert relayer.run() == 0
+    assert calls == [job.pk, job.pk]
+    job.refresh_from_db()
+    assert (job.status, job.engine_id, job.attempts) == ("relayed", "engine-1", 1)
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.relay.loop-failed"]
+    assert len(failed) == 1
+    assert "surprised" in failed[0].fields["error"]

@@ -90,6 +90,26 @@ TASKS = {
         "BACKEND": "ultimat3_jobs.backends.JobsBackend",
         "QUEUES": ["default", "emails"],
     },
-    # Enqueues nothing anywhere: a backend a scheduler entry must refuse.
+    # Keeps what it is given in memory and runs nothing: relayed, never done.
     "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+    # Runs each task inside enqueue(): a second backend the relay hands occurrences to.
+    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    # Keeps results in memory and says so: a backend the relay asks whether a task finished.
+    "reporting": {"BACKEND": "testproject.demo.reporting.ReportingBackend"},
 }
+
+# Celery (testproject/celery.py reads the CELERY_ settings). The tests start Redis and point
+# CELERY_BROKER_URL at it. Late acks and rejection on a lost worker bring a killed worker's
+# message back; the short visibility timeout and restore interval bring it back in seconds.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT", default=60.0),
+    "unacked_restore_interval": env.float("CELERY_UNACKED_RESTORE_INTERVAL", default=5.0),
+    "unacked_restore_throttle": 1,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

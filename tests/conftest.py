@@ -9,6 +9,8 @@ from django.db import connection
 
 from ultimat3_jobs.registry import Registry, registry
 
+from .redis_server import RedisServer
+
 
 @pytest.fixture(autouse=True)
 def _require_postgres(request: pytest.FixtureRequest) -> None:
@@ -28,3 +30,14 @@ def fresh_registry() -> Iterator[Registry]:
         yield registry
     finally:
         registry.restore(saved)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A throwaway Redis for the Celery tests, started on first use, removed at the end."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()

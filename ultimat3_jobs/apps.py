@@ -1,3 +1,5 @@
+import sys
+
 from django.apps import AppConfig
 
 
@@ -10,8 +12,12 @@ class Ultimat3JobsConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import checks, relay_checks  # noqa: F401  (registers the system checks)
 
         # Every installed app's tasks.py, as the admin discovers admin.py: a bad declaration
         # fails here, at startup, rather than at the first round.
         autodiscover_modules("tasks")
+        if "celery" in sys.modules:
+            # The project runs Celery (its app module is imported first, as Celery's Django
+            # layout has it): mark plain Celery tasks' outbox rows done when they finish.
+            from . import celery  # noqa: F401

@@ -50,6 +50,9 @@ STATUSES = {
     "succeeded": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,
     "cancelled": TaskResultStatus.FAILED,
+    # Rows for another engine: waiting for the relay, then handed over (its result is there).
+    "outbox": TaskResultStatus.READY,
+    "relayed": TaskResultStatus.READY,
 }
 #: The largest id a bigint primary key holds; a larger "id" is malformed, not a query.
 MAX_ID = 2**63 - 1
@@ -205,7 +208,8 @@ def announce_round(rows: list[dict[str, Any]], enqueued: dict[str, tuple[int, bo
 
     for row in rows:
         pk, created = enqueued.get(row["key"], (None, False))
-        if not row.get("backend") or not created:
+        # A relayed row is announced by the backend it is relayed to, when the relay enqueues it.
+        if not row.get("backend") or row.get("relay") or not created:
             continue
         try:
             backend = task_backends[row["backend"]]

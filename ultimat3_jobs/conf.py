@@ -51,6 +51,11 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_DRAIN_GRACE": 30.0,
     # Days finished jobs and occurrence records are kept.
     "RETENTION_DAYS": 14,
+    # Relay: a Celery ExactlyOnceTask handed over this many seconds ago and not done is sent
+    # again (its stable task id and row lock make the copy harmless).
+    "RELAY_RESEND_AFTER": 300.0,
+    # Relay: the admin warns about relayed jobs not done after this many seconds.
+    "RELAY_STUCK_AFTER": 900.0,
 }
 
 LEADERS = ("advisory", "lease", "sole")
@@ -76,6 +81,8 @@ class Settings:
     worker_stale_after: timedelta
     worker_drain_grace: timedelta
     retention_days: int
+    relay_resend_after: timedelta
+    relay_stuck_after: timedelta
     unknown: tuple[str, ...]
 
 
@@ -162,6 +169,8 @@ def get_settings() -> Settings:
         worker_stale_after=_seconds(raw, "WORKER_STALE_AFTER"),
         worker_drain_grace=_seconds(raw, "WORKER_DRAIN_GRACE"),
         retention_days=_positive_int(raw, "RETENTION_DAYS"),
+        relay_resend_after=_seconds(raw, "RELAY_RESEND_AFTER"),
+        relay_stuck_after=_seconds(raw, "RELAY_STUCK_AFTER"),
         unknown=tuple(sorted(set(user) - set(DEFAULTS))),
     )
 

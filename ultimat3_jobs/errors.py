@@ -173,3 +173,21 @@ class TaskBackendError(UltimateError):
     """A scheduler entry names a Django Task whose backend cannot take it in the round."""
 
     code = "jobs.task.backend-unsupported"
+
+
+class RelayTargetError(UltimateError):
+    """An outbox row names a Celery task or Django Task this relay cannot find."""
+
+    code = "jobs.relay.target-unknown"
+
+
+class BrokerUnavailableError(UltimateError):
+    """The engine an outbox row goes to (a Celery broker, a Tasks backend) refused it for now."""
+
+    code = "jobs.relay.broker-unavailable"
+
+
+class CeleryBeatReadError(UltimateError):
+    """The django-celery-beat tables could not be read."""
+
+    code = "jobs.celery-beat.unreadable"

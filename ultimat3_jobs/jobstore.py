@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import (
+    Count,
     DateTimeField,
     DurationField,
     ExpressionWrapper,
@@ -32,7 +33,7 @@ from django.db.models.functions import Concat, Now
 from . import clock, sql
 from .conf import get_settings
 from .db import json_rows
-from .listener import NOTIFY_CHANNEL, notify
+from .listener import NOTIFY_CHANNEL, RELAY_PAYLOAD, notify
 from .models import Job, JobStatus, Node
 
 if TYPE_CHECKING:
@@ -96,6 +97,9 @@ def job_fields(
         "enqueued_by": enqueued_by,
         "priority": handle.priority,
         "backend": handle.backend,
+        # A relayed entry is an outbox row: the relay sends it, our worker never claims it.
+        "status": JobStatus.OUTBOX if handle.relay else JobStatus.QUEUED,
+        "relay": handle.relay,
     }
 
 
@@ -137,7 +141,7 @@ def enqueue(
     try:
         with transaction.atomic(using=using):
             job.save(force_insert=True, using=using)
-            notify([job.queue], using=using)
+            notify([wake_payload(job.queue, job.relay)], using=using)
     except IntegrityError:
         existing = Job.objects.using(using).filter(key=key).values_list("pk", flat=True).first()
         if existing is None:
@@ -234,7 +238,7 @@ def insert_round(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> E
             if existing:
                 cursor.execute(sql.EXISTING_JOBS, [existing])
                 enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
-    notify([row["queue"] for row in rows], using=using)
+    notify([wake_payload(row["queue"], row.get("relay", "")) for row in rows], using=using)
     return enqueued
 
 
@@ -263,6 +267,11 @@ def busy_occurrences(tasks: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> dic
         .order_by()
     )
     return {row["task"]: row["earliest"] for row in rows}
+
+
+def wake_payload(queue: str, relay: str) -> str:
+    """Whom a new row's NOTIFY wakes: the workers of its queue, or the relays."""
+    return RELAY_PAYLOAD if relay else queue
 
 
 def ids_of(keys: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:
@@ -435,6 +444,141 @@ def give_back(*, using: str, job_ids: Sequence[int], worker: str, now: datetime)
     _requeue_or_fail(ours, now=now, note=note, exhausted="; no attempts left")
 
 
+# -- the relay's outbox (``relay.py``, ``celery.py``) --------------------------------------------
+
+#: Finished for good: an outbox row in one of these is never sent again.
+RELAY_DONE = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def claim_outbox(
+    *,
+    using: str,
+    limit: int,
+    now: datetime,
+    resend: Sequence[str],
+    resend_before: datetime,
+) -> list[Job]:
+    """Lock up to ``limit`` rows to send, oldest first: outbox rows due by ``now``, and rows of
+    the ``resend`` relays handed over before ``resend_before`` and not done since.
+
+    Call it inside the transaction that records them sent; the locks end with it.
+    """
+    if limit < 1:
+        return []
+    if connections[using].vendor == "postgresql":
+        params = {
+            "now": now,
+            "limit": limit,
+            "resend": list(resend),
+            "resend_before": resend_before,
+        }
+        return list(Job.objects.using(using).raw(sql.CLAIM_OUTBOX, params))
+    # Elsewhere one relay at a time: SQLite's write lock serialises whole transactions.
+    due = Q(status=JobStatus.OUTBOX, run_at__lte=now) | Q(
+        status=JobStatus.RELAYED, relay__in=list(resend), relayed_at__lt=resend_before
+    )
+    return list(
+        Job.objects.using(using).select_for_update().filter(due).order_by("run_at", "pk")[:limit]
+    )
+
+
+def record_relayed(*, using: str, job_id: int, engine_id: str, now: datetime) -> bool:
+    """The row was handed to its engine: keep the engine's id and when; count the send.
+
+    A row the engine already reported done (it can run before we record) keeps its status.
+    """
+    rows = Job.objects.using(using).filter(pk=job_id)
+    changed = rows.filter(status=JobStatus.OUTBOX).update(
+        status=JobStatus.RELAYED,
+        relayed_at=now,
+        engine_id=engine_id,
+        attempts=F("attempts") + 1,
+        last_error="",
+    )
+    if not changed:
+        changed = rows.update(relayed_at=now, engine_id=engine_id, attempts=F("attempts") + 1)
+    return bool(changed)
+
+
+def relay_refused(*, using: str, job_id: int, now: datetime, error: str) -> bool:
+    """The row cannot be sent (its task is not known here): failed, with the reason."""
+    return bool(
+        Job.objects.using(using)
+        .filter(pk=job_id, status__in=[JobStatus.OUTBOX, JobStatus.RELAYED])
+        .update(status=JobStatus.FAILED, finished_at=now, last_error=error)
+    )
+
+
+def lock_relayed(*, using: str, job_id: int) -> Job | None:
+    """The outbox row, locked until the caller's transaction ends (``SELECT ... FOR UPDATE``).
+
+    Two copies of one message wait for each other here, so only one runs the body.
+    """
+    return Job.objects.using(using).select_for_update().filter(pk=job_id).first()
+
+
+def relayed_done(
+    *,
+    using: str,
+    job_id: int,
+    now: datetime,
+    ok: bool = True,
+    return_value: Any = None,
+    error: str = "",
+    engine_id: str = "",
+) -> bool:
+    """The engine reported the row done: succeeded (or failed) at ``now``, unless it already was."""
+    changes: dict[str, Any] = {
+        "status": JobStatus.SUCCEEDED if ok else JobStatus.FAILED,
+        "done_at": now,
+        "finished_at": now,
+        "return_value": return_value,
+        "last_error": error,
+    }
+    if engine_id:
+        changes["engine_id"] = engine_id
+    rows = Job.objects.using(using).filter(pk=job_id, relay__gt="")
+    return bool(rows.exclude(status__in=RELAY_DONE).update(**changes))
+
+
+def relayed_tasks(*, using: str, backends: Sequence[str], after: int, limit: int) -> list[Job]:
+    """Relayed Django Task rows of ``backends`` with an id above ``after``, in id order;
+    locked (``SKIP LOCKED``) until the caller's transaction ends."""
+    rows = Job.objects.using(using).filter(
+        relay="tasks", status=JobStatus.RELAYED, backend__in=list(backends), pk__gt=after
+    )
+    if connections[using].features.has_select_for_update_skip_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    return list(rows.order_by("pk")[:limit])
+
+
+def relay_counts(*, using: str, stuck_before: datetime) -> dict[str, int]:
+    """Outbox rows by state: waiting, relayed, done, failed, and relayed ones not done since
+    ``stuck_before`` (stuck)."""
+    rows = Job.objects.using(using).exclude(relay="")
+    grouped = rows.order_by().values("status").annotate(n=Count("pk"))
+    by_status = {row["status"]: row["n"] for row in grouped}
+    return {
+        "outbox": by_status.get(JobStatus.OUTBOX, 0),
+        "relayed": by_status.get(JobStatus.RELAYED, 0),
+        "done": by_status.get(JobStatus.SUCCEEDED, 0),
+        "failed": by_status.get(JobStatus.FAILED, 0),
+        "stuck": stuck_relayed(using=using, before=stuck_before),
+    }
+
+
+def stuck_relayed(*, using: str, before: datetime) -> int:
+    """Relayed Celery rows handed over before ``before`` and not reported done since.
+
+    Only Celery reports done; another Tasks backend's row is done when its ``enqueue()`` ran it.
+    """
+    return (
+        Job.objects.using(using)
+        .filter(status=JobStatus.RELAYED, relay__startswith="celery", relayed_at__lt=before)
+        .count()
+    )
+
+
 # -- what staff do from the admin -----------------------------------------------------------------
 
 
@@ -446,22 +590,26 @@ def retry_failed(jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
     the next attempt writes its own, so the reason is still in view.
     """
     failed = jobs.filter(status=JobStatus.FAILED)
-    queues = list(failed.values_list("queue", flat=True).distinct())
-    count = failed.update(
-        status=JobStatus.QUEUED,
-        attempts=0,
-        run_at=now or clock.now(),
-        started_at=None,
-        finished_at=None,
-        worker="",
+    queues = list(failed.values_list("queue", "relay").distinct())
+    changes: dict[str, Any] = {
+        "attempts": 0,
+        "run_at": now or clock.now(),
+        "started_at": None,
+        "finished_at": None,
+        "worker": "",
+    }
+    count = failed.filter(relay="").update(status=JobStatus.QUEUED, **changes)
+    # A relayed job goes back to the outbox, to be sent to its engine again.
+    count += failed.exclude(relay="").update(
+        status=JobStatus.OUTBOX, relayed_at=None, done_at=None, **changes
     )
-    notify(queues, using=jobs.db)
+    notify([wake_payload(queue, relay) for queue, relay in queues], using=jobs.db)
     return count
 
 
 def cancel_queued(jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
-    """Queued -> cancelled; how many moved. A job a worker already claimed is left alone."""
-    return jobs.filter(status=JobStatus.QUEUED).update(
+    """Queued (or unsent outbox) -> cancelled; how many moved. A claimed job is left alone."""
+    return jobs.filter(status__in=[JobStatus.QUEUED, JobStatus.OUTBOX]).update(
         status=JobStatus.CANCELLED, finished_at=now or clock.now()
     )
 

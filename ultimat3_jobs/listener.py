@@ -23,6 +23,8 @@ logger = logging.getLogger("ultimat3_jobs.worker")
 
 #: The channel workers LISTEN on; the payload is the queue name.
 NOTIFY_CHANNEL = "ultimat3_jobs"
+#: The payload that wakes relays (an outbox row); no queue of ours is named so.
+RELAY_PAYLOAD = ":relay"
 
 
 def notify(queues: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> None:

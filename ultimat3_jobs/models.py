@@ -44,6 +44,10 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: An outbox row: a Celery task or another backend's Django Task, waiting for ``run_relay``.
+    OUTBOX = "outbox"
+    #: An outbox row handed to its engine, not yet reported done.
+    RELAYED = "relayed"
 
 
 class Job(models.Model):
@@ -84,6 +88,14 @@ class Job(models.Model):
     #: A failed Django Task's exception class path and traceback (``TaskError``).
     error_class = models.CharField(max_length=255, blank=True, default="", db_default="")
     traceback = models.TextField(blank=True, default="", db_default="")
+    # Relaying (``relay.py``): an outbox row is run by another engine, never by our worker.
+    #: "celery" or "tasks" (another Django Tasks backend); empty for a row our worker runs.
+    relay = models.CharField(max_length=16, blank=True, default="", db_default="")
+    #: When it was last handed to its engine, and the id the engine gave it.
+    relayed_at = models.DateTimeField(null=True, blank=True)
+    engine_id = models.CharField(max_length=255, blank=True, default="", db_default="")
+    #: When the engine reported it done (an ``ExactlyOnceTask`` in its own transaction).
+    done_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -96,6 +108,14 @@ class Job(models.Model):
                 "id",
                 condition=models.Q(status="queued"),
                 name="u3j_job_ready",
+            ),
+            # The relay's claim: outbox rows, oldest first, and relayed ones to resend.
+            models.Index(
+                "status",
+                "run_at",
+                "id",
+                condition=models.Q(status__in=["outbox", "relayed"]),
+                name="u3j_job_outbox",
             ),
         ]
 

@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 
 from .models import Node
 
-Role = Literal["scheduler", "worker"]
+Role = Literal["scheduler", "worker", "relay"]
 #: Where a scheduler or a worker is in its life: running, draining, stopped.
 RunStatus = Literal["idle", "running", "draining", "stopped"]
 

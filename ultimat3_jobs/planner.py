@@ -147,8 +147,9 @@ def plan_task(
             # Entries, input checks, keys: all of it is this task's, so all of it fails here.
             entries = handle.entries(occurrence)
             for job, _ in entries:
-                # A Django Task on another backend would be enqueued outside the round:
-                # refused, and the occurrence held, until the settings are fixed.
+                # A Django Task whose backend cannot take the row (an alias not in TASKS, a
+                # JobsBackend on another database) holds the occurrence until it is fixed;
+                # one on another engine's backend is an outbox row, relayed after commit.
                 job.check_backend(plan.database)
             planned = plan_jobs(name, occurrence, entries)
         except Exception as error:

@@ -56,7 +56,7 @@ CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
 Overlap = Literal["allow", "skip"]
 OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "skip")
 JobKey = str | Callable[[dict[str, Any]], str] | None
-#: ``(job, input)``: a @job handle, or a Django Task (the framework's ``@task``).
+#: ``(job, input)``: a @job handle, a Django Task (the framework's ``@task``) or a Celery task.
 Entry = tuple[Any, dict[str, Any]]
 
 # The limits of the tables (models.py), checked at declaration and enqueue so the database never
@@ -345,6 +345,8 @@ class JobHandle:
     priority: int = 0
     #: The ``TASKS`` alias a Django Task runs on; empty for a @job.
     backend: str = ""
+    #: The engine an outbox row goes to (``outbox.py``); empty for a row our worker runs.
+    relay: str = ""
 
     def __init__(
         self,
@@ -639,6 +641,11 @@ class TaskHandle:
                     cause=item,
                 )
             handle, data = item
+            if not isinstance(handle, JobHandle):
+                # A Celery task, or a Django Task on another backend: an outbox row.
+                from .outbox import entry_handle
+
+                handle = entry_handle(handle) or handle
             if not isinstance(handle, JobHandle) and _is_django_task(handle):
                 handle = django_task_handle(handle)
             if not isinstance(handle, JobHandle):

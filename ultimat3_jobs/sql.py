@@ -21,14 +21,14 @@ SELECT name, last_fired_at FROM {_TASK} WHERE name = ANY(%s) FOR UPDATE
 INSERT_JOBS = f"""
 INSERT INTO {_JOB} (name, key, input, status, queue, attempts, max_attempts, run_at,
                     created_at, last_error, task, occurrence, catch_up, enqueued_by, worker,
-                    priority, backend)
-SELECT r.name, r.key, r.input, 'queued', r.queue, 0, r.max_attempts, r.run_at,
+                    priority, backend, relay)
+SELECT r.name, r.key, r.input, COALESCE(r.status, 'queued'), r.queue, 0, r.max_attempts, r.run_at,
        r.created_at, '', r.task, r.occurrence, r.catch_up, r.enqueued_by, '',
-       r.priority, r.backend
+       r.priority, r.backend, COALESCE(r.relay, '')
 FROM jsonb_to_recordset(%s::jsonb) AS r(
-    name text, key text, input jsonb, queue text, max_attempts integer, run_at timestamptz,
-    created_at timestamptz, task text, occurrence timestamptz, catch_up boolean,
-    enqueued_by text, priority integer, backend text)
+    name text, key text, input jsonb, status text, queue text, max_attempts integer,
+    run_at timestamptz, created_at timestamptz, task text, occurrence timestamptz,
+    catch_up boolean, enqueued_by text, priority integer, backend text, relay text)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, id
 """
@@ -100,3 +100,15 @@ RETURNING job.*
 CLAIM_ANY_QUEUE = _CLAIM.format(table=_JOB, queue_filter="")
 #: Claim due jobs of the queues in ``%(queues)s``.
 CLAIM_QUEUES = _CLAIM.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)")
+
+# The relay's claim (``relay.py``): outbox rows oldest first, and relayed rows of
+# %(resend)s relays not done since %(resend_before)s, locked for the relay's transaction.
+# SKIP LOCKED lets relays run side by side, and skips a row an ExactlyOnceTask holds.
+CLAIM_OUTBOX = f"""
+SELECT * FROM {_JOB}
+WHERE (status = 'outbox' AND run_at <= %(now)s)
+   OR (status = 'relayed' AND relay = ANY(%(resend)s) AND relayed_at < %(resend_before)s)
+ORDER BY run_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""

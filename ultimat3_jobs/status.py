@@ -19,6 +19,10 @@ STALE_FIX = (
     "check that a `manage.py run_scheduler` process is running and can reach the database; "
     "its log says why rounds stopped"
 )
+RELAY_FIX = (
+    "check that `manage.py run_relay` and the Celery workers run and reach the broker; the "
+    "jobs list, filtered on status relayed, shows them with their engine ids"
+)
 SKEW_FIX = (
     "run NTP (chrony, systemd-timesyncd) on that host and on the database host; occurrences "
     "are computed from the leader's clock"
@@ -47,6 +51,8 @@ class SchedulerStatus:
     #: The latest round any scheduler node ran.
     last_round_at: datetime | None
     warnings: list[StatusWarning] = field(default_factory=list)
+    #: Live ``run_relay`` nodes.
+    relays: list[Node] = field(default_factory=list)
 
     @property
     def last_round_age(self) -> timedelta | None:
@@ -119,6 +125,9 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
                 "see the scheduler's log for the event and its fix",
             )
         )
+    stuck = relay_warning(now, using)
+    if stuck is not None:
+        warnings.append(stuck)
     return SchedulerStatus(
         now=now,
         leader=leader,
@@ -126,4 +135,19 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
         workers=workers,
         last_round_at=last_round_at,
         warnings=warnings,
+        relays=[n for n in nodes if n.role == "relay" and live(n)],
+    )
+
+
+def relay_warning(now: datetime, using: str = "default") -> StatusWarning | None:
+    """A warning when relayed jobs have not been reported done after ``RELAY_STUCK_AFTER``."""
+    from .jobstore import stuck_relayed
+
+    after = get_settings().relay_stuck_after
+    count = stuck_relayed(using=using, before=now - after)
+    if not count:
+        return None
+    plural = "job has" if count == 1 else "jobs have"
+    return StatusWarning(
+        f"{count} relayed {plural} not been done after {duration(after)}.", RELAY_FIX
     )

@@ -69,3 +69,7 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_GATE"):
     @task(cron="* * * * * *", tz="UTC", name="acceptance.exclusive", overlap="skip")
     def exclusive(occurrence: datetime) -> list[Entry]:
         return [(hold, {"occurrence": occurrence.isoformat()})]
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_RELAY"):
+    from testproject.acceptance import relayed  # noqa: F401  (its tasks register on import)

@@ -48,7 +48,25 @@ def attempt_of(context: TaskContext, label: str) -> dict[str, Any]:
 
 @task(backend="elsewhere")
 def elsewhere(label: str) -> None:
-    """On a backend that is not ``JobsBackend``: a schedule must refuse it."""
+    """On a backend that is not ``JobsBackend``: a schedule's rows for it are relayed."""
+
+
+@task(backend="immediate")
+def record_immediately(label: str) -> str:
+    """On a second backend that runs it inside ``enqueue()``: the relay hands it over."""
+    Ping.objects.create(label=label)
+    return label
+
+
+@task(backend="immediate")
+def break_transaction() -> None:
+    """Fails on the database inside ``enqueue()``, where the relay's transaction is open."""
+    Ping.objects.create(label=None)  # type: ignore[misc]
+
+
+@task(backend="reporting")
+def reported(label: str) -> None:
+    """On a backend that reports when its tasks finish; nothing runs it in the tests."""
 
 
 @task()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.core import checks
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.dispatch import Signal
@@ -27,7 +25,7 @@ from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.manual import run_now
-from ultimat3_jobs.models import Job, Task
+from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import RoundPlan, occurrence_key, plan_task
 from ultimat3_jobs.registry import TaskHandle, input_digest, resolve_zone
 from ultimat3_jobs.scheduler import Scheduler
@@ -240,7 +238,7 @@ def test_aenqueue__writes_the_same_row() -> None:
     assert background.add.get_result(result_id).return_value == 2
 
 
-def test_checks__a_schedule_entry_on_another_backend_is_warned_about(
+def test_checks__a_schedule_entry_on_another_backend_is_relayed_not_warned_about(
     fresh_registry: Any,
 ) -> None:
     from ultimat3_jobs import task
@@ -251,10 +249,9 @@ def test_checks__a_schedule_entry_on_another_backend_is_warned_about(
         return [(background.elsewhere, {"label": "x"}), (background.add, {"a": 1, "b": 2})]
 
     messages = check_task_backends()
-    [warning] = [m for m in messages if m.id == "ultimat3_jobs.W004"]
-    assert warning.level == checks.WARNING
-    assert "elsewhere" in warning.msg
-    assert "ultimat3_jobs.backends.JobsBackend" in str(warning.hint)
+    assert [m for m in messages if m.id == "ultimat3_jobs.W004"] == []
+    [(relayed, _), (ours, _)] = uses_elsewhere.entries()
+    assert (relayed.relay, ours.relay) == ("tasks", "")
 
 
 # -- scheduled: a @task whose entries are Django Tasks ----------------------------------------
@@ -336,7 +333,7 @@ ROUND_FIELDS = (
 )
 
 
-def test_plan__an_entry_on_another_backend_is_refused_and_its_occurrence_held() -> None:
+def test_plan__an_entry_on_another_backend_is_planned_as_an_outbox_row() -> None:
     handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "dt.elsewhere")
     plan = RoundPlan(now=MINUTE + timedelta(seconds=1), database="default")
     step = plan_task(
@@ -348,14 +345,11 @@ def test_plan__an_entry_on_another_backend_is_refused_and_its_occurrence_held() 
         next_after=lambda after: MINUTE if after < MINUTE else MINUTE + timedelta(minutes=1),
         plan=plan,
     )
-    assert plan.fired == []
-    assert step.failed is not None
-    occurrence, error = step.failed
-    assert occurrence == MINUTE
-    assert isinstance(error, TaskBackendError)
-    assert error.code == "jobs.task.backend-unsupported"
-    assert "JobsBackend" in error.fix
-    assert plan.watermarks["dt.elsewhere"] == (T0, MINUTE - timedelta(milliseconds=1))
+    assert step.failed is None
+    [occurrence] = plan.fired
+    [planned] = occurrence.jobs
+    assert (planned.job.relay, planned.job.backend) == ("tasks", "elsewhere")
+    assert plan.watermarks["dt.elsewhere"][1] >= MINUTE
 
 
 def test_plan__a_jobs_backend_on_another_database_is_refused() -> None:
@@ -366,22 +360,15 @@ def test_plan__a_jobs_backend_on_another_database_is_refused() -> None:
 
 
 @pytest.mark.django_db
-def test_round__an_entry_on_another_backend_enqueues_nothing_round_after_round(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "dt.refused")
-    with caplog.at_level(logging.ERROR, logger="ultimat3_jobs"):
-        scheduler, clock = fire_once(handle)
-        clock.advance(60)
-        scheduler.tick()
-    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-failed"]
-    fields = [getattr(r, "fields", {}) for r in failed]
-    assert [f["code"] for f in fields] == ["jobs.task.backend-unsupported"] * 2
-    assert "JobsBackend" in fields[0]["fix"]
-    assert not Job.objects.filter(task="dt.refused").exists()
-    # Held just before the occurrence that keeps failing, so it is tried again next round.
-    watermark = Task.objects.get(name="dt.refused").last_fired_at
-    assert watermark == MINUTE + timedelta(minutes=1) - timedelta(milliseconds=1)
+def test_round__an_entry_on_another_backend_is_one_outbox_row_our_worker_leaves() -> None:
+    handle = every_minute(lambda at: [(background.elsewhere, {"label": "x"})], "dt.outbox")
+    scheduler, _clock = fire_once(handle)
+    scheduler.tick()  # The same occurrence again writes nothing more.
+    [job] = Job.objects.filter(task="dt.outbox")
+    assert (job.status, job.relay, job.backend) == ("outbox", "tasks", "elsewhere")
+    burst()
+    job.refresh_from_db()
+    assert job.status == "outbox"
 
 
 def test_entries__a_django_task_takes_keyword_arguments_that_fit_it() -> None:

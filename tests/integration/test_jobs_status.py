@@ -81,6 +81,8 @@ def test_jobs_status__json_reports_leader_round_lateness_jobs_and_next_runs(
         "succeeded": 2,
         "failed": 1,
         "cancelled": 0,
+        "outbox": 0,
+        "relayed": 0,
     }
     assert report["jobs"]["by_queue"]["emails"]["queued"] == 1
     assert report["jobs"]["by_queue"]["default"]["succeeded"] == 2

@@ -12,8 +12,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .. import jobstore
+from .. import clock, jobstore
 from ..models import Job, Task
+from ..status import relay_warning
 from .display import fields_of, utc_column
 
 #: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
@@ -50,8 +51,8 @@ class JobAdmin(admin.ModelAdmin):
         "result_column",
     ]
     list_display_links = ["id", "name"]
-    list_filter = ["status", "task", "queue", "enqueued_by", "catch_up", "backend"]
-    search_fields = ["key", "name", "input", "last_error", "error_class"]
+    list_filter = ["status", "task", "queue", "relay", "enqueued_by", "catch_up", "backend"]
+    search_fields = ["key", "name", "input", "last_error", "error_class", "engine_id"]
     actions = ["retry_failed", "cancel_queued"]
     fieldsets = [
         (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
@@ -70,6 +71,14 @@ class JobAdmin(admin.ModelAdmin):
                 ]
             },
         ),
+        (
+            # Outbox rows only: run by Celery or another Tasks backend, handed over by run_relay.
+            "Relayed",
+            {
+                "fields": ["relay", "relayed_column", "engine_id", "done_column"],
+                "classes": ["u3j-relayed"],
+            },
+        ),
     ]
     readonly_fields = [*fields_of(fieldsets), *DJANGO_TASK_FIELDS]
 
@@ -78,10 +87,15 @@ class JobAdmin(admin.ModelAdmin):
     created_column = utc_column("created_at", "Created")
     started_column = utc_column("started_at", "Started")
     finished_column = utc_column("finished_at", "Finished")
+    relayed_column = utc_column("relayed_at", "Relayed at")
+    done_column = utc_column("done_at", "Done at")
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        stuck = relay_warning(clock.now(), self.model.objects.db)
+        if stuck is not None:
+            self.message_user(request, f"{stuck.message} Fix: {stuck.fix}", messages.WARNING)
         return super().changelist_view(
             request, extra_context={"title": "Jobs", **(extra_context or {})}
         )
@@ -92,7 +106,16 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="Status", ordering="status")
     def status_column(self, job: Job) -> SafeString:
-        return format_html('<span class="u3j-badge u3j-{}">{}</span>', job.status, job.status)
+        badge = format_html('<span class="u3j-badge u3j-{}">{}</span>', job.status, job.status)
+        if job.relay:
+            # Where it went, and the engine's id to look it up there (Flower, the backend).
+            return format_html(
+                '{} <span class="u3j-relay" title="engine id {}">via {}</span>',
+                badge,
+                job.engine_id or "-",
+                job.relay,
+            )
+        return badge
 
     @admin.display(description="Attempts", ordering="attempts")
     def attempts_column(self, job: Job) -> str:
@@ -109,11 +132,15 @@ class JobAdmin(admin.ModelAdmin):
         return format_html('<pre class="u3j-pre">{}</pre>', job.last_error)
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
-        fieldsets = super().get_fieldsets(request, obj)
-        if obj is None or not obj.backend:
+        fieldsets: list[Any] = list(super().get_fieldsets(request, obj))
+        if obj is None:
             return fieldsets
-        # A Django Task's row: what the framework's TaskResult reads, shown in full.
-        return [*fieldsets, ("Django Task", {"fields": DJANGO_TASK_FIELDS})]
+        if not obj.relay:
+            fieldsets = [f for f in fieldsets if f[0] != "Relayed"]
+        if obj.backend:
+            # A Django Task's row: what the framework's TaskResult reads, shown in full.
+            fieldsets.append(("Django Task", {"fields": DJANGO_TASK_FIELDS}))
+        return fieldsets
 
     @admin.display(description="Result")
     def result_column(self, job: Job) -> SafeString | str:

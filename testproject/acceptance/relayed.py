@@ -1,0 +1,38 @@
+"""Per-second tasks whose entries another engine runs: a Celery task, a second Tasks backend.
+
+Imported by ``tasks.py`` only when ULTIMAT3_ACCEPTANCE_RELAY is set, in the scheduler, the
+relays and the Celery worker alike.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from testproject.demo.background import record_immediately
+from testproject.demo.celery_tasks import write_row
+from ultimat3_jobs import Entry, task
+
+
+@task(
+    cron="* * * * * *",
+    tz="UTC",
+    name="acceptance.relay_every_second",
+    catch_up="run-all",
+    max_catch_up=1000,
+)
+def relay_every_second(occurrence: datetime) -> list[Entry]:
+    return [(write_row, {"occurrence": occurrence.isoformat()})]
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_IMMEDIATE"):
+
+    @task(
+        cron="* * * * * *",
+        tz="UTC",
+        name="acceptance.immediate_every_second",
+        catch_up="run-all",
+        max_catch_up=1000,
+    )
+    def immediate_every_second(occurrence: datetime) -> list[Entry]:
+        return [(record_immediately, {"label": f"immediate {occurrence.isoformat()}"})]

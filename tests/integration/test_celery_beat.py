@@ -1,0 +1,130 @@
+"""``manage.py celery_beat_tasks`` against django-celery-beat tables made with plain SQL."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from testproject.demo import celery_tasks
+from ultimat3_jobs.celery_beat import interval_cron
+from ultimat3_jobs.outbox import CeleryTaskHandle
+from ultimat3_jobs.registry import Registry
+
+pytestmark = pytest.mark.django_db
+
+#: The columns the command reads, as django-celery-beat 2.x creates them (others left out).
+SCHEMA = [
+    """CREATE TABLE django_celery_beat_crontabschedule (
+        id integer PRIMARY KEY, minute varchar(240), hour varchar(96),
+        day_of_week varchar(64), day_of_month varchar(124), month_of_year varchar(64),
+        timezone varchar(63))""",
+    """CREATE TABLE django_celery_beat_intervalschedule (
+        id integer PRIMARY KEY, every integer, period varchar(24))""",
+    """CREATE TABLE django_celery_beat_periodictask (
+        id integer PRIMARY KEY, name varchar(200) UNIQUE, task varchar(200), args text,
+        kwargs text, queue varchar(200), enabled boolean, one_off boolean,
+        crontab_id integer, interval_id integer, solar_id integer, clocked_id integer,
+        last_run_at timestamp, total_run_count integer, description text)""",
+]
+ROWS = [
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (1, '0', '3', '*', '*', '*', "
+    "'Europe/Paris')",
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (2, '30', '8', 'mon-fri', '*', '*', "
+    "'UTC')",
+    "INSERT INTO django_celery_beat_intervalschedule VALUES (1, 15, 'minutes')",
+    "INSERT INTO django_celery_beat_intervalschedule VALUES (2, 7, 'minutes')",
+    "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
+    "one_off, crontab_id) VALUES (1, 'Nightly report', 'demo.plain_row', '[]', "
+    '\'{"label": "nightly"}\', NULL, TRUE, FALSE, 1)',
+    "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
+    "one_off, interval_id) VALUES (2, 'quarter hour', 'demo.plain_row', '[]', "
+    "'{\"label\": \"q\"}', '', TRUE, FALSE, 1)",
+    "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
+    "one_off, interval_id) VALUES (3, 'every 7', 'demo.plain_row', '[]', '{}', '', TRUE, "
+    "FALSE, 2)",
+    "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
+    "one_off, crontab_id) VALUES (4, 'weekday digest', 'demo.write_row', '[1, 2]', '{}', "
+    "'reports', FALSE, FALSE, 2)",
+    "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
+    "one_off, solar_id) VALUES (5, 'sunrise', 'demo.plain_row', '[]', '{}', '', TRUE, FALSE, 9)",
+]
+
+
+@pytest.fixture
+def beat_tables() -> None:
+    with connection.cursor() as cursor:
+        for statement in SCHEMA + ROWS:
+            cursor.execute(statement)
+
+
+def converted(*args: str) -> str:
+    out = io.StringIO()
+    call_command("celery_beat_tasks", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_celery_beat_tasks__prints_declarations_that_run(
+    beat_tables: None, fresh_registry: Registry
+) -> None:
+    source = converted()
+    assert "# PeriodicTask 'Nightly report' (id 1): demo.plain_row, crontab 0 3 * * * " in source
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "converted.py", "exec"), namespace)
+
+    nightly = fresh_registry.get_task("beat.nightly_report")
+    assert nightly is not None
+    assert (nightly.cron, nightly.tz) == ("0 3 * * *", "Europe/Paris")
+    [(handle, data)] = nightly.entries(datetime(2026, 3, 9, 2, tzinfo=UTC))
+    assert isinstance(handle, CeleryTaskHandle)
+    assert handle.name == celery_tasks.plain_row.name == "demo.plain_row"
+    assert data == {"label": "nightly"}
+
+    quarter = fresh_registry.get_task("beat.quarter_hour")
+    assert quarter is not None and quarter.cron == "*/15 * * * *"
+    weekday = fresh_registry.get_task("beat.weekday_digest")
+    assert weekday is not None and (weekday.cron, weekday.tz) == ("30 8 * * mon-fri", "UTC")
+    # No cron for these: written out as comments, with the reason.
+    assert fresh_registry.get_task("beat.every_7") is None
+    assert fresh_registry.get_task("beat.sunrise") is None
+    assert "# NOTE: no cron fires every 7 minutes" in source
+    assert "# NOTE: a solar schedule has no cron equivalent" in source
+    assert "# NOTE: positional args [1, 2]" in source
+    assert "# NOTE: disabled in beat" in source
+    assert '# NOTE: queue "reports"' in source
+
+
+def test_celery_beat_tasks__skip_disabled_leaves_them_out(beat_tables: None) -> None:
+    source = converted("--skip-disabled")
+    assert "weekday digest" not in source
+    assert "Nightly report" in source
+
+
+def test_celery_beat_tasks__without_the_tables_says_which_database_to_name() -> None:
+    with pytest.raises(CommandError, match="no django_celery_beat_periodictask table") as raised:
+        converted()
+    assert "--database" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("every", "period", "cron"),
+    [
+        (1, "seconds", "* * * * * *"),
+        (10, "seconds", "*/10 * * * * *"),
+        (7, "seconds", None),
+        (5, "minutes", "*/5 * * * *"),
+        (6, "hours", "0 */6 * * *"),
+        (5, "hours", None),
+        (1, "days", "0 0 * * *"),
+        (2, "days", None),
+        (3, "microseconds", None),
+    ],
+)
+def test_interval_cron__only_intervals_that_divide_the_next_unit(
+    every: int, period: str, cron: str | None
+) -> None:
+    assert interval_cron(every, period) == cron

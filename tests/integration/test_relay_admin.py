@@ -1,0 +1,156 @@
+"""Relayed jobs in the admin: their columns, the stuck warning, Run now and the actions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from html import unescape
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import constants
+from django.test import Client
+from django.urls import reverse
+from django.utils.html import strip_tags
+
+from testproject.demo import celery_tasks
+from ultimat3_jobs import clock, jobstore
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.manual import run_now
+from ultimat3_jobs.models import Job
+from ultimat3_jobs.outbox import celery_task_handle
+from ultimat3_jobs.registry import Registry, task
+from ultimat3_jobs.relay import celery_task_id
+from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.status import scheduler_status
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
+JOBS_URL = "/admin/ultimat3_jobs/job/"
+
+
+@pytest.fixture(autouse=True)
+def frozen() -> Iterator[FrozenClock]:
+    frozen_clock = FrozenClock(NOW)
+    with clock.use(frozen_clock):
+        yield frozen_clock
+
+
+@pytest.fixture
+def staff() -> Client:
+    user = User.objects.create_user("ops", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="ultimat3_jobs",
+            codename__in=["view_task", "change_task", "run_task", "view_job", "change_job"],
+        )
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def outbox_row(label: str, *, relayed_ago: timedelta | None = None) -> Job:
+    """An outbox row of the plain Celery task, relayed ``relayed_ago`` before NOW if given."""
+    handle = celery_task_handle(celery_tasks.plain_row)
+    result = handle.enqueue({"label": label}, key=f"k:{label}")
+    job = Job.objects.get(pk=result.job_id)
+    if relayed_ago is not None:
+        jobstore.record_relayed(
+            using="default",
+            job_id=job.pk,
+            engine_id=celery_task_id(job.key),
+            now=NOW - relayed_ago,
+        )
+        job.refresh_from_db()
+    return job
+
+
+def page_text(response: Any) -> str:
+    return " ".join(unescape(strip_tags(response.content.decode())).split())
+
+
+def _messages(response: Any) -> list[tuple[int, str]]:
+    return [(m.level, str(m)) for m in response.context["messages"]]
+
+
+def test_job_page__a_relayed_job_shows_where_it_went_and_when(staff: Client) -> None:
+    job = outbox_row("seen", relayed_ago=timedelta(seconds=30))
+    jobstore.relayed_done(using="default", job_id=job.pk, now=NOW)
+    text = page_text(staff.get(reverse("admin:ultimat3_jobs_job_change", args=[job.pk])))
+    assert "Relayed at" in text and "Done at" in text
+    assert celery_task_id(job.key) in text
+    assert "celery" in text
+
+
+def test_job_page__a_job_our_worker_runs_has_no_relay_section(staff: Client) -> None:
+    from testproject.demo.tasks import ping
+
+    result = ping.enqueue({"label": "ours"})
+    response = staff.get(reverse("admin:ultimat3_jobs_job_change", args=[result.job_id]))
+    assert response.status_code == 200
+    assert "Relayed at" not in page_text(response)
+
+
+def test_jobs_list__warns_about_relayed_jobs_not_done_in_time(staff: Client) -> None:
+    outbox_row("young", relayed_ago=timedelta(seconds=30))
+    quiet = staff.get(JOBS_URL)
+    assert not [m for m in _messages(quiet) if m[0] == constants.WARNING]
+    outbox_row("old", relayed_ago=timedelta(hours=1))
+    response = staff.get(JOBS_URL)
+    [(_, text)] = [m for m in _messages(response) if m[0] == constants.WARNING]
+    assert "1 relayed job has not been done after 15 min" in text
+    assert "run_relay" in text
+    assert "via celery" in page_text(response)
+
+
+def test_status__counts_stuck_relayed_jobs_among_its_warnings() -> None:
+    outbox_row("a", relayed_ago=timedelta(hours=2))
+    outbox_row("b", relayed_ago=timedelta(hours=2))
+    DatabaseState(node_id="n", leader="sole").sync([])
+    messages = [w.message for w in scheduler_status(NOW).warnings]
+    assert "2 relayed jobs have not been done after 15 min." in messages
+
+
+def test_run_now__a_task_whose_entry_is_a_celery_task_writes_an_outbox_row(
+    fresh_registry: Registry,
+) -> None:
+    @task(cron="0 3 * * *", tz="UTC", name="relay.admin.nightly")
+    def nightly(occurrence: datetime) -> list[Any]:
+        return [(celery_tasks.plain_row, {"label": occurrence.date().isoformat()})]
+
+    run = run_now(nightly, user="ops")
+    [entry] = run.created
+    job = Job.objects.get(pk=entry.result.job_id)
+    assert (job.status, job.relay, job.enqueued_by, job.task) == (
+        "outbox",
+        "celery",
+        "admin:ops",
+        "relay.admin.nightly",
+    )
+    assert job.input == {"label": "2026-03-08"}
+
+
+def test_actions__cancel_an_unsent_outbox_row_and_retry_a_failed_one(staff: Client) -> None:
+    waiting = outbox_row("waiting")
+    failed = outbox_row("failed", relayed_ago=timedelta(seconds=5))
+    jobstore.relayed_done(using="default", job_id=failed.pk, now=NOW, ok=False, error="boom")
+    staff.post(JOBS_URL, {"action": "cancel_queued", "_selected_action": [waiting.pk]})
+    staff.post(JOBS_URL, {"action": "retry_failed", "_selected_action": [failed.pk]})
+    waiting.refresh_from_db()
+    failed.refresh_from_db()
+    assert waiting.status == "cancelled"
+    assert (failed.status, failed.done_at, failed.relayed_at) == ("outbox", None, None)
+
+
+def test_status__counts_live_relays(staff: Client) -> None:
+    from ultimat3_jobs import nodes
+
+    DatabaseState(node_id="n", leader="sole").sync([])
+    nodes.heartbeat(using="default", node_id="relay-1", role="relay", started_at=NOW)
+    status = scheduler_status(clock.now())
+    assert [n.node_id for n in status.relays] == ["relay-1"]
+    text = page_text(staff.get("/admin/ultimat3_jobs/task/"))
+    assert "1 relay" in text

@@ -1,0 +1,157 @@
+"""Celery's side of relaying: ``ExactlyOnceTask``, and the outbox rows of plain tasks marked done.
+
+``run_relay`` publishes an outbox row with headers naming the row. ``ExactlyOnceTask`` runs
+the task body in one database transaction with marking that row done, holding the row lock
+(``SELECT ... FOR UPDATE``) throughout, so::
+
+    @shared_task(base=ExactlyOnceTask)
+    def record_visit(day: str) -> None:
+        Visit.objects.create(day=day)  # once per occurrence, however often the message comes
+
+A copy delivered again (a broker's redelivery, a relay's resend) finds the row done and does
+nothing; two copies at once wait for each other on the lock; a worker killed mid-body rolls
+the body back and the redelivered message runs it again. What the body writes to the database
+is exactly once; anything else it does (an email, an HTTP call) is at least once: dedupe it on
+``self.job_key``. A plain Celery task's row is marked done by the signal handlers below once the
+task returns.
+
+This module is named after the library: ``from celery import Task`` is an absolute import of
+the real one, never of this file.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+from celery.signals import task_failure, task_success
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+from . import clock, jobstore
+from .logs import emit
+from .outbox import json_value
+from .retries import format_error
+
+logger = logging.getLogger("ultimat3_jobs.relay")
+
+#: The message headers ``run_relay`` sets: the row's id, its database, its key.
+JOB_HEADER = "ultimat3_job"
+DATABASE_HEADER = "ultimat3_database"
+KEY_HEADER = "ultimat3_key"
+#: Exceptions that end a run without ending the task: Celery sends it again or hands it on.
+NOT_FAILURES = (Retry, Ignore, Reject)
+
+
+def _header(request: Any, name: str) -> Any:
+    # Custom headers arrive as attributes of the request, and in its ``headers`` too.
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
+
+
+def outbox_row(request: Any) -> tuple[int, str] | None:
+    """The outbox row a message was relayed from, ``(job id, database)``; None otherwise."""
+    job_id = _header(request, JOB_HEADER)
+    if job_id is None:
+        return None
+    return int(job_id), str(_header(request, DATABASE_HEADER) or DEFAULT_DB_ALIAS)
+
+
+class ExactlyOnceTask(Task):
+    """A Celery task whose body and the marking of its outbox row done commit together.
+
+    Use it as ``@shared_task(base=ExactlyOnceTask)``. Called without a relayed message (a
+    direct call, an ``apply_async`` of your own) it runs as a plain task.
+    """
+
+    @property
+    def job_key(self) -> str | None:
+        """The job's key (``<task>:<occurrence_ms>:<entry>``), stable across every copy."""
+        value = _header(self.request, KEY_HEADER)
+        return None if value is None else str(value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        row = outbox_row(self.request)
+        if row is None:
+            return super().__call__(*args, **kwargs)
+        job_id, using = row
+        try:
+            with transaction.atomic(using=using):
+                job = jobstore.lock_relayed(using=using, job_id=job_id)
+                if job is None or job.status in jobstore.RELAY_DONE:
+                    emit(
+                        logger,
+                        "jobs.relay.duplicate",
+                        job_id=job_id,
+                        task=self.name,
+                        celery_id=self.request.id,
+                        status=None if job is None else job.status,
+                    )
+                    return None if job is None else job.return_value
+                value = super().__call__(*args, **kwargs)
+                jobstore.relayed_done(
+                    using=using,
+                    job_id=job_id,
+                    now=clock.now(),
+                    return_value=json_value(value),
+                    engine_id=str(self.request.id or ""),
+                )
+                return value
+        except NOT_FAILURES:
+            raise
+        except Exception as error:
+            # The body rolled back with the transaction; the failure is kept on its own.
+            jobstore.relayed_done(
+                using=using, job_id=job_id, now=clock.now(), ok=False, error=format_error(error)
+            )
+            raise
+
+
+def named(name: str) -> Any:
+    """The Celery task registered as ``name`` in the current app, for a schedule's entries.
+
+    Looked up when the entries are built, so the module declaring it need not be imported
+    first; ``KeyError`` names a task that is not registered (the round retries it).
+    """
+    from celery import current_app
+
+    return current_app.tasks[name]
+
+
+def _plain_task_row(sender: Any) -> tuple[int, str] | None:
+    if sender is None or isinstance(sender, ExactlyOnceTask):
+        return None  # Its row was marked in the body's own transaction.
+    return outbox_row(sender.request)
+
+
+@task_success.connect
+def _plain_task_succeeded(sender: Any = None, result: Any = None, **kwargs: Any) -> None:
+    row = _plain_task_row(sender)
+    if row is not None:
+        jobstore.relayed_done(
+            using=row[1], job_id=row[0], now=clock.now(), return_value=json_value(result)
+        )
+
+
+@task_failure.connect
+def _plain_task_failed(
+    sender: Any = None, exception: BaseException | None = None, **kwargs: Any
+) -> None:
+    row = _plain_task_row(sender)
+    if row is not None and exception is not None:
+        jobstore.relayed_done(
+            using=row[1], job_id=row[0], now=clock.now(), ok=False, error=format_error(exception)
+        )
+
+
+__all__ = [
+    "DATABASE_HEADER",
+    "JOB_HEADER",
+    "KEY_HEADER",
+    "ExactlyOnceTask",
+    "named",
+    "outbox_row",
+]

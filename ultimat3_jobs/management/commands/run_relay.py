@@ -1,0 +1,89 @@
+"""``manage.py run_relay``: parse the flags, build a Relay, run it until drained."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from ultimat3_jobs import logs
+from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.management.arguments import positive_int, positive_seconds
+from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.relay import DEFAULT_BATCH, Relay
+
+
+class Command(BaseCommand):
+    help = (
+        "Hand outbox rows (scheduled Celery tasks, Django Tasks on other backends) to the "
+        "engine that runs them. Several may run at once; SIGTERM finishes the row in hand."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--batch",
+            type=positive_int,
+            default=DEFAULT_BATCH,
+            help=f"Rows locked and sent per transaction (default {DEFAULT_BATCH}).",
+        )
+        parser.add_argument("--burst", action="store_true", help="Send what is due now, then exit.")
+        parser.add_argument(
+            "--poll-interval",
+            type=positive_seconds,
+            help="Seconds between polls for outbox rows (default: WORKER_POLL_INTERVAL).",
+        )
+        parser.add_argument(
+            "--resend-after",
+            type=positive_seconds,
+            help="Seconds after which an ExactlyOnceTask not done is sent again "
+            "(default: RELAY_RESEND_AFTER).",
+        )
+        parser.add_argument(
+            "--no-listen",
+            action="store_true",
+            help="Poll only; do not LISTEN for new rows (e.g. behind a transaction pooler).",
+        )
+        parser.add_argument(
+            "--stats",
+            action="store_true",
+            help="Print the outbox's rows by state as JSON (outbox, relayed, done, failed, "
+            "stuck) and exit, for monitoring.",
+        )
+        parser.add_argument("--log-format", choices=("text", "json"), default="text")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(
+        self,
+        *,
+        batch: int,
+        burst: bool,
+        poll_interval: float | None,
+        resend_after: float | None,
+        no_listen: bool,
+        stats: bool,
+        log_format: str,
+        database: str,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        logs.configure(log_format, logging.DEBUG if verbosity > 1 else logging.INFO)
+        require_migrated(database)
+        try:
+            relay = Relay(
+                using=database,
+                batch=batch,
+                burst=burst,
+                poll_interval=timedelta(seconds=poll_interval) if poll_interval else None,
+                resend_after=timedelta(seconds=resend_after) if resend_after else None,
+                listen=not no_listen,
+            )
+        except UltimateError as error:
+            raise command_error(error) from error
+        if stats:
+            self.stdout.write(json.dumps(relay.counts(), sort_keys=True))
+            return
+        relay.run()

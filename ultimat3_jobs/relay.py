@@ -1,0 +1,486 @@
+"""The relay role (``manage.py run_relay``): outbox rows handed to the engine that runs them.
+
+A round writes a Celery task or another backend's Django Task as an outbox row, in its own
+transaction (``outbox.py``). The relay locks a batch of them, oldest first (``SKIP LOCKED``,
+so several relays share the work), sends each, records the engine's id and the time, and
+commits. A Celery task goes through its own app's ``apply_async`` with a task id derived from
+the job key, so every send of one row carries the same id; a Django Task goes through its
+backend's ``enqueue()``. A relay killed between sending and recording sends again: delivery is
+at least once, and ``ExactlyOnceTask`` (``celery.py``) makes the effect exactly once.
+
+Rows of an ``ExactlyOnceTask`` handed over more than ``RELAY_RESEND_AFTER`` ago and still not
+done are sent again: a worker can lose a message between taking it and recording it unacked.
+A broker that is down is retried with backoff, logged (``jobs.relay.broker-down``) and counted.
+Wake-ups come from LISTEN/NOTIFY with polling as the fallback; the first SIGTERM finishes the
+row in hand, commits and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    close_old_connections,
+    transaction,
+)
+
+from . import clock as default_clock
+from . import jobstore, nodes, shutdown
+from .conf import get_settings
+from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
+from .listener import RELAY_PAYLOAD, Listener
+from .logs import emit, failure_fields
+from .models import Job
+from .nodes import RunStatus, new_node_id
+from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS, json_value
+from .retries import format_error, loop_backoff
+
+logger = logging.getLogger("ultimat3_jobs.relay")
+
+#: Celery task ids are uuid5 of the job key in this namespace: one row, one id, every send.
+TASK_ID_NAMESPACE = uuid.UUID("6f1c1f0e-8d0b-4b52-9a53-5f3b0f6c2a11")
+#: Rows locked and sent per transaction.
+DEFAULT_BATCH = 100
+
+
+def celery_task_id(key: str) -> str:
+    """The Celery task id of the job with ``key``: stable, so a resend is the same task."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, key))
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What the engine said when it took a row: its id, and an outcome if it ran it already."""
+
+    engine_id: str
+    done: bool = False
+    ok: bool = True
+    return_value: Any = None
+    error: str = ""
+
+
+@dataclass
+class RelayStats:
+    """Counters since ``run()`` started, logged with every ``jobs.relay.stats`` event."""
+
+    sent: int = 0
+    resent: int = 0
+    refused: int = 0
+    broker_errors: int = 0
+    by_relay: dict[str, int] = field(default_factory=dict)
+
+
+def resolve_celery_task(name: str) -> Any:
+    """The registered Celery task ``name`` of the current app, or ``RelayTargetError``."""
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    tasks = app.tasks  # Finalises the app: every @shared_task is bound to it now.
+    if name not in tasks:
+        app.loader.import_default_modules()  # The app's autodiscovered task modules.
+    try:
+        return tasks[name]
+    except KeyError:
+        raise RelayTargetError(
+            f'Celery task "{name}" is not registered in the relay\'s Celery app "{app.main}"',
+            fix="import the module that declares it in the relay process too (an installed "
+            "app's tasks.py is; check CELERY settings and that run_relay runs the same code)",
+            cause=name,
+        ) from None
+
+
+def send_celery(job: Job, using: str) -> Sent:
+    """Publish ``job`` through its task's own app, routed where Celery routes that task."""
+    try:
+        from .celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
+    except ImportError as error:
+        raise RelayTargetError(
+            f'job {job.pk} is the Celery task "{job.name}", and Celery is not installed here',
+            fix="install the celery extra (pip install ultimat3-jobs[celery]) where run_relay runs",
+            cause=error,
+        ) from error
+    task = resolve_celery_task(job.name)
+    task_id = celery_task_id(job.key)
+    try:
+        task.apply_async(
+            kwargs=dict(job.input or {}),
+            task_id=task_id,
+            headers={JOB_HEADER: job.pk, DATABASE_HEADER: using, KEY_HEADER: job.key},
+            # Our own backoff retries a broker that is down; Celery's would hold the batch.
+            retry=False,
+        )
+    except Exception as error:
+        raise BrokerUnavailableError(
+            f'the Celery broker refused task "{job.name}": {type(error).__name__}: {error}',
+            fix="check CELERY_BROKER_URL and that the broker runs; the relay keeps the row and "
+            "sends it once the broker is back",
+            cause=error,
+        ) from error
+    return Sent(task_id)
+
+
+def send_django_task(job: Job) -> Sent:
+    """Enqueue ``job`` through its Django Task's backend (the row's ``backend`` alias)."""
+    from .backends import load_task
+    from .tasks_compat import TaskResultStatus
+
+    try:
+        task = load_task(job.name)
+        if task.backend != job.backend:
+            task = task.using(backend=job.backend)
+    except Exception as error:
+        raise RelayTargetError(
+            f'Django Task "{job.name}" on backend "{job.backend}" cannot be loaded: {error}',
+            fix="deploy the code that declares it to the relay, and keep the alias in TASKS",
+            cause=error,
+        ) from error
+    try:
+        result = task.enqueue(*(job.args or []), **(job.input or {}))
+    except Exception as error:
+        raise BrokerUnavailableError(
+            f'backend "{job.backend}" refused Django Task "{job.name}": '
+            f"{type(error).__name__}: {error}",
+            fix=f'check TASKS["{job.backend}"] and the service behind it; the relay keeps the '
+            "row and sends it once the backend takes it",
+            cause=error,
+        ) from error
+    # A backend that runs the task inline (ImmediateBackend) is done with it already.
+    if result.status == TaskResultStatus.SUCCESSFUL:
+        return Sent(str(result.id), done=True, return_value=_result_value(result))
+    if result.status == TaskResultStatus.FAILED:
+        errors = getattr(result, "errors", None) or []
+        text = errors[-1].traceback if errors else "failed"
+        return Sent(str(result.id), done=True, ok=False, error=text)
+    return Sent(str(result.id))
+
+
+def _result_value(result: Any) -> Any:
+    try:
+        return json_value(result.return_value)
+    except Exception:
+        return None
+
+
+def send(job: Job, using: str) -> Sent:
+    """Hand one outbox row to its engine."""
+    if job.relay in (CELERY, CELERY_ONCE):
+        return send_celery(job, using)
+    if job.relay == TASKS:
+        return send_django_task(job)
+    raise RelayTargetError(
+        f'job {job.pk} names relay "{job.relay}", which this version does not know',
+        fix="run the relay of the version that wrote the row",
+        cause=job.relay,
+    )
+
+
+class Relay:
+    """Sends outbox rows until stopped; ``burst`` returns once nothing is left to send now.
+
+    Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        using: str = DEFAULT_DB_ALIAS,
+        batch: int = DEFAULT_BATCH,
+        burst: bool = False,
+        poll_interval: timedelta | None = None,
+        resend_after: timedelta | None = None,
+        stats_interval: timedelta = timedelta(seconds=60),
+        results_interval: timedelta = timedelta(seconds=5),
+        listen: bool = True,
+        node_id: str | None = None,
+        clock: Callable[[], datetime] | None = None,
+        sender: Callable[[Job, str], Sent] = send,
+    ) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, not {batch}")
+        config = get_settings()
+        self.using = using
+        self.batch = batch
+        self.burst = burst
+        self.poll_interval = poll_interval or config.worker_poll_interval
+        self.resend_after = resend_after or config.relay_resend_after
+        self.stuck_after = config.relay_stuck_after
+        self.heartbeat_interval = config.heartbeat_interval
+        self.stats_interval = stats_interval
+        self.results_interval = results_interval
+        self.listen = listen
+        self.node_id = node_id or new_node_id()
+        self.clock = clock or default_clock.now
+        self.sender = sender
+        self.stats = RelayStats()
+        self.status: RunStatus = "idle"
+        self.failures = 0
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._listener: Listener | None = None
+        self._results_after = 0
+        self._started_at = self.clock()
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def relay_once(self) -> int:
+        """Lock one batch, send it, record it, commit; how many rows were handed over.
+
+        A broker that refuses a row ends the batch: what was sent before it is committed, the
+        rest stays in the outbox, and ``BrokerUnavailableError`` tells the loop to back off.
+        """
+        now = self.clock()
+        down: BrokerUnavailableError | None = None
+        handed = 0
+        with transaction.atomic(using=self.using):
+            rows = jobstore.claim_outbox(
+                using=self.using,
+                limit=self.batch,
+                now=now,
+                resend=RESENDABLE,
+                resend_before=now - self.resend_after,
+            )
+            for job in rows:
+                if self._stopping.is_set():
+                    break  # Drain: what is recorded commits; the rest waits for the next relay.
+                try:
+                    # A backend that runs the task inside enqueue() writes in our transaction:
+                    # a savepoint keeps a task's database error from breaking the batch.
+                    inline = job.relay == TASKS
+                    with transaction.atomic(using=self.using) if inline else nullcontext():
+                        sent = self.sender(job, self.using)
+                except BrokerUnavailableError as error:
+                    down = error
+                    break
+                except UltimateError as error:
+                    self._refuse(job, error)
+                    continue
+                except DatabaseError as error:
+                    if not inline:
+                        raise
+                    # The task ran, inside enqueue(), and failed on the database: it is done.
+                    sent = Sent("", done=True, ok=False, error=format_error(error))
+                self._record(job, sent)
+                handed += 1
+        if down is not None:
+            raise down
+        return handed
+
+    def check_results(self) -> int:
+        """Ask the backends of relayed Django Tasks that can tell (``supports_get_result``)
+        whether they finished; mark those done. How many were."""
+        from .tasks_compat import TaskResultStatus, task_backends
+
+        finished = 0
+        aliases = []
+        for alias in getattr(settings, "TASKS", None) or {}:
+            with contextlib.suppress(Exception):
+                if task_backends[alias].supports_get_result:
+                    aliases.append(alias)
+        if not aliases:
+            return 0
+        with transaction.atomic(using=self.using):
+            rows = jobstore.relayed_tasks(
+                using=self.using, backends=aliases, after=self._results_after, limit=self.batch
+            )
+            # Round the table in id order, so rows still running never hide the ones after.
+            self._results_after = rows[-1].pk if len(rows) == self.batch else 0
+            for job in rows:
+                try:
+                    result = task_backends[job.backend].get_result(job.engine_id)
+                except Exception:
+                    continue  # Unknown to it (yet): asked again next time.
+                if result.status not in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+                    continue
+                ok = result.status == TaskResultStatus.SUCCESSFUL
+                errors = getattr(result, "errors", None) or []
+                jobstore.relayed_done(
+                    using=self.using,
+                    job_id=job.pk,
+                    now=self.clock(),
+                    ok=ok,
+                    return_value=_result_value(result) if ok else None,
+                    error="" if ok else (errors[-1].traceback if errors else "failed"),
+                )
+                finished += 1
+        return finished
+
+    def _record(self, job: Job, sent: Sent) -> None:
+        now = self.clock()
+        jobstore.record_relayed(using=self.using, job_id=job.pk, engine_id=sent.engine_id, now=now)
+        if sent.done:
+            jobstore.relayed_done(
+                using=self.using,
+                job_id=job.pk,
+                now=now,
+                ok=sent.ok,
+                return_value=sent.return_value,
+                error=sent.error,
+            )
+        again = job.status == "relayed"
+        self.stats.sent += 1
+        self.stats.resent += again
+        self.stats.by_relay[job.relay] = self.stats.by_relay.get(job.relay, 0) + 1
+        emit(
+            logger,
+            "jobs.relay.resent" if again else "jobs.relay.sent",
+            job_id=job.pk,
+            key=job.key,
+            name=job.name,
+            relay=job.relay,
+            engine_id=sent.engine_id,
+            done=sent.done,
+        )
+
+    def _refuse(self, job: Job, error: UltimateError) -> None:
+        text = f"{error.message}\nfix: {error.fix}"
+        jobstore.relay_refused(using=self.using, job_id=job.pk, now=self.clock(), error=text)
+        self.stats.refused += 1
+        emit(logger, "jobs.relay.refused", logging.ERROR, job_id=job.pk, **error.as_fields())
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0."""
+        unregister = shutdown.on_shutdown("relay", self.stop)
+        self.status = "running"
+        self._stopping.clear()
+        if self.listen:
+            self._listener = Listener(
+                using=self.using,
+                queues=frozenset({RELAY_PAYLOAD}),
+                wake=self._wake.set,
+                retry_after=self.poll_interval.total_seconds(),
+            )
+            self._listener.start()
+        emit(logger, "jobs.relay.started", node=self.node_id, batch=self.batch, burst=self.burst)
+        last_beat = last_stats = last_results = 0.0
+        try:
+            while not self._stopping.is_set():
+                if time.monotonic() - last_beat >= self.heartbeat_interval.total_seconds():
+                    self._heartbeat()
+                    last_beat = time.monotonic()
+                wait = self.poll_interval
+                self._wake.clear()  # A NOTIFY during the pass below starts the next at once.
+                try:
+                    handed = self.relay_once()
+                    if self.failures:
+                        emit(logger, "jobs.relay.recovered", failures=self.failures)
+                    self.failures = 0
+                    if handed >= self.batch:
+                        continue  # More may be waiting: no pause between full batches.
+                    if self.burst:
+                        break
+                except BrokerUnavailableError as error:
+                    self.failures += 1
+                    self.stats.broker_errors += 1
+                    wait = loop_backoff(self.poll_interval, self.failures)
+                    emit(
+                        logger,
+                        "jobs.relay.broker-down",
+                        logging.WARNING,
+                        failures=self.failures,
+                        retry_in=wait.total_seconds(),
+                        broker_errors=self.stats.broker_errors,
+                        **error.as_fields(),
+                    )
+                except (DatabaseError, InterfaceError) as error:
+                    self.failures += 1
+                    wait = loop_backoff(self.poll_interval, self.failures)
+                    emit(
+                        logger,
+                        "jobs.relay.database-error",
+                        logging.WARNING,
+                        failures=self.failures,
+                        retry_in=wait.total_seconds(),
+                        **failure_fields(error),
+                    )
+                    close_old_connections()
+                except Exception as error:
+                    # A bug or an engine's surprise must not stop the relay: the batch rolled
+                    # back, its rows wait in the outbox, and the next pass tries again.
+                    self.failures += 1
+                    wait = loop_backoff(self.poll_interval, self.failures)
+                    emit(
+                        logger,
+                        "jobs.relay.loop-failed",
+                        logging.ERROR,
+                        failures=self.failures,
+                        retry_in=wait.total_seconds(),
+                        **failure_fields(error),
+                    )
+                if time.monotonic() - last_results >= self.results_interval.total_seconds():
+                    with contextlib.suppress(DatabaseError, InterfaceError):
+                        self.check_results()
+                    last_results = time.monotonic()
+                if time.monotonic() - last_stats >= self.stats_interval.total_seconds():
+                    self.log_stats()
+                    last_stats = time.monotonic()
+                self._wake.wait(wait.total_seconds())
+        finally:
+            self.status = "stopped"
+            if self._listener is not None:
+                self._listener.stop()
+            self.log_stats()
+            with contextlib.suppress(DatabaseError, InterfaceError):
+                nodes.stopped(using=self.using, node_id=self.node_id)
+            unregister()
+            emit(logger, "jobs.relay.stopped", node=self.node_id, sent=self.stats.sent)
+        return 0
+
+    def stop(self, reason: str = "stop") -> None:
+        """Finish the row in hand, commit, and return from ``run()``."""
+        if not self._stopping.is_set():
+            self.status = "draining"
+            emit(logger, "jobs.relay.draining", reason=reason)
+        self._stopping.set()
+        self._wake.set()
+
+    def _heartbeat(self) -> None:
+        try:
+            nodes.heartbeat(
+                using=self.using,
+                node_id=self.node_id,
+                role="relay",
+                started_at=self._started_at,
+                last_error="" if not self.failures else f"{self.failures} failed passes",
+            )
+        except (DatabaseError, InterfaceError) as error:
+            emit(logger, "jobs.relay.heartbeat-failed", logging.WARNING, **failure_fields(error))
+
+    def counts(self) -> dict[str, int]:
+        """The outbox by state, ``stuck`` being relayed rows not done after RELAY_STUCK_AFTER."""
+        return jobstore.relay_counts(using=self.using, stuck_before=self.clock() - self.stuck_after)
+
+    def log_stats(self) -> None:
+        """``jobs.relay.stats``: this relay's counters and the outbox's rows by state."""
+        try:
+            counts = self.counts()
+        except (DatabaseError, InterfaceError) as error:
+            counts = {"error": 1}
+            emit(logger, "jobs.relay.stats-failed", logging.WARNING, error=format_error(error))
+        emit(
+            logger,
+            "jobs.relay.stats",
+            sent=self.stats.sent,
+            resent=self.stats.resent,
+            refused=self.stats.refused,
+            broker_errors=self.stats.broker_errors,
+            by_relay=self.stats.by_relay,
+            **{f"rows_{name}": value for name, value in counts.items()},
+        )
+
+
+__all__ = ["Relay", "RelayStats", "Sent", "celery_task_id", "send"]

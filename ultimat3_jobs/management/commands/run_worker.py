@@ -11,7 +11,12 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.management.arguments import positive_int, positive_seconds, queue_names
+from ultimat3_jobs.management.arguments import (
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    queue_names,
+)
 from ultimat3_jobs.management.preflight import command_error, require_migrated
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
@@ -28,6 +33,12 @@ class Command(BaseCommand):
             type=positive_int,
             default=1,
             help="Jobs run at once, each in a thread of its own (default 1).",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=non_negative_int,
+            help="Claimed jobs that may wait for a free thread, claimed only while the threads "
+            "keep up (default 100; 0 claims a thread's worth at a time).",
         )
         parser.add_argument(
             "--queues",
@@ -61,6 +72,7 @@ class Command(BaseCommand):
         self,
         *,
         concurrency: int,
+        prefetch: int | None,
         queues: list[str] | None,
         burst: bool,
         max_jobs: int | None,
@@ -78,6 +90,7 @@ class Command(BaseCommand):
             worker = Worker(
                 queues=queues,
                 concurrency=concurrency,
+                prefetch=prefetch,
                 burst=burst,
                 max_jobs=max_jobs,
                 poll_interval=timedelta(seconds=poll_interval) if poll_interval else None,

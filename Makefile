@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The benchmark's comparison (procrastinate) comes with the `bench` extra.
+$(VENV)/.bench-installed: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(VENV)/.bench-installed
+
 run: $(STAMP)
 	$(PY) manage.py migrate --no-input
 	$(PY) manage.py run_scheduler
@@ -38,7 +43,7 @@ test: lint
 soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(VENV)/.bench-installed
 	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:

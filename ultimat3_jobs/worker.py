@@ -69,6 +69,8 @@ FLUSH_AFTER = 0.005
 #: Outcomes that are written at once, whatever their age.
 FLUSH_BATCH = 200
 
+#: Seconds at most between attempts to get a lost LISTEN connection back.
+LISTEN_RETRY = 1.0
 #: Claimed jobs that may wait for a free thread, unless told otherwise.
 DEFAULT_PREFETCH = 100
 #: Jobs are claimed ahead only while the last ones ran shorter than this (milliseconds): a
@@ -452,7 +454,8 @@ class Worker:
                 using=self.using,
                 queues=self.queues,
                 wake=self._wake.set,
-                retry_after=self.poll_interval.total_seconds(),
+                # Reconnect soon even when polling is slow: NOTIFY is what keeps latency low.
+                retry_after=min(self.poll_interval.total_seconds(), LISTEN_RETRY),
             )
             self._listener.start()
         emit(

@@ -1,7 +1,7 @@
 """procrastinate's worker on the same no-op job, for ``bench.worker`` to compare with ours.
 
-``python -m bench.procrastinate_worker CONNINFO schema|defer N|work CONCURRENCY``: each step is
-a process of its own, as a deployment would run them. Needs the ``bench`` extra.
+``main([CONNINFO, "schema" | "defer", N | "work", CONCURRENCY])``: ``bench.worker`` runs each
+step in a process of its own, as a deployment would. Needs the ``bench`` extra.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "ultimat3-bench"
 PROCRASTINATE_DB = "ultimat3_bench_procrastinate"
 HISTORY_SCHEMA = "ultimat3_bench_history"
+RUN_PROCRASTINATE = "import sys; from bench.procrastinate_worker import main; main(sys.argv[1:])"
 
 INSERT = """
 INSERT INTO ultimat3_jobs_job (name, key, input, status, queue, attempts, max_attempts, run_at,
@@ -262,7 +263,8 @@ def measure_procrastinate(n: int, concurrency: int) -> float | None:
 
     def step(*argv: str) -> None:
         subprocess.run(
-            [sys.executable, "-m", "bench.procrastinate_worker", conninfo, *argv],
+            # Imported rather than run as __main__, where procrastinate warns about its app.
+            [sys.executable, "-c", RUN_PROCRASTINATE, conninfo, *argv],
             cwd=ROOT,
             check=True,
             stdout=subprocess.DEVNULL,

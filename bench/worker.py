@@ -7,6 +7,8 @@
 - procrastinate's worker (the ``bench`` extra), same no-op as a sync task, same concurrency,
   in a database of its own on the same server;
 - latency at low load: a job committed (NOTIFY with it) -> its function started, p50/p99;
+- latency from a per-second task's occurrence to its job (scheduler and worker processes, in
+  a throwaway cluster only, since they run the demo's tasks);
 - the claim's cost with 1,000,000 finished jobs in the table against an empty one, in a
   schema of its own (``--history 0`` skips it: building it takes a minute).
 
@@ -244,6 +246,64 @@ def measure_latency(samples: int, gap: float, concurrency: int) -> tuple[float, 
     return statistics.median(delays), cuts[98]
 
 
+def measure_occurrence_latency(seconds: float, concurrency: int) -> tuple[float, float, float]:
+    """Milliseconds from a per-second task's occurrence to its job's side effect (written just
+    after the job started): a scheduler (default tick) and a worker on the default queue.
+
+    Returns (tick in ms, p50, p99). Only in a throwaway cluster: it runs the demo's tasks.
+    """
+    from ultimat3_jobs.conf import get_settings
+
+    env = {**os.environ, "DEBUG": "false", "ULTIMAT3_DEMO_PER_SECOND": "1"}
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    popens = [
+        subprocess.Popen(
+            [*manage, *argv],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for argv in (["run_worker", "--concurrency", str(concurrency)], ["run_scheduler"])
+    ]
+    try:
+        pids = [popen.pid for popen in popens]
+
+        def both_up() -> bool:
+            with _connect() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM ultimat3_jobs_node WHERE stopped_at IS NULL "
+                    "AND pid = ANY(%s)",
+                    [pids],
+                ).fetchone()
+            return bool(row and row[0] == len(pids))
+
+        _wait_until(both_up, 60, "the scheduler and the worker to start")
+        # Occurrences from before both ran (a first round's catch-up) are left out.
+        since = datetime.now(UTC)
+        time.sleep(seconds)
+    finally:
+        for popen in popens:
+            popen.send_signal(signal.SIGTERM)
+        for popen in popens:
+            popen.wait(60)
+    with _connect() as conn:
+        rows = conn.execute(
+            "SELECT label, created_at FROM demo_ping WHERE label LIKE 'every-second %%' "
+            "ORDER BY created_at"
+        ).fetchall()
+        conn.execute("DELETE FROM demo_ping WHERE label LIKE 'every-second %%'")
+        conn.execute("DELETE FROM ultimat3_jobs_job WHERE task = 'demo.every_second'")
+    occurred = [
+        (datetime.fromisoformat(label.removeprefix("every-second ")), c) for label, c in rows
+    ]
+    delays = [(c - at).total_seconds() * 1000 for at, c in occurred if at > since]
+    if len(delays) < 5:
+        raise RuntimeError(f"only {len(delays)} per-second jobs ran in {seconds:g}s")
+    tick = get_settings().tick_interval.total_seconds() * 1000
+    return tick, statistics.median(delays), statistics.quantiles(delays, n=100)[98]
+
+
 # -- procrastinate --------------------------------------------------------------------------------
 
 
@@ -352,6 +412,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="threads per worker")
     parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument(
+        "--occurrence-seconds",
+        type=float,
+        default=20,
+        help="how long a scheduler and a worker run a per-second task (0: skip)",
+    )
+    parser.add_argument(
         "--history", type=int, default=1_000_000, help="finished jobs for the claim cost (0: skip)"
     )
     args = parser.parse_args(argv)
@@ -371,6 +437,12 @@ def main(argv: list[str] | None = None) -> None:
     theirs = measure_procrastinate(n, c)
     p50, p99 = measure_latency(args.latency_samples, 0.02, c)
     claim = measure_claim_cost(args.history) if args.history else None
+    # It runs the demo's tasks and a worker on every queue: a throwaway cluster only.
+    scheduled = (
+        measure_occurrence_latency(args.occurrence_seconds, c)
+        if os.environ.get("ULTIMAT3_TEST_PGDATA") and args.occurrence_seconds
+        else None
+    )
 
     print(f"\nWorker throughput (no-op jobs, {n} per run, --concurrency {c}; PostgreSQL)")
     header = f"{'':<52} | {'jobs/s':>8} | {'vs procrastinate':>16}"
@@ -394,6 +466,15 @@ def main(argv: list[str] | None = None) -> None:
         f"latency, job committed -> function started (LISTEN/NOTIFY, 1 process, "
         f"{args.latency_samples} jobs {20} ms apart): p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )
+    if scheduled is not None:
+        tick, s50, s99 = scheduled
+        print(
+            f"latency, per-second task's occurrence -> its job's side effect (scheduler tick "
+            f"{tick:.0f} ms, 1 worker): p50 {s50:.1f} ms, p99 {s99:.1f} ms "
+            f"(goal: p99 <= tick + 50 ms)"
+        )
+    else:
+        print("occurrence latency: skipped (only in a throwaway cluster: make bench)")
     if claim is not None:
         empty, full = claim
         print(

@@ -390,6 +390,19 @@ def release(*, using: str, jobs: Sequence[ClaimedJob], worker: str) -> int:
     return count
 
 
+def release_unheld(*, using: str, worker: str, held: Iterable[int]) -> int:
+    """Jobs running as ``worker``'s that it does not hold go back to the queue, attempt
+    uncounted; how many did.
+
+    After a claim failed with the connection, it may have committed all the same: its jobs
+    are ``worker``'s, yet no thread has them, and a live worker's jobs are never recovered.
+    """
+    ours = Job.objects.using(using).filter(status=JobStatus.RUNNING, worker=worker)
+    return ours.exclude(pk__in=list(held)).update(
+        status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
+    )
+
+
 def _requeue_or_fail(
     rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str
 ) -> tuple[int, int]:

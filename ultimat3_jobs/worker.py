@@ -170,6 +170,8 @@ class Worker:
         self._handed_at = 0.0
         self._pending_since = 0.0
         self._short = True
+        #: A claim failed: it may have committed with its answer lost (see release_unheld).
+        self._unsure = False
         self._drain_reason = ""
         self._listener: Listener | None = None
         self._release_hook: Callable[[], None] | None = None
@@ -490,6 +492,8 @@ class Worker:
                 if moment >= next_recovery:
                     self.recover()
                     next_recovery = moment + self.heartbeat_interval.total_seconds()
+                if self._unsure:
+                    self._release_unheld()
                 # Cleared before claiming, so a job ending during the claim still wakes us.
                 self._wake.clear()
                 with self._lock:
@@ -531,6 +535,7 @@ class Worker:
                     )
                 except DatabaseError as error:
                     self._keep_pending(ended, error)
+                    self._unsure = self._unsure or room > 0
                     raise
                 self._report_all(ended, written)
                 self._hand_over(jobs)
@@ -569,6 +574,14 @@ class Worker:
             if debug:
                 emit(logger, "jobs.worker.job-started", logging.DEBUG, job=job.id, name=job.name)
             self._inbox.put(job)
+
+    def _release_unheld(self) -> None:
+        with self._lock:
+            held = [*self._in_flight, *(e.job.id for e in self._pending)]
+        released = jobstore.release_unheld(using=self.using, worker=self.node_id, held=held)
+        self._unsure = False
+        if released:
+            emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
 
     def _keep_pending(self, ended: list[Ended], error: BaseException) -> None:
         """A write failed: its outcomes go back in front, for the next turn to write."""

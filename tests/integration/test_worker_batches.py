@@ -198,3 +198,17 @@ def test_run__a_burst_returns_with_every_outcome_written() -> None:
 def test_worker__refuses_a_negative_prefetch() -> None:
     with pytest.raises(ValueError, match="prefetch must be at least 0"):
         Worker(prefetch=-1, drain_on_shutdown=False)
+
+
+@pytest.mark.django_db
+def test_release_unheld__frees_jobs_a_lost_claim_answer_left_with_the_worker() -> None:
+    for _ in range(3):
+        make_job()
+    held, lost_one, lost_two = _claim("w1")  # As if the answer for the last two never came.
+    theirs = make_job(status=JobStatus.RUNNING, worker="w2", attempts=1)
+    released = jobstore.release_unheld(using="default", worker="w1", held=[held.id])
+    assert released == 2
+    rows = Job.objects.filter(pk__in=[lost_one.id, lost_two.id])
+    assert set(rows.values_list("status", "attempts", "worker")) == {(JobStatus.QUEUED, 0, "")}
+    assert Job.objects.get(pk=held.id).status == JobStatus.RUNNING
+    assert Job.objects.get(pk=theirs.pk).worker == "w2"

@@ -23,6 +23,11 @@ $(VENV)/.installed-run: pyproject.toml
 
 install: $(STAMP)
 
+# The benchmark's comparisons (procrastinate, django-tasks-db) come with the `bench` extra.
+$(VENV)/.bench-installed: $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(VENV)/.bench-installed
+
 # Migrates SQLite, creates admin/admin if there is no user, runs the web server and run_jobs.
 run: $(RUN_STAMP)
 	$(PY) manage.py run_demo
@@ -45,8 +50,7 @@ test: lint
 soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+bench: $(VENV)/.bench-installed
 	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:

@@ -285,6 +285,96 @@ def ids_of(keys: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> dict[str, int]
 # -- the worker's transitions ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker claimed: what running it needs, read in the claim itself.
+
+    A plain record rather than a model instance: a busy worker claims thousands a second.
+    """
+
+    id: int
+    name: str
+    key: str
+    input: dict[str, Any]
+    queue: str
+    #: This attempt's number, counted at claim time.
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    priority: int = 0
+    #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
+    backend: str = ""
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+
+def load(*, using: str, job_id: int) -> Job:
+    """The whole row of a claimed job, for what needs more than a ``ClaimedJob`` carries."""
+    return Job.objects.using(using).get(pk=job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """How one attempt ended, to be written by ``finish`` (or with the next claim).
+
+    ``status`` is succeeded or failed (``finished_at`` set), or queued for a retry at
+    ``run_at``. ``attempts`` names the attempt, so a stale finish never lands on a later one.
+    """
+
+    job_id: int
+    attempts: int
+    status: str
+    finished_at: datetime | None = None
+    run_at: datetime | None = None
+    error: str = ""
+
+
+def succeeded(job: ClaimedJob, *, now: datetime) -> Finish:
+    """Running -> succeeded."""
+    return Finish(job.id, job.attempts, JobStatus.SUCCEEDED, finished_at=now)
+
+
+def retrying(job: ClaimedJob, *, run_at: datetime, error: str) -> Finish:
+    """Running -> queued again at ``run_at``, keeping the error in view until the next try."""
+    return Finish(job.id, job.attempts, JobStatus.QUEUED, run_at=run_at, error=error)
+
+
+def failed(job: ClaimedJob, *, now: datetime, error: str) -> Finish:
+    """Running -> failed for good."""
+    return Finish(job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error)
+
+
+def _claim_params(
+    worker: str, limit: int, now: datetime, queues: frozenset[str] | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker}
+    if queues is not None:
+        params["queues"] = sorted(queues)
+    return params
+
+
+def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
+    return {
+        "worker": worker,
+        "ids": [f.job_id for f in finishes],
+        "attempts": [f.attempts for f in finishes],
+        "statuses": [str(f.status) for f in finishes],
+        "finished_at": [f.finished_at for f in finishes],
+        "run_at": [f.run_at for f in finishes],
+        "errors": [f.error for f in finishes],
+    }
+
+
+def _claimed(row: Sequence[Any]) -> ClaimedJob:
+    # Django loads jsonb as text for JSONField to decode; this bypasses the field.
+    data = row[3]
+    return ClaimedJob(
+        row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data, *row[4:]
+    )
+
+
 def claim(
     *,
     using: str,
@@ -292,20 +382,96 @@ def claim(
     limit: int,
     now: datetime,
     queues: frozenset[str] | None = None,
-) -> list[Job]:
-    """Mark up to ``limit`` due jobs running on ``worker``: highest priority, then oldest."""
-    if limit < 1:
-        return []
-    if connections[using].vendor == "postgresql":
-        params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker}
-        if queues is not None:
-            params["queues"] = sorted(queues)
-        statement = sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES
-        jobs = list(Job.objects.using(using).raw(statement, params))
-        return sorted(jobs, key=lambda job: (-job.priority, job.run_at, job.pk))
+) -> list[ClaimedJob]:
+    """Mark up to ``limit`` due jobs running on ``worker``, oldest ``run_at`` first."""
+    return finish_and_claim(
+        using=using, worker=worker, finishes=(), limit=limit, now=now, queues=queues
+    )[1]
+
+
+def finish(*, using: str, worker: str, finishes: Sequence[Finish]) -> set[int]:
+    """Write how ``finishes`` ended, in one statement; the ids written.
+
+    A finish whose row is no longer ``worker``'s running attempt (recovered by another worker,
+    cancelled) is not written and its id is not returned.
+    """
+    return finish_and_claim(using=using, worker=worker, finishes=finishes, limit=0)[0]
+
+
+def finish_and_claim(
+    *,
+    using: str,
+    worker: str,
+    finishes: Sequence[Finish],
+    limit: int,
+    now: datetime | None = None,
+    queues: frozenset[str] | None = None,
+) -> tuple[set[int], list[ClaimedJob]]:
+    """Write ``finishes`` and claim up to ``limit`` due jobs, in one round trip on PostgreSQL.
+
+    Returns the ids of the finishes written (see ``finish``) and the jobs claimed, oldest
+    ``run_at`` first.
+    """
+    limit = max(limit, 0)
+    if not finishes and not limit:
+        return set(), []
+    if connections[using].vendor != "postgresql":
+        return _finish_and_claim_orm(using, worker, finishes, limit, now, queues)
+    params: dict[str, Any] = {}
+    if limit:
+        params.update(_claim_params(worker, limit, now or clock.now(), queues))
+    if finishes:
+        params.update(_finish_params(worker, finishes))
+    with connections[using].cursor() as cursor:
+        if not finishes:
+            cursor.execute(sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES, params)
+            return set(), sorted(map(_claimed, cursor.fetchall()), key=_oldest_first)
+        if not limit:
+            cursor.execute(sql.FINISH, params)
+            return {row[0] for row in cursor.fetchall()}, []
+        statement = (
+            sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
+        )
+        cursor.execute(statement, params)
+        rows = cursor.fetchall()
+    written = {row[1] for row in rows if not row[0]}
+    jobs = sorted((_claimed(row[1:]) for row in rows if row[0]), key=_oldest_first)
+    return written, jobs
+
+
+def _oldest_first(job: ClaimedJob) -> tuple[int, datetime, int]:
+    """The claim's order: highest priority first, then the longest due, then the oldest id."""
+    return -job.priority, job.run_at, job.id
+
+
+def _finish_and_claim_orm(
+    using: str,
+    worker: str,
+    finishes: Sequence[Finish],
+    limit: int,
+    now: datetime | None,
+    queues: frozenset[str] | None,
+) -> tuple[set[int], list[ClaimedJob]]:
+    rows = Job.objects.using(using)
+    written = set()
+    for done in finishes:
+        ours = rows.filter(
+            pk=done.job_id, status=JobStatus.RUNNING, worker=worker, attempts=done.attempts
+        )
+        changes: dict[str, Any] = {
+            "status": done.status,
+            "finished_at": done.finished_at,
+            "last_error": done.error,
+        }
+        if done.status == JobStatus.QUEUED:
+            changes.update(run_at=done.run_at, worker="")
+        if ours.update(**changes):
+            written.add(done.job_id)
+    if not limit:
+        return written, []
+    now = now or clock.now()
     # Without SKIP LOCKED: each row is taken by a conditional update of its own, which only
     # one claimer can win, so a job is never claimed twice even by racing workers.
-    rows = Job.objects.using(using)
     due = rows.filter(status=JobStatus.QUEUED, run_at__lte=now)
     if queues is not None:
         due = due.filter(queue__in=sorted(queues))
@@ -321,33 +487,49 @@ def claim(
             worker=worker,
         )
     ]
-    return list(rows.filter(pk__in=won).order_by("-priority", "run_at", "pk"))
+    claimed = (
+        rows.filter(pk__in=won)
+        .order_by("-priority", "run_at", "pk")
+        .values_list(*sql.CLAIMED_COLUMNS)
+    )
+    return written, [ClaimedJob(*row) for row in claimed]
+
+
+def release(*, using: str, jobs: Sequence[ClaimedJob], worker: str) -> int:
+    """Claimed jobs that never started go back to the queue as they were; how many did.
+
+    Their attempt is uncounted, since it never ran; a row no longer ``worker``'s same attempt
+    is left alone. Other workers are woken for them.
+    """
+    if not jobs:
+        return 0
+    attempt = Q()
+    for job in jobs:
+        attempt |= Q(pk=job.id, attempts=job.attempts)
+    ours = Job.objects.using(using).filter(attempt, status=JobStatus.RUNNING, worker=worker)
+    count = ours.update(
+        status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
+    )
+    notify([job.queue for job in jobs], using=using)
+    return count
+
+
+def release_unheld(*, using: str, worker: str, held: Iterable[int]) -> int:
+    """Jobs running as ``worker``'s that it does not hold go back to the queue, attempt
+    uncounted; how many did.
+
+    After a claim failed with the connection, it may have committed all the same: its jobs
+    are ``worker``'s, yet no thread has them, and a live worker's jobs are never recovered.
+    """
+    ours = Job.objects.using(using).filter(status=JobStatus.RUNNING, worker=worker)
+    return ours.exclude(pk__in=list(held)).update(
+        status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
+    )
 
 
 def _if_ours(using: str, job_id: int, claimed_by: str, **changes: Any) -> bool:
     rows = Job.objects.using(using).filter(pk=job_id, status=JobStatus.RUNNING, worker=claimed_by)
     return bool(rows.update(**changes))
-
-
-def succeed(*, using: str, job_id: int, worker: str, now: datetime) -> bool:
-    """Running -> succeeded, if the job is still ``worker``'s; False if it is not."""
-    return _if_ours(
-        using, job_id, worker, status=JobStatus.SUCCEEDED, finished_at=now, last_error=""
-    )
-
-
-def retry(*, using: str, job_id: int, worker: str, run_at: datetime, error: str) -> bool:
-    """Running -> queued again at ``run_at``, keeping the error in view until the next try."""
-    return _if_ours(
-        using, job_id, worker, status=JobStatus.QUEUED, run_at=run_at, last_error=error, worker=""
-    )
-
-
-def fail(*, using: str, job_id: int, worker: str, now: datetime, error: str) -> bool:
-    """Running -> failed for good."""
-    return _if_ours(
-        using, job_id, worker, status=JobStatus.FAILED, finished_at=now, last_error=error
-    )
 
 
 def task_succeeded(

@@ -80,12 +80,14 @@ class Listener:
         return dedicated_connection(self.using, "ultimat3_jobs worker listen")
 
     def _run(self) -> None:
+        lost = False
         while not self._stop.is_set():
             conn = None
             try:
                 conn = self._connect()
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 self.listening.set()
+                emit(logger, "jobs.worker.listening", regained=lost)
                 # Whatever was enqueued while we were not listening is due now.
                 self.wake()
                 self._listen(conn)
@@ -93,6 +95,7 @@ class Listener:
                 self.listening.clear()
                 if self._stop.is_set():
                     break
+                lost = True
                 emit(logger, "jobs.worker.listen-lost", logging.WARNING, **failure_fields(error))
                 self._stop.wait(self.retry_after)
             finally:

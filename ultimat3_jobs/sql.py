@@ -1,4 +1,4 @@
-"""The app's raw PostgreSQL statements, by name: a scheduler round's, and the worker's claim.
+"""The app's raw PostgreSQL statements, by name: a scheduler round's, the worker's claim/finish.
 
 Each takes its rows as one array or JSON parameter, so a round is the same handful of
 statements whether it carries ten tasks or ten thousand. Other databases go through the ORM.
@@ -77,29 +77,109 @@ FROM unnest(%s::text[], %s::timestamptz[]) AS v(name, watermark)
 WHERE t.name = v.name
 """
 
+#: The columns a claim returns, in ``jobstore.ClaimedJob``'s order.
+CLAIMED_COLUMNS = (
+    "id",
+    "name",
+    "key",
+    "input",
+    "queue",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "priority",
+    "backend",
+)
+_RETURNING = ", ".join(f"job.{column}" for column in CLAIMED_COLUMNS)
+
 # Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
 # without waiting on each other's rows, and a row locked by one is never returned to another.
 # The attempt is counted here, at claim time, so a job that kills its worker still uses one up.
-# Highest priority first (Django Tasks set it; a @job is 0), then the longest due.
-_CLAIM = """
-WITH due AS (
+# ``status = 'queued'`` matches the partial index u3j_job_queued, so finished history is never
+# scanned.
+_DUE = """
     SELECT id FROM {table}
     WHERE status = 'queued' AND run_at <= %(now)s {queue_filter}
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
+"""
+_CLAIM = """
+WITH due AS ({due})
 UPDATE {table} AS job
 SET status = 'running', attempts = job.attempts + 1, started_at = %(now)s,
     finished_at = NULL, worker = %(worker)s
 FROM due
 WHERE job.id = due.id
-RETURNING job.*
+RETURNING {returning}
 """
 #: Claim due jobs of every queue.
-CLAIM_ANY_QUEUE = _CLAIM.format(table=_JOB, queue_filter="")
+CLAIM_ANY_QUEUE = _CLAIM.format(
+    due=_DUE.format(table=_JOB, queue_filter=""), table=_JOB, returning=_RETURNING
+)
 #: Claim due jobs of the queues in ``%(queues)s``.
-CLAIM_QUEUES = _CLAIM.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)")
+CLAIM_QUEUES = _CLAIM.format(
+    due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
+    table=_JOB,
+    returning=_RETURNING,
+)
+
+# Write how a batch of attempts ended, one array parameter per column. Each row changes only
+# while it is still running as this worker's same attempt: a job recovered by another worker,
+# cancelled, or claimed again since is left alone (and its id is not returned). A retry goes
+# back to the queue at its own run_at with no worker; the others keep run_at and worker.
+_FINISH = """
+UPDATE {table} AS job
+SET status = f.status, finished_at = f.finished_at, last_error = f.error,
+    run_at = coalesce(f.run_at, job.run_at),
+    worker = CASE WHEN f.status = 'queued' THEN '' ELSE job.worker END
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(statuses)s::text[],
+            %(finished_at)s::timestamptz[], %(run_at)s::timestamptz[], %(errors)s::text[])
+     AS f(id, attempts, status, finished_at, run_at, error)
+WHERE job.id = f.id AND job.status = 'running' AND job.worker = %(worker)s
+  AND job.attempts = f.attempts
+RETURNING job.id
+"""
+#: Finish a batch of attempts; returns the ids written.
+FINISH = _FINISH.format(table=_JOB)
+
+# A batch of finishes and the next claim in one round trip and one transaction: a busy worker
+# writes one statement per turn of its loop. The two touch different rows (running ones of
+# ours, queued ones), so they cannot conflict. Claimed rows come first, finished ids after,
+# told apart by the first column.
+_FINISH_AND_CLAIM = """
+WITH finished AS ({finish}),
+due AS ({due}),
+claimed AS (
+    UPDATE {table} AS job
+    SET status = 'running', attempts = job.attempts + 1, started_at = %(now)s,
+        finished_at = NULL, worker = %(worker)s
+    FROM due
+    WHERE job.id = due.id
+    RETURNING {returning}
+)
+SELECT true, * FROM claimed
+UNION ALL
+SELECT false, id, {nulls} FROM finished
+"""
+# The finished rows' filler for every claimed column but the id.
+_NULLS = ", ".join(["NULL"] * (len(CLAIMED_COLUMNS) - 1))
+#: Finish a batch and claim due jobs of every queue.
+FINISH_AND_CLAIM_ANY_QUEUE = _FINISH_AND_CLAIM.format(
+    finish=FINISH,
+    due=_DUE.format(table=_JOB, queue_filter=""),
+    table=_JOB,
+    returning=_RETURNING,
+    nulls=_NULLS,
+)
+#: Finish a batch and claim due jobs of the queues in ``%(queues)s``.
+FINISH_AND_CLAIM_QUEUES = _FINISH_AND_CLAIM.format(
+    finish=FINISH,
+    due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
+    table=_JOB,
+    returning=_RETURNING,
+    nulls=_NULLS,
+)
 
 # The relay's claim (``relay.py``): outbox rows oldest first, and relayed rows of
 # %(resend)s relays not done since %(resend_before)s, locked for the relay's transaction.

@@ -17,13 +17,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from django.db import (
     DEFAULT_DB_ALIAS,
     DatabaseError,
-    DataError,
     InterfaceError,
     OperationalError,
     close_old_connections,
@@ -33,10 +33,10 @@ from django.db import (
 from . import clock as default_clock
 from . import jobstore, metrics, nodes, shutdown
 from .conf import get_settings, stale_after_problem
-from .jobstore import Recovered
+from .jobstore import ClaimedJob, Finish, Recovered
 from .listener import Listener
 from .logs import emit, failure_fields
-from .models import Job
+from .models import JobStatus
 from .nodes import RunStatus, new_node_id
 from .registry import registry
 from .retries import format_error, loop_backoff, retry_delay, storable
@@ -45,22 +45,57 @@ logger = logging.getLogger("ultimat3_jobs.worker")
 
 Outcome = Literal["succeeded", "retrying", "failed", "lost"]
 
+#: What a finish's row status says of the attempt.
+_OUTCOMES: dict[str, Outcome] = {
+    JobStatus.SUCCEEDED: "succeeded",
+    JobStatus.QUEUED: "retrying",
+    JobStatus.FAILED: "failed",
+}
+# A success per job at INFO was a fifth of a busy worker's time; ``stopped`` counts them and
+# ``-v 2`` shows each.
+_LEVELS = {"succeeded": logging.DEBUG, "failed": logging.ERROR}
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """An attempt that ran: its finish, waiting to be written, and what its log line says."""
+
+    job: ClaimedJob
+    finish: Finish
+    duration_ms: float
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+#: The longest an outcome waits to be written with the next claim; past it, it is written alone.
+FLUSH_AFTER = 0.005
+#: Outcomes that are written at once, whatever their age.
+FLUSH_BATCH = 200
+
+#: Seconds at most between attempts to get a lost LISTEN connection back.
+LISTEN_RETRY = 1.0
+#: Claimed jobs that may wait for a free thread, unless told otherwise.
+DEFAULT_PREFETCH = 100
+
 #: Exit status of a clean stop: every job in flight finished.
 CLEAN_EXIT = 0
-#: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
-ABANDONED_EXIT = shutdown.FORCED_EXIT
-#: Exit status of a burst worker that gave up on an unreachable database.
+#: Exit status of a burst that could not reach the database: it ran nothing it could record.
 UNAVAILABLE_EXIT = 3
 #: Failed passes in a row after which a burst worker gives up: it has no later to wait for.
 BURST_GIVE_UP_AFTER = 3
+#: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
+ABANDONED_EXIT = shutdown.FORCED_EXIT
 
 
 class Worker:
     """Claims due jobs and runs them in ``concurrency`` threads until stopped.
 
     ``burst`` returns once nothing is due and nothing runs; ``max_jobs`` stops claiming after
-    that many. Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` and ``rand`` are
-    injectable for tests.
+    that many. ``prefetch`` (default ``DEFAULT_PREFETCH``) is how many claimed jobs may wait
+    for a free thread, so short jobs are claimed in batches rather than a thread's worth at a
+    time. They are claimed ahead only while jobs run short and a thread is idle; jobs that wait
+    longer than the poll interval, or when a drain begins, go back to the queue unrun with
+    their attempt uncounted. Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` and
+    ``rand`` are injectable for tests.
     """
 
     def __init__(
@@ -68,6 +103,7 @@ class Worker:
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 1,
+        prefetch: int | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
         poll_interval: timedelta | None = None,
@@ -85,11 +121,14 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if prefetch is not None and prefetch < 0:
+            raise ValueError(f"prefetch must be at least 0, not {prefetch}")
         if max_jobs is not None and max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, not {max_jobs}")
         config = get_settings()
         self.queues = frozenset(queues) if queues else None
         self.concurrency = concurrency
+        self.prefetch = DEFAULT_PREFETCH if prefetch is None else prefetch
         self.burst = burst
         self.max_jobs = max_jobs
         self.poll_interval = poll_interval or config.worker_poll_interval
@@ -104,6 +143,12 @@ class Worker:
         self.clock = clock or default_clock.now
         self.rand = rand or random.random
         self.drain_on_shutdown = drain_on_shutdown
+        self._low_water = self.prefetch // 2
+        # Jobs are claimed ahead only while the last ones ran short enough for the threads to
+        # work through a batch in half a poll interval; past that, waiting jobs go back.
+        self._short_ms = (
+            self.poll_interval.total_seconds() * 1000 * concurrency / (2 * max(self.prefetch, 1))
+        )
         problem = stale_after_problem(self.stale_after, self.heartbeat_interval)
         if problem is not None:
             raise problem
@@ -114,8 +159,11 @@ class Worker:
         self.claimed = 0
         self.outcomes: dict[Outcome, int] = {"succeeded": 0, "retrying": 0, "failed": 0, "lost": 0}
         self._lock = threading.Lock()
-        self._in_flight: dict[int, Job] = {}
-        self._inbox: queue.Queue[Job | None] = queue.Queue()
+        self._in_flight: dict[int, ClaimedJob] = {}
+        #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
+        #: with its next claim, so a busy worker spends one statement per turn of its loop.
+        self._pending: list[Ended] = []
+        self._inbox: queue.Queue[ClaimedJob | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._wake = threading.Event()
         self._draining = threading.Event()
@@ -123,24 +171,87 @@ class Worker:
         self._stopped = threading.Event()
         self._stopped.set()
         self._drain_started = 0.0
+        self._handed_at = 0.0
+        self._pending_since = 0.0
+        self._short = True
+        #: A claim failed: it may have committed with its answer lost (see release_unheld).
+        self._unsure = False
         self._drain_reason = ""
+        self._gave_up = False
         self._listener: Listener | None = None
         self._release_hook: Callable[[], None] | None = None
-        self._gave_up = False
         self._started_at = self.clock()
 
     # -- the job table ----------------------------------------------------------------------
 
-    def claim(self, limit: int) -> list[Job]:
+    def claim(self, limit: int) -> list[ClaimedJob]:
         """Mark up to ``limit`` due jobs running on this node, oldest ``run_at`` first."""
         return jobstore.claim(
             using=self.using, worker=self.node_id, limit=limit, now=self.clock(), queues=self.queues
         )
 
-    def execute(self, job: Job) -> Outcome:
-        """Run one claimed job and record how it ended."""
+    def execute(self, job: ClaimedJob) -> Outcome:
+        """Run one claimed job and record how it ended, before returning."""
         if job.backend:
             return self._execute_django_task(job)
+        return self._record([self.attempt(job)])[0]
+
+    def _execute_django_task(self, job: ClaimedJob) -> Outcome:
+        """A Django Task's row: one run, no retry; its return value or ``TaskError`` kept.
+
+        Written at once rather than batched: the row's result columns go with it.
+        """
+        from . import backends
+
+        started = time.monotonic()
+        row = jobstore.load(using=self.using, job_id=job.id)
+        run = backends.run_task(row)
+        using, node, now = self.using, self.node_id, self.clock()
+        if run.error is None:
+            finish = jobstore.succeeded(job, now=now)
+            ended = Ended(job, finish, _since(started))
+            written = self._write_now(
+                ended,
+                lambda: jobstore.task_succeeded(
+                    using=using, job_id=job.id, worker=node, now=now, return_value=run.return_value
+                ),
+            )
+        else:
+            finish = jobstore.failed(job, now=now, error=storable(run.message))
+            ended = Ended(job, finish, _since(started), failure_fields(run.error))
+            written = self._write_now(
+                ended,
+                lambda: jobstore.task_failed(
+                    using=using,
+                    job_id=job.id,
+                    worker=node,
+                    now=now,
+                    error=storable(run.message),
+                    error_class=run.error_class,
+                    tb=storable(run.traceback),
+                ),
+            )
+        outcome = self._report(ended, written)
+        if outcome != "lost":
+            backends.finished(run, now=now)
+        return outcome
+
+    def _write_now(self, ended: Ended, write: Callable[[], bool]) -> bool:
+        """One outcome written by itself; retried while the database is away, like a batch."""
+        delay = 0.05
+        while True:
+            try:
+                return write()
+            except (OperationalError, InterfaceError) as error:
+                if self._abandoned.is_set():
+                    raise
+                self._record_failed([ended], error)
+                close_old_connections()
+                time.sleep(delay)
+                delay = min(delay * 2, self.poll_interval.total_seconds())
+
+    def attempt(self, job: ClaimedJob) -> Ended:
+        """Run one claimed job; how it ended, not yet written."""
         handle = registry.get_job(job.name)
         started = time.monotonic()
         if handle is None:
@@ -157,148 +268,80 @@ class Worker:
             return self._failed(
                 job, format_error(error), started, retry=True, fields=failure_fields(error)
             )
-        return self._finish(
-            job,
-            "succeeded",
-            started,
-            lambda: jobstore.succeed(
-                using=self.using, job_id=job.pk, worker=self.node_id, now=self.clock()
-            ),
-        )
-
-    def _execute_django_task(self, job: Job) -> Outcome:
-        """A Django Task's row: one run, no retry; its return value or ``TaskError`` kept."""
-        from . import backends
-
-        started = time.monotonic()
-        run = backends.run_task(job)
-        using, job_id, node, now = self.using, job.pk, self.node_id, self.clock()
-        if run.error is None:
-            outcome = self._finish(
-                job,
-                "succeeded",
-                started,
-                lambda: jobstore.task_succeeded(
-                    using=using, job_id=job_id, worker=node, now=now, return_value=run.return_value
-                ),
-            )
-        else:
-            outcome = self._finish(
-                job,
-                "failed",
-                started,
-                lambda: jobstore.task_failed(
-                    using=using,
-                    job_id=job_id,
-                    worker=node,
-                    now=now,
-                    error=run.message,
-                    error_class=run.error_class,
-                    tb=run.traceback,
-                ),
-                log=failure_fields(run.error),
-            )
-        if outcome != "lost":
-            backends.finished(run, now=now)
-        return outcome
+        return Ended(job, jobstore.succeeded(job, now=self.clock()), _since(started))
 
     def _failed(
-        self, job: Job, text: str, started: float, *, retry: bool, fields: dict[str, Any]
-    ) -> Outcome:
-        using, job_id, node = self.using, job.pk, self.node_id
+        self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
+    ) -> Ended:
+        # Storable whatever the exception held (NUL, lone surrogates): the outcome must land.
         text = storable(text)
-
-        def recorded(write: Callable[[str], bool]) -> Callable[[], bool]:
-            def attempt() -> bool:
-                try:
-                    return write(text)
-                except DataError:
-                    # The database refused the message itself: the outcome must still land.
-                    return write(f"the error of this attempt could not be stored ({job.name})")
-
-            return attempt
-
         if retry and job.attempts < job.max_attempts:
             delay = retry_delay(
                 job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
             )
             run_at = self.clock() + delay
-            return self._finish(
-                job,
-                "retrying",
-                started,
-                recorded(
-                    lambda error: jobstore.retry(
-                        using=using, job_id=job_id, worker=node, run_at=run_at, error=error
-                    )
-                ),
-                log={"retry_at": run_at, **fields},
-            )
-        return self._finish(
-            job,
-            "failed",
-            started,
-            recorded(
-                lambda error: jobstore.fail(
-                    using=using, job_id=job_id, worker=node, now=self.clock(), error=error
-                )
-            ),
-            log=fields,
-        )
+            finish = jobstore.retrying(job, run_at=run_at, error=text)
+            return Ended(job, finish, _since(started), {"retry_at": run_at, **fields})
+        finish = jobstore.failed(job, now=self.clock(), error=text)
+        return Ended(job, finish, _since(started), fields)
 
-    def _finish(
-        self,
-        job: Job,
-        outcome: Outcome,
-        started: float,
-        write: Callable[[], bool],
-        *,
-        log: dict[str, Any] | None = None,
-    ) -> Outcome:
-        duration_ms = round((time.monotonic() - started) * 1000, 1)
-        if not self._record(job, write):
-            # Recovered by another worker (our heartbeat went stale) or cancelled meanwhile:
-            # its row is no longer ours to write.
-            outcome = "lost"
-        metrics.job_finished(job.name, job.queue, outcome, duration_ms / 1000)
-        level = {"succeeded": logging.INFO, "failed": logging.ERROR}.get(outcome, logging.WARNING)
+    def _report(self, ended: Ended, written: bool) -> Outcome:
+        # Not written: recovered by another worker (our heartbeat went stale) or cancelled
+        # meanwhile; its row was no longer ours to write.
+        outcome = _OUTCOMES[ended.finish.status] if written else "lost"
+        with self._lock:
+            self.outcomes[outcome] += 1
+        metrics.job_finished(ended.job.name, ended.job.queue, outcome, ended.duration_ms / 1000)
+        level = _LEVELS.get(outcome, logging.WARNING)
+        if not logger.isEnabledFor(level):
+            return outcome
+        job = ended.job
         emit(
             logger,
             f"jobs.worker.job-{outcome}",
             level,
-            job=job.pk,
+            job=job.id,
             name=job.name,
             queue=job.queue,
             attempt=job.attempts,
             max_attempts=job.max_attempts,
-            duration_ms=duration_ms,
-            **(log or {}),
+            duration_ms=ended.duration_ms,
+            **ended.log,
         )
-        with self._lock:
-            self.outcomes[outcome] += 1
         return outcome
 
-    def _record(self, job: Job, write: Callable[[], bool]) -> bool:
-        """Write a job's outcome if the row is still ours; retry while the database is away."""
+    def _report_all(self, ended: Sequence[Ended], written: set[int]) -> list[Outcome]:
+        if ended:
+            self._short = all(one.duration_ms < self._short_ms for one in ended)
+        return [self._report(one, one.job.id in written) for one in ended]
+
+    def _record(self, ended: Sequence[Ended]) -> list[Outcome]:
+        """Write outcomes now, where the row is still ours; retry while the database is away."""
         delay = 0.05
         while True:
             try:
-                return write()
+                written = jobstore.finish(
+                    using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
+                )
+                return self._report_all(ended, written)
             except (OperationalError, InterfaceError) as error:
                 # The job ran; losing its outcome would run it again. Keep trying until the
                 # drain gives up on this job, which then goes back to the queue.
                 if self._abandoned.is_set():
                     raise
-                emit(
-                    logger,
-                    "jobs.worker.record-failed",
-                    logging.WARNING,
-                    job=job.pk,
-                    **failure_fields(error),
-                )
+                self._record_failed(ended, error)
                 close_old_connections()
                 time.sleep(delay)
                 delay = min(delay * 2, self.poll_interval.total_seconds())
+
+    def _record_failed(self, ended: Sequence[Ended], error: BaseException) -> None:
+        emit(
+            logger,
+            "jobs.worker.record-failed",
+            logging.WARNING,
+            jobs=[e.job.id for e in ended],
+            **failure_fields(error),
+        )
 
     def heartbeat(self) -> None:
         """Record that this node is alive, by the database clock that judges staleness."""
@@ -341,21 +384,44 @@ class Worker:
                     continue
                 if job is None:
                     return
+                wake = False
                 try:
                     _drop_broken_connections()
-                    self.execute(job)
+                    if job.backend:
+                        self._execute_django_task(job)  # writes its own outcome, with its result
+                        wake = True
+                        continue
+                    ended = self.attempt(job)
+                    with self._lock:
+                        self._in_flight.pop(job.id, None)
+                        late = self._abandoned.is_set()
+                        if not late:
+                            if not self._pending:
+                                self._pending_since = time.monotonic()
+                                wake = True
+                            self._pending.append(ended)
+                    # The dispatcher writes outcomes with its next claim: wake it when it may
+                    # claim (little work left waiting) and for the first outcome, whose age
+                    # starts its flush timer.
+                    wake = wake or self._inbox.qsize() <= self._low_water
+                    if late:
+                        # The drain gave up and nobody writes for us: the row went back to
+                        # the queue, so this write only confirms the attempt was lost.
+                        self._record([ended])
                 except Exception as error:
+                    wake = True
                     emit(
                         logger,
                         "jobs.worker.record-failed",
                         logging.ERROR,
-                        job=job.pk,
+                        job=job.id,
                         **failure_fields(error),
                     )
                 finally:
                     with self._lock:
-                        self._in_flight.pop(job.pk, None)
-                    self._wake.set()
+                        self._in_flight.pop(job.id, None)
+                    if wake:
+                        self._wake.set()
         finally:
             connections.close_all()
 
@@ -468,7 +534,8 @@ class Worker:
                 using=self.using,
                 queues=self.queues,
                 wake=self._wake.set,
-                retry_after=self.poll_interval.total_seconds(),
+                # Reconnect soon even when polling is slow: NOTIFY is what keeps latency low.
+                retry_after=min(self.poll_interval.total_seconds(), LISTEN_RETRY),
             )
             self._listener.start()
         emit(
@@ -496,14 +563,52 @@ class Worker:
                 if moment >= next_recovery:
                     self.recover()
                     next_recovery = moment + self.heartbeat_interval.total_seconds()
-                with self._lock:
-                    room = self.concurrency - len(self._in_flight)
-                    running = len(self._in_flight)
-                if self.max_jobs is not None:
-                    room = min(room, self.max_jobs - self.claimed)
+                if self._unsure:
+                    self._release_unheld()
                 # Cleared before claiming, so a job ending during the claim still wakes us.
                 self._wake.clear()
-                jobs = self.claim(room) if room > 0 and not self._draining.is_set() else []
+                with self._lock:
+                    running = len(self._in_flight)  # Claimed: running or waiting for a thread.
+                waiting = self._inbox.qsize()
+                room = self.concurrency - running
+                if waiting and moment - self._handed_at > self.poll_interval.total_seconds():
+                    # Stuck behind long jobs: let other workers run them instead.
+                    self._release_waiting()
+                elif (
+                    self._short
+                    and waiting <= self._low_water
+                    and running - waiting < self.concurrency
+                ):
+                    # A thread is idle and little work waits: claim ahead, so the threads
+                    # work through one batch while the next is claimed.
+                    room += self.prefetch
+                if self.max_jobs is not None:
+                    room = min(room, self.max_jobs - self.claimed)
+                if self._draining.is_set():
+                    room = 0
+                with self._lock:
+                    due = len(self._pending) >= FLUSH_BATCH or (
+                        self._pending and moment - self._pending_since >= FLUSH_AFTER
+                    )
+                    if room > 0 or due:
+                        ended, self._pending = self._pending, []
+                    else:
+                        ended = []
+                    flush_in = FLUSH_AFTER if self._pending else idle_wait
+                try:
+                    written, jobs = jobstore.finish_and_claim(
+                        using=self.using,
+                        worker=self.node_id,
+                        finishes=[e.finish for e in ended],
+                        limit=room,
+                        now=self.clock(),
+                        queues=self.queues,
+                    )
+                except DatabaseError as error:
+                    self._keep_pending(ended, error)
+                    self._unsure = self._unsure or room > 0
+                    raise
+                self._report_all(ended, written)
                 self._hand_over(jobs)
                 failures = 0
                 self.last_error = ""
@@ -527,27 +632,94 @@ class Worker:
             if room > 0 and len(jobs) == room:
                 continue  # Every slot we asked for was filled: more may be due right away.
             until_heartbeat = next_heartbeat - time.monotonic()
-            if not self._wake.wait(max(0.0, min(idle_wait, until_heartbeat))):
+            if not self._wake.wait(max(0.0, min(idle_wait, until_heartbeat, flush_in))):
                 # A quiet spell: let Django drop a broken or expired connection.
                 close_old_connections()
 
-    def _hand_over(self, jobs: list[Job]) -> None:
+    def _hand_over(self, jobs: list[ClaimedJob]) -> None:
         with self._lock:
             for job in jobs:
-                self._in_flight[job.pk] = job
+                self._in_flight[job.id] = job
             self.claimed += len(jobs)
+        if jobs:
+            self._handed_at = time.monotonic()
+        debug = logger.isEnabledFor(logging.DEBUG)
         for job in jobs:
-            emit(logger, "jobs.worker.job-started", logging.DEBUG, job=job.pk, name=job.name)
+            if debug:
+                emit(logger, "jobs.worker.job-started", logging.DEBUG, job=job.id, name=job.name)
             self._inbox.put(job)
 
+    def _release_unheld(self) -> None:
+        with self._lock:
+            held = [*self._in_flight, *(e.job.id for e in self._pending)]
+        released = jobstore.release_unheld(using=self.using, worker=self.node_id, held=held)
+        self._unsure = False
+        if released:
+            emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
+
+    def _keep_pending(self, ended: list[Ended], error: BaseException) -> None:
+        """A write failed: its outcomes go back in front, for the next turn to write."""
+        if ended:
+            self._record_failed(ended, error)
+            with self._lock:
+                self._pending[:0] = ended
+
+    def _release_waiting(self) -> None:
+        """Put the claimed jobs no thread has started back in the queue, attempt uncounted."""
+        waiting: list[ClaimedJob] = []
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._inbox.put(None)  # A thread's stop signal: not ours to take.
+                break
+            waiting.append(job)
+        if not waiting:
+            return
+        try:
+            released = jobstore.release(using=self.using, jobs=waiting, worker=self.node_id)
+        except DatabaseError as error:
+            # Still claimed by us: our heartbeat stops with us and they are recovered.
+            emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
+            released = 0
+        finally:
+            with self._lock:
+                for job in waiting:
+                    self._in_flight.pop(job.id, None)
+                self.claimed -= len(waiting)
+        emit(logger, "jobs.worker.released", jobs=[job.id for job in waiting], released=released)
+
+    def _flush(self) -> None:
+        """Write the outcomes waiting, without claiming (draining, stopping)."""
+        with self._lock:
+            ended, self._pending = self._pending, []
+        if not ended:
+            return
+        try:
+            written = jobstore.finish(
+                using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
+            )
+        except DatabaseError as error:
+            self._keep_pending(ended, error)
+            close_old_connections()
+            return
+        self._report_all(ended, written)
+
     def _settle(self) -> int:
-        """Wait for the jobs in flight; past the drain grace, hand them back to the queue."""
+        """Wait for the jobs in flight and write their outcomes; past the drain grace, hand the
+        unfinished ones back to the queue."""
         next_heartbeat = 0.0
         while True:
+            self._wake.clear()
+            if self._draining.is_set():
+                self._release_waiting()
+            self._flush()
             with self._lock:
-                left = list(self._in_flight)
-            if not left:
-                return CLEAN_EXIT
+                busy = bool(self._in_flight)
+                if not busy and not self._pending:
+                    return CLEAN_EXIT
             deadline = None
             if self._draining.is_set():
                 deadline = self._drain_started + self.drain_grace.total_seconds()
@@ -564,13 +736,15 @@ class Worker:
             timeout = next_heartbeat - moment
             if deadline is not None:
                 timeout = min(timeout, deadline - moment)
-            self._wake.clear()
-            with self._lock:
-                busy = bool(self._in_flight)
-            if busy:
-                # Short waits, so a SIGTERM arriving now starts the grace clock promptly.
-                self._wake.wait(max(0.0, min(timeout, 0.5)))
-        self._abandoned.set()
+            # Short waits, so a SIGTERM arriving now starts the grace clock promptly, and an
+            # outcome that failed to be written is tried again.
+            self._wake.wait(max(0.0, min(timeout, 0.5)))
+        with self._lock:
+            # From here a job that ends writes its own outcome (see _job_thread).
+            self._abandoned.set()
+        self._flush()
+        with self._lock:
+            left = sorted(self._in_flight)
         emit(
             logger,
             "jobs.worker.drain-timeout",
@@ -621,7 +795,11 @@ class Worker:
         self._stopped.set()
 
 
-__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Worker"]
+__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Ended", "Worker"]
+
+
+def _since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
 
 
 def _drop_broken_connections() -> None:

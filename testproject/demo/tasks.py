@@ -69,6 +69,13 @@ def noop() -> None:
     """Do nothing: what the benchmark measures is the worker's own cost per job."""
 
 
+@job
+def stamp(label: str) -> None:
+    """Leave the moment it started (epoch seconds): the benchmark's enqueue-to-start latency."""
+    started = time.time()
+    Ping.objects.create(label=f"{label} {started:.6f}")
+
+
 if os.environ.get("ULTIMAT3_DEMO_PER_SECOND"):
     # Only when asked for: a task firing every second would flood a real project's job table.
 

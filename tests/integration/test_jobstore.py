@@ -29,6 +29,16 @@ def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> 
     )
 
 
+def claimed(job: Job) -> jobstore.ClaimedJob:
+    return jobstore.ClaimedJob(
+        job.pk, job.name, job.key, job.input, job.queue, job.attempts, job.max_attempts, job.run_at
+    )
+
+
+def written(worker: str, *finishes: jobstore.Finish) -> set[int]:
+    return jobstore.finish(using="default", worker=worker, finishes=finishes)
+
+
 def status_of(job: Job) -> tuple[str, str, str]:
     row = Job.objects.get(pk=job.pk)
     return row.status, row.worker, row.last_error
@@ -37,8 +47,8 @@ def status_of(job: Job) -> tuple[str, str, str]:
 @pytest.mark.django_db
 def test_succeed__writes_only_a_job_the_worker_still_holds() -> None:
     mine, theirs = running("w1"), running("w2")
-    assert jobstore.succeed(using="default", job_id=mine.pk, worker="w1", now=T0)
-    assert not jobstore.succeed(using="default", job_id=theirs.pk, worker="w1", now=T0)
+    done = [jobstore.succeeded(claimed(job), now=T0) for job in (mine, theirs)]
+    assert written("w1", *done) == {mine.pk}
     assert status_of(mine) == (JobStatus.SUCCEEDED, "w1", "")
     assert status_of(theirs) == (JobStatus.RUNNING, "w2", "")
 
@@ -47,7 +57,7 @@ def test_succeed__writes_only_a_job_the_worker_still_holds() -> None:
 def test_retry__queues_the_job_again_with_its_error_and_no_owner() -> None:
     job = running("w1")
     later = T0 + timedelta(seconds=4)
-    assert jobstore.retry(using="default", job_id=job.pk, worker="w1", run_at=later, error="boom")
+    assert written("w1", jobstore.retrying(claimed(job), run_at=later, error="boom")) == {job.pk}
     row = Job.objects.get(pk=job.pk)
     assert (row.status, row.worker, row.last_error, row.run_at) == (
         JobStatus.QUEUED,
@@ -56,7 +66,7 @@ def test_retry__queues_the_job_again_with_its_error_and_no_owner() -> None:
         later,
     )
     # Queued now, so a second outcome for the same attempt is refused.
-    assert not jobstore.fail(using="default", job_id=job.pk, worker="w1", now=T0, error="x")
+    assert written("w1", jobstore.failed(claimed(job), now=T0, error="x")) == set()
 
 
 @pytest.mark.django_db
@@ -72,7 +82,7 @@ def test_give_back__requeues_or_fails_by_attempts_left() -> None:
 @pytest.mark.django_db
 def test_retry_failed_and_cancel_queued__move_only_rows_in_the_right_status() -> None:
     failed = running("w1")
-    jobstore.fail(using="default", job_id=failed.pk, worker="w1", now=T0, error="boom")
+    written("w1", jobstore.failed(claimed(failed), now=T0, error="boom"))
     queued = Job.objects.create(
         name="demo.ping", key="q:1", input={}, run_at=T0, created_at=T0, status=JobStatus.QUEUED
     )

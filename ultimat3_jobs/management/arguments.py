@@ -45,6 +45,17 @@ def up_to(maximum: int) -> Callable[[str], int]:
     return whole
 
 
+def non_negative_int(value: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more")
+    return number
+
+
 def positive_seconds(value: str) -> float:
     """A finite number of seconds, more than 0 and at most ``MAX_SECONDS``."""
     try:

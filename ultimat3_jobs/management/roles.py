@@ -17,6 +17,7 @@ from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
 from ultimat3_jobs.management.arguments import (
     MAX_CONCURRENCY,
+    non_negative_int,
     positive_int,
     positive_seconds,
     queue_names,
@@ -73,6 +74,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help=f"Jobs run at once, each in a thread (and a database connection) of its own: "
         f"1 to {MAX_CONCURRENCY} (default 1).",
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=non_negative_int,
+        help="Claimed jobs that may wait for a free thread, claimed only while the threads "
+        "keep up (default 100; 0 claims a thread's worth at a time).",
     )
     parser.add_argument(
         "--queues",
@@ -147,6 +154,7 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
         return Worker(
             queues=options.get("queues"),
             concurrency=options["concurrency"],
+            prefetch=options.get("prefetch"),
             poll_interval=timedelta(seconds=poll_interval) if poll_interval else None,
             drain_grace=timedelta(seconds=drain_grace) if drain_grace else None,
             listen=not options["no_listen"],

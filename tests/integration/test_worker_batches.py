@@ -1,0 +1,216 @@
+"""The worker's batched paths: finishes written together, jobs claimed ahead and given back."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from testproject.demo.models import Ping
+from ultimat3_jobs import clock, jobstore
+from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.worker import CLEAN_EXIT, Worker
+
+from .test_worker import QUICK, make_job, wait_until
+
+
+def _claim(worker: str, limit: int = 10) -> list[jobstore.ClaimedJob]:
+    return jobstore.claim(using="default", worker=worker, limit=limit, now=clock.now())
+
+
+# -- finishing ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_finish__writes_each_outcome_of_a_batch_and_skips_rows_no_longer_ours() -> None:
+    made = [make_job() for _ in range(4)]
+    done, retried, taken, cancelled = _claim("w1")
+    Job.objects.filter(pk=taken.id).update(worker="w2")  # Recovered and claimed by another.
+    Job.objects.filter(pk=cancelled.id).update(status=JobStatus.CANCELLED)
+    now = clock.now()
+    later = now + timedelta(minutes=5)
+    written = jobstore.finish(
+        using="default",
+        worker="w1",
+        finishes=[
+            jobstore.succeeded(done, now=now),
+            jobstore.retrying(retried, run_at=later, error="boom"),
+            jobstore.succeeded(taken, now=now),
+            jobstore.failed(cancelled, now=now, error="late"),
+        ],
+    )
+    assert written == {done.id, retried.id}
+    rows = {row.pk: row for row in Job.objects.filter(pk__in=[j.pk for j in made])}
+    assert (rows[done.id].status, rows[done.id].finished_at, rows[done.id].worker) == (
+        JobStatus.SUCCEEDED,
+        now,
+        "w1",
+    )
+    assert (rows[retried.id].status, rows[retried.id].run_at, rows[retried.id].worker) == (
+        JobStatus.QUEUED,
+        later,
+        "",
+    )
+    assert rows[retried.id].last_error == "boom"
+    assert (rows[taken.id].status, rows[taken.id].worker) == (JobStatus.RUNNING, "w2")
+    assert rows[cancelled.id].status == JobStatus.CANCELLED
+
+
+@pytest.mark.django_db
+def test_finish__a_stale_attempt_never_lands_on_a_later_one() -> None:
+    make_job()
+    (first,) = _claim("w1")
+    jobstore.give_back(using="default", job_ids=[first.id], worker="w1", now=clock.now())
+    (second,) = _claim("w1")  # The same job, claimed again by the same worker.
+    assert (second.id, second.attempts) == (first.id, 2)
+    stale = jobstore.succeeded(first, now=clock.now())
+    assert jobstore.finish(using="default", worker="w1", finishes=[stale]) == set()
+    row = Job.objects.get(pk=first.id)
+    assert (row.status, row.attempts) == (JobStatus.RUNNING, 2)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
+    for _ in range(6):
+        make_job()
+    ran = _claim("w1", limit=3)
+    now = clock.now()
+    with CaptureQueriesContext(connection) as queries:
+        written, claimed = jobstore.finish_and_claim(
+            using="default",
+            worker="w1",
+            finishes=[jobstore.succeeded(job, now=now) for job in ran],
+            limit=10,
+            now=now,
+        )
+    assert len(queries.captured_queries) == 1
+    assert written == {job.id for job in ran}
+    assert len(claimed) == 3
+    assert not {job.id for job in claimed} & written
+    statuses = Job.objects.values_list("status", flat=True)
+    assert sorted(statuses) == [JobStatus.RUNNING] * 3 + [JobStatus.SUCCEEDED] * 3
+
+
+@pytest.mark.django_db
+def test_claim__returns_plain_records_with_the_input_decoded() -> None:
+    made = make_job(data={"label": "x", "n": [1, 2]})
+    (claimed,) = _claim("w1")
+    assert isinstance(claimed, jobstore.ClaimedJob)
+    assert (claimed.pk, claimed.input, claimed.attempts, claimed.key) == (
+        made.pk,
+        {"label": "x", "n": [1, 2]},
+        1,
+        made.key,
+    )
+
+
+# -- releasing what never started -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_release__puts_unstarted_jobs_back_with_the_attempt_uncounted() -> None:
+    make_job(attempts=1)
+    other = make_job()
+    mine, theirs = _claim("w1")
+    Job.objects.filter(pk=theirs.id).update(worker="w2")
+    assert jobstore.release(using="default", jobs=[mine, theirs], worker="w1") == 1
+    row = Job.objects.get(pk=mine.id)
+    assert (row.status, row.attempts, row.worker, row.started_at) == (JobStatus.QUEUED, 1, "", None)
+    assert Job.objects.get(pk=other.pk).worker == "w2"
+
+
+def _slow_then_quick(quick: int) -> tuple[Job, list[Job]]:
+    now = clock.now()
+    slow = make_job(
+        "demo.slow_ping",
+        data={"label": "slow", "seconds": 0.6},
+        run_at=now - timedelta(seconds=10),
+    )
+    waiting = [
+        make_job(data={"label": f"quick-{n}"}, run_at=now - timedelta(seconds=5))
+        for n in range(quick)
+    ]
+    return slow, waiting
+
+
+def _worker(**options: Any) -> Worker:
+    return Worker(**{**QUICK, "listen": False, "concurrency": 1, "prefetch": 5, **options})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop__jobs_claimed_ahead_go_back_unrun_when_the_drain_begins() -> None:
+    slow, waiting = _slow_then_quick(3)
+    # A poll interval longer than the test: only the drain can give the waiting jobs back.
+    worker = _worker(poll_interval=timedelta(seconds=30), drain_grace=timedelta(seconds=10))
+    worker.start()
+    wait_until(lambda: len(worker.in_flight()) == 4, what="the slow job and three claimed ahead")
+    worker.stop("test")
+    assert worker.exit_code == CLEAN_EXIT
+    assert Job.objects.get(pk=slow.pk).status == JobStatus.SUCCEEDED
+    rows = Job.objects.filter(pk__in=[job.pk for job in waiting])
+    assert set(rows.values_list("status", "attempts", "worker")) == {(JobStatus.QUEUED, 0, "")}
+    assert list(Ping.objects.values_list("label", flat=True)) == ["slow"]
+    assert worker.outcomes["succeeded"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__jobs_waiting_behind_a_long_job_go_back_then_run_once_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, waiting = _slow_then_quick(3)
+    worker = _worker()  # Polls every 0.05 s: the waiting jobs go back long before 0.6 s.
+    with caplog.at_level(logging.INFO, logger="ultimat3_jobs.worker"):
+        worker.start()
+        try:
+            wait_until(
+                lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
+                what="every job to run",
+            )
+        finally:
+            worker.stop()
+    released = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.released"]
+    assert [sorted(getattr(r, "fields", {})["jobs"]) for r in released][:1] == [
+        [job.pk for job in waiting]
+    ]
+    labels = sorted(Ping.objects.values_list("label", flat=True))
+    assert labels == ["quick-0", "quick-1", "quick-2", "slow"]
+    # Given back unrun, their attempt was uncounted: one attempt each, the one that ran.
+    rows = Job.objects.filter(pk__in=[job.pk for job in waiting])
+    assert set(rows.values_list("attempts", flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_burst_returns_with_every_outcome_written() -> None:
+    made = [make_job(data={"label": f"b-{n}"}) for n in range(40)]
+    failing = make_job("demo.always_fail", data={"label": "f"}, max_attempts=1)
+    worker = _worker(burst=True, concurrency=3, prefetch=10)
+    assert worker.run() == CLEAN_EXIT
+    rows = Job.objects.filter(pk__in=[job.pk for job in made])
+    assert set(rows.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
+    assert Job.objects.get(pk=failing.pk).status == JobStatus.FAILED
+    assert (worker.outcomes["succeeded"], worker.outcomes["failed"]) == (40, 1)
+    assert Ping.objects.count() == 40
+
+
+def test_worker__refuses_a_negative_prefetch() -> None:
+    with pytest.raises(ValueError, match="prefetch must be at least 0"):
+        Worker(prefetch=-1, drain_on_shutdown=False)
+
+
+@pytest.mark.django_db
+def test_release_unheld__frees_jobs_a_lost_claim_answer_left_with_the_worker() -> None:
+    for _ in range(3):
+        make_job()
+    held, lost_one, lost_two = _claim("w1")  # As if the answer for the last two never came.
+    theirs = make_job(status=JobStatus.RUNNING, worker="w2", attempts=1)
+    released = jobstore.release_unheld(using="default", worker="w1", held=[held.id])
+    assert released == 2
+    rows = Job.objects.filter(pk__in=[lost_one.id, lost_two.id])
+    assert set(rows.values_list("status", "attempts", "worker")) == {(JobStatus.QUEUED, 0, "")}
+    assert Job.objects.get(pk=held.id).status == JobStatus.RUNNING
+    assert Job.objects.get(pk=theirs.pk).worker == "w2"

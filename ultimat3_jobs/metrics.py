@@ -106,6 +106,15 @@ JOB_DURATION = Histogram(
     buckets=JOB_BUCKETS,
 )
 
+RELAYED = Counter(
+    f"{PREFIX}_relay_rows_sent",
+    "Outbox rows this relay handed to their engine (Celery, a Django Tasks backend).",
+)
+RELAY_BROKER_ERRORS = Counter(
+    f"{PREFIX}_relay_broker_errors",
+    "Passes of this relay that found the engine's broker or backend unavailable.",
+)
+
 _RECORD_COUNTERS = {"dropped": DROPPED, "paused": PAUSED}
 
 
@@ -152,6 +161,17 @@ def job_finished(name: str, queue: str, outcome: str, duration_s: float) -> None
     JOB_DURATION.labels(name=name, queue=queue).observe(duration_s)
 
 
+def relayed(rows: int) -> None:
+    """A relay pass handed ``rows`` outbox rows to their engines."""
+    if rows:
+        RELAYED.inc(rows)
+
+
+def broker_unavailable() -> None:
+    """A relay pass found the engine it sends to unavailable."""
+    RELAY_BROKER_ERRORS.inc()
+
+
 class JobsCollector(Collector):
     """``ultimat3_jobs_jobs{status,queue}``: the job table, one ``GROUP BY`` per scrape."""
 
@@ -161,16 +181,26 @@ class JobsCollector(Collector):
     def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
         self.using = using
 
+    RELAY_NAME = f"{PREFIX}_relay_rows"
+    RELAY_HELP = (
+        "Outbox rows by state (outbox, relayed, done, failed; stuck: relayed and not done "
+        "after RELAY_STUCK_AFTER), read when scraped."
+    )
+
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Named without a query, so registering at import never touches the database.
         yield GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
+        yield GaugeMetricFamily(self.RELAY_NAME, self.RELAY_HELP, labels=["state"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        from . import clock, jobstore
+        from .conf import get_settings
         from .models import Job, JobStatus
 
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
         connection = connections[self.using]
         opened_here = connection.connection is None
+        relay = GaugeMetricFamily(self.RELAY_NAME, self.RELAY_HELP, labels=["state"])
         try:
             rows = list(
                 Job.objects.using(self.using)
@@ -178,6 +208,11 @@ class JobsCollector(Collector):
                 .values_list("status", "queue")
                 .annotate(n=Count("id"))
             )
+            stuck_before = clock.now() - get_settings().relay_stuck_after
+            for state, count in jobstore.relay_counts(
+                using=self.using, stuck_before=stuck_before
+            ).items():
+                relay.add_metric([state], count)
         except DatabaseError as error:
             # A scrape must still answer (the process metrics are worth having); say why the
             # table is missing from it.
@@ -197,6 +232,7 @@ class JobsCollector(Collector):
                 if (status, queue) not in seen:
                     family.add_metric([status, queue], 0)
         yield family
+        yield relay
 
 
 _collector_lock = threading.Lock()

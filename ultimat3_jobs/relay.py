@@ -38,7 +38,7 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import jobstore, nodes, shutdown
+from . import jobstore, metrics, nodes, shutdown
 from .conf import get_settings
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .listener import RELAY_PAYLOAD, Listener
@@ -376,6 +376,7 @@ class Relay:
                 self._wake.clear()  # A NOTIFY during the pass below starts the next at once.
                 try:
                     handed = self.relay_once()
+                    metrics.relayed(handed)
                     if self.failures:
                         emit(logger, "jobs.relay.recovered", failures=self.failures)
                     self.failures = 0
@@ -386,6 +387,7 @@ class Relay:
                 except BrokerUnavailableError as error:
                     self.failures += 1
                     self.stats.broker_errors += 1
+                    metrics.broker_unavailable()
                     wait = loop_backoff(self.poll_interval, self.failures)
                     emit(
                         logger,

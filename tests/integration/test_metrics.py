@@ -103,6 +103,25 @@ def test_jobs_collector__one_series_per_status_and_queue_from_the_table() -> Non
 
 
 @pytest.mark.django_db
+def test_jobs_collector__counts_outbox_rows_by_state_with_the_stuck_ones() -> None:
+    from datetime import timedelta
+
+    waiting = make_job("demo.celery_row", status=JobStatus.OUTBOX)
+    sent = make_job("demo.celery_row", status=JobStatus.RELAYED)
+    late = make_job("demo.celery_row", status=JobStatus.RELAYED)
+    Job.objects.filter(pk__in=[waiting.pk, sent.pk, late.pk]).update(relay="celery")
+    Job.objects.filter(pk=sent.pk).update(relayed_at=clock.now())
+    Job.objects.filter(pk=late.pk).update(relayed_at=clock.now() - timedelta(days=1))
+    metrics.register_jobs_collector()
+    assert sample("ultimat3_jobs_relay_rows", state="outbox") == 1
+    assert sample("ultimat3_jobs_relay_rows", state="relayed") == 2
+    assert sample("ultimat3_jobs_relay_rows", state="stuck") == 1
+    before = sample("ultimat3_jobs_relay_rows_sent_total")
+    metrics.relayed(3)
+    assert sample("ultimat3_jobs_relay_rows_sent_total") == before + 3
+
+
+@pytest.mark.django_db
 def test_scheduler_round__counts_rounds_dispatches_leadership_and_lateness() -> None:
     clock_ = FrozenClock(T0)
     scheduler = scheduler_over("mx", clock_)

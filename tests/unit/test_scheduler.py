@@ -257,6 +257,10 @@ def test_start_stop__restartable_with_one_shutdown_hook() -> None:
         assert shutdown.registered() == ["jobs.scheduler"]
         scheduler.start()  # only from a standstill: no second hook
         assert shutdown.registered() == ["jobs.scheduler"]
+        # Let a round run before stopping: a stop landing first would rightly skip it.
+        deadline = time.monotonic() + 5
+        while state.commits == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
         scheduler.stop("test")
         assert scheduler.status == "stopped"
         assert shutdown.registered() == []

@@ -16,7 +16,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import sql
 from .catchup import Span
-from .db import json_rows
+from .db import copy_rows, dumps
 from .jobstore import ids_of
 from .models import Occurrence, Outcome
 
@@ -113,12 +113,20 @@ def _row(
 
 
 def write(rows: Sequence[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Insert records in the caller's transaction: one statement on PostgreSQL."""
+    """Insert records in the caller's transaction: one COPY on PostgreSQL."""
     if not rows:
         return
     if connections[using].vendor == "postgresql":
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql.INSERT_OCCURRENCES, [json_rows(rows)])
+        copy_rows(
+            using,
+            sql.COPY_OCCURRENCES,
+            (
+                (r["task"], r["outcome"], r["occurrence"], r["last_occurrence"], r["count"],
+                 r["catch_up"], dumps(r["jobs"]), r["recorded_at"], r["node"], r["user"],
+                 r["detail"])
+                for r in rows
+            ),
+        )  # fmt: skip
         return
     Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in rows])
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, QuerySet, Value
 from django.db.models.functions import Concat, Now
 
 from . import clock, sql
-from .conf import get_settings
-from .db import json_rows
+from .conf import Settings, get_settings
+from .db import copy_rows, dumps, json_rows
 from .listener import notify
 from .models import Job, JobStatus, Node
 
@@ -68,9 +69,13 @@ def job_fields(
     task: str = "",
     occurrence: datetime | None = None,
     catch_up: bool = False,
+    config: Settings | None = None,
 ) -> dict[str, Any]:
-    """The fields of a new job row, with the defaults the job and the settings give."""
-    config = get_settings()
+    """The fields of a new job row, with the defaults the job and the settings give.
+
+    ``config``: the settings, read once by a caller that builds many rows.
+    """
+    config = config or get_settings()
     return {
         "name": handle.name,
         "key": key,
@@ -143,22 +148,51 @@ def insert_many(jobs: Sequence[Job], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
 def insert_round(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     """A scheduler round's jobs (``job_fields`` dicts), in the caller's transaction.
 
-    On PostgreSQL one JSON parameter carries every row (two statements at most); elsewhere
-    ``insert_many``. Workers are notified at commit.
+    On PostgreSQL one COPY writes every row, with ids reserved from the sequence first, inside
+    a savepoint; a key that already exists (a watermark moved back by hand) rolls that back to
+    one ``INSERT ... ON CONFLICT DO NOTHING`` of the whole round, which reports the existing
+    jobs. Elsewhere ``insert_many``. Workers are notified at commit.
     """
     if not rows:
         return {}
     if connections[using].vendor != "postgresql":
         enqueued = insert_many([Job(**row) for row in rows], using=using)
     else:
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql.INSERT_JOBS, [json_rows(rows)])
-            enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
-            existing = [row["key"] for row in rows if row["key"] not in enqueued]
-            if existing:
-                cursor.execute(sql.EXISTING_JOBS, [existing])
-                enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
+        try:
+            with transaction.atomic(using=using):
+                enqueued = _copy_jobs(rows, using)
+        except psycopg.errors.UniqueViolation:
+            enqueued = _insert_jobs(rows, using)
     notify([row["queue"] for row in rows], using=using)
+    return enqueued
+
+
+def _copy_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.RESERVE_JOB_IDS, [len(rows)])
+        ids = [pk for (pk,) in cursor.fetchall()]
+    # In the order of sql.JOB_COLUMNS.
+    copy_rows(
+        using,
+        sql.COPY_JOBS,
+        (
+            (pk, r["name"], r["key"], dumps(r["input"]), JobStatus.QUEUED.value, r["queue"], 0,
+             r["max_attempts"], r["run_at"], r["created_at"], "", r["task"], r["occurrence"],
+             r["catch_up"], r["enqueued_by"], "")
+            for pk, r in zip(ids, rows, strict=True)
+        ),
+    )  # fmt: skip
+    return {row["key"]: (pk, True) for pk, row in zip(ids, rows, strict=True)}
+
+
+def _insert_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.INSERT_JOBS, [json_rows(rows)])
+        enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
+        existing = [row["key"] for row in rows if row["key"] not in enqueued]
+        if existing:
+            cursor.execute(sql.EXISTING_JOBS, [existing])
+            enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
     return enqueued
 
 

@@ -101,6 +101,11 @@ def resolve_zone(tz: object, owner: str) -> zoneinfo.ZoneInfo:
     )
 
 
+# Built once: ``json.dumps`` with any non-default option builds a new encoder per call.
+_STRICT_ENCODE = json.JSONEncoder(allow_nan=False).encode
+_DIGEST_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def canonical_input(job_name: str, value: object) -> dict[str, Any]:
     """Check that ``value`` is a JSON-serialisable dict of keyword arguments, and return it."""
     if value is None:
@@ -114,7 +119,7 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
         )
     try:
         # Round-tripped so the job gets exactly what the worker will read back.
-        return json.loads(json.dumps(value, allow_nan=False))
+        return json.loads(_STRICT_ENCODE(value))
     except (TypeError, ValueError) as error:
         raise InvalidJobInputError(
             f'input of job "{job_name}" is not JSON-serialisable: {error}',
@@ -126,7 +131,7 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
 
 def input_digest(value: dict[str, Any]) -> str:
     """A short stable digest of an input, equal on every node for equal input."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    text = _DIGEST_ENCODE(value)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -150,6 +155,8 @@ class JobHandle:
         self.max_attempts = max_attempts
         self.queue = queue
         self.signature = inspect.signature(func)
+        # Argument names already seen to fit the signature: binding is per name, not value.
+        self._fitting: set[frozenset[str]] = set()
         functools.update_wrapper(self, func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -161,6 +168,9 @@ class JobHandle:
     def check_input(self, value: object) -> dict[str, Any]:
         """The input as the worker will pass it; ``InvalidJobInputError`` now, not at run time."""
         data = canonical_input(self.name, value)
+        names = frozenset(data)
+        if names in self._fitting:
+            return data
         try:
             self.signature.bind(**data)
         except TypeError as error:
@@ -170,6 +180,8 @@ class JobHandle:
                 fix=f"pass the keyword arguments {self.name}() takes ({params})",
                 cause=error,
             ) from error
+        if len(self._fitting) < 64:
+            self._fitting.add(names)
         return data
 
     def declared_key(self, data: dict[str, Any]) -> str | None:

@@ -80,6 +80,9 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+#: Keys every JSON line starts with; a field of the same name takes their place.
+RESERVED = frozenset({"ts", "level", "event"})
+
 #: One encoder for every line: ``json.dumps(default=...)`` would build a new one per call.
 _ENCODE = json.JSONEncoder(default=_jsonable).encode
 
@@ -139,17 +142,30 @@ class TextFormatter(logging.Formatter):
         return " ".join(parts)
 
 
-class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StdoutHandler(logging.StreamHandler):
     """The handler ``configure`` installs; it can write a batch of lines at once."""
 
     formatter: JsonFormatter | TextFormatter
 
     def write_batch(self, level: str, event: str, rows: Iterable[dict[str, Any]]) -> None:
+        # The lines of a batch are written at one instant and share their ts, level and event:
+        # that part is formatted once, and each line only encodes its own fields.
         line = self.formatter.line
-        text = "".join(f"{line(time.time(), level, event, fields)}\n" for fields in rows)
-        with self.lock:  # type: ignore[union-attr]
-            self.stream.write(text)
-            self.flush()
+        head = line(time.time(), level, event, {})
+        json_head = head[:-1] + ", " if isinstance(self.formatter, JsonFormatter) else None
+        parts = []
+        for fields in rows:
+            if not fields or RESERVED.intersection(fields):
+                parts.append(line(time.time(), level, event, fields))
+            elif json_head is not None:
+                parts.append(json_head + _ENCODE(fields)[1:])
+            else:
+                parts.append(head + "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items()))
+        text = "\n".join(parts)
+        if text:
+            with self.lock:  # type: ignore[union-attr]
+                self.stream.write(text + "\n")
+                self.flush()
 
 
 def _sole_handler(logger: logging.Logger, level: int) -> _StdoutHandler | None:

@@ -104,6 +104,8 @@ def resolve_zone(tz: object, owner: str) -> zoneinfo.ZoneInfo:
 # Built once: ``json.dumps`` with any non-default option builds a new encoder per call.
 _STRICT_ENCODE = json.JSONEncoder(allow_nan=False).encode
 _DIGEST_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+#: Value types (exactly these, not subclasses) that a JSON round trip leaves as they are.
+_FLAT = frozenset({str, int, bool, type(None)})
 
 
 def canonical_input(job_name: str, value: object) -> dict[str, Any]:
@@ -117,6 +119,9 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             fix=f'pass a dict with string keys, e.g. {job_name}.enqueue({{"day": "2026-03-08"}})',
             cause=value,
         )
+    if all(type(v) in _FLAT for v in value.values()):
+        # What the round trip below gives for flat str/int/bool/None values: the same dict.
+        return dict(value)
     try:
         # Round-tripped so the job gets exactly what the worker will read back.
         return json.loads(_STRICT_ENCODE(value))

@@ -25,10 +25,11 @@ ON CONFLICT (name) DO NOTHING
 
 #: Compare-and-set every watermark of a round in one statement: a row moves only while it still
 #: holds the watermark the round planned from (re-checked after any concurrent update), and the
-#: names returned say which did. Run after the fence, inside the round's transaction.
+#: names returned say which did. Run after the fence, inside the round's transaction. The rows
+#: come as JSON: psycopg builds 10,000-element arrays in Python, several times slower.
 SWAP_WATERMARKS = f"""
 UPDATE {_TASK} AS t SET last_fired_at = v.watermark
-FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) AS v(name, expected, watermark)
+FROM jsonb_to_recordset(%s::jsonb) AS v(name text, expected timestamptz, watermark timestamptz)
 WHERE t.name = v.name AND t.last_fired_at IS NOT DISTINCT FROM v.expected
 RETURNING t.name
 """

@@ -178,10 +178,12 @@ class DatabaseState:
         """Check every watermark of the round and write the new ones, locking their rows."""
         names = list(plan.watermarks)
         if connections[self.using].vendor == "postgresql":
-            expected = [old for old, _ in plan.watermarks.values()]
-            new = [watermark for _, watermark in plan.watermarks.values()]
+            rows = [
+                {"name": name, "expected": old, "watermark": new}
+                for name, (old, new) in plan.watermarks.items()
+            ]
             with connections[self.using].cursor() as cursor:
-                cursor.execute(sql.SWAP_WATERMARKS, [names, expected, new])
+                cursor.execute(sql.SWAP_WATERMARKS, [dumps(rows)])
                 swapped = {name for (name,) in cursor.fetchall()}
             if len(swapped) != len(names):
                 # The transaction rolls back: no watermark moves, no job is written.

@@ -45,9 +45,7 @@ async def _run(n: int) -> float:
         def ping(timestamp: int) -> None:
             """A no-op periodic task."""
 
-        app.periodic(cron="* * * * *", periodic_id=f"p{i}")(
-            app.task(name=f"bench.p{i:05d}")(ping)
-        )
+        app.periodic(cron="* * * * *", periodic_id=f"p{i}")(app.task(name=f"bench.p{i:05d}")(ping))
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
         deferrer = PeriodicDeferrer(registry=app.periodic_registry)

@@ -101,9 +101,7 @@ def _armed(n: int, clock: Any, tasks: list[Any] | None = None) -> Any:
     from ultimat3_jobs.state import DatabaseState
 
     state = DatabaseState(node_id="bench", leader="sole", clock=clock)
-    return Scheduler(
-        state=state, clock=clock, tasks=tasks or _tasks(n), drain_on_shutdown=False
-    )
+    return Scheduler(state=state, clock=clock, tasks=tasks or _tasks(n), drain_on_shutdown=False)
 
 
 def _timed_round(scheduler: Any) -> tuple[float, int, list[Any]]:
@@ -326,9 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     big = _child("--child", "big", "--n", str(args.big))
 
     print(f"\nScheduler rounds (PostgreSQL; median of {args.repeats} runs unless said)")
-    header = (
-        f"{'':<44} | " + " | ".join(f"{'N=' + format(r['n'], ','):>12}" for r in rounds)
-    )
+    header = f"{'':<44} | " + " | ".join(f"{'N=' + format(r['n'], ','):>12}" for r in rounds)
     print(header)
     print("-" * len(header))
 

@@ -95,8 +95,9 @@ def test_emit_many__writes_the_lines_emit_would(
     lines = buffer.getvalue().splitlines()
     assert len(lines) == 2 * len(rows)
     if fmt == "json":
-        one, batch = [json.loads(line) for line in lines[:3]], [json.loads(line) for line in lines[3:]]
-        for payload in one + batch:
+        payloads = [json.loads(line) for line in lines]
+        one, batch = payloads[:3], payloads[3:]
+        for payload in payloads:
             if payload["ts"] != rows[2]["ts"]:
                 payload.pop("ts")
         assert batch == one

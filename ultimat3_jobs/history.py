@@ -16,7 +16,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import sql
 from .catchup import Span
-from .db import copy_rows, dumps
+from .db import copy_rows, dumps, instant_texts
 from .jobstore import ids_of
 from .models import Occurrence, Outcome
 
@@ -117,13 +117,14 @@ def write(rows: Sequence[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None
     if not rows:
         return
     if connections[using].vendor == "postgresql":
+        at = instant_texts()
         copy_rows(
             using,
             sql.COPY_OCCURRENCES,
             (
-                (r["task"], r["outcome"], r["occurrence"], r["last_occurrence"], r["count"],
-                 r["catch_up"], dumps(r["jobs"]), r["recorded_at"], r["node"], r["user"],
-                 r["detail"])
+                (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]),
+                 r["count"], r["catch_up"], dumps(r["jobs"]), at(r["recorded_at"]), r["node"],
+                 r["user"], r["detail"])
                 for r in rows
             ),
         )  # fmt: skip

@@ -21,7 +21,7 @@ from django.db.models.functions import Concat, Now
 
 from . import clock, sql
 from .conf import Settings, get_settings
-from .db import copy_rows, dumps, json_rows
+from .db import copy_rows, dumps, instant_texts, json_rows
 from .listener import notify
 from .models import Job, JobStatus, Node
 
@@ -171,14 +171,15 @@ def _copy_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:
     with connections[using].cursor() as cursor:
         cursor.execute(sql.RESERVE_JOB_IDS, [len(rows)])
         ids = [pk for (pk,) in cursor.fetchall()]
+    at = instant_texts()
     # In the order of sql.JOB_COLUMNS.
     copy_rows(
         using,
         sql.COPY_JOBS,
         (
             (pk, r["name"], r["key"], dumps(r["input"]), JobStatus.QUEUED.value, r["queue"], 0,
-             r["max_attempts"], r["run_at"], r["created_at"], "", r["task"], r["occurrence"],
-             r["catch_up"], r["enqueued_by"], "")
+             r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "", r["task"],
+             at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "")
             for pk, r in zip(ids, rows, strict=True)
         ),
     )  # fmt: skip

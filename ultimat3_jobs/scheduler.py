@@ -30,6 +30,9 @@ from .retries import loop_backoff
 from .state import FencingLost, SchedulerState, WatermarkMoved
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
+#: One line per task and occurrence (dispatched, armed): a logger of their own, so a site with
+#: thousands of tasks can keep the round summaries and silence these.
+per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
 
 #: Schedule answers kept between rounds; the cache starts over when it is full.
 RESOLVE_CACHE_SIZE = 65_536
@@ -240,7 +243,7 @@ class Scheduler:
         dispatched = [self._report(fired, enqueued) for fired in plan.fired]
         # One line per occurrence, written after the commit so it never delays the jobs.
         emit_many(
-            logger,
+            per_task,
             "jobs.scheduler.dispatched",
             (
                 {
@@ -271,7 +274,7 @@ class Scheduler:
 
     def _log_steps(self, steps: list[tuple[TaskHandle, TaskStep]]) -> None:
         emit_many(
-            logger,
+            per_task,
             "jobs.scheduler.armed",
             ({"task": handle.name, "next": step.next_due} for handle, step in steps if step.armed),
         )

@@ -12,6 +12,15 @@ _TASK = Task._meta.db_table
 _JOB = Job._meta.db_table
 _OCCURRENCE = Occurrence._meta.db_table
 
+#: Every task's watermark and pause, in no order.
+TASK_STATES = f"SELECT name, last_fired_at, paused FROM {_TASK}"
+
+#: Every task's declaration as last mirrored; ``has_jobs`` stands in for the list itself.
+TASK_DECLARATIONS = f"""
+SELECT name, cron, tz, catch_up, max_catch_up, declared, jobs <> '[]'::jsonb AS has_jobs
+FROM {_TASK}
+"""
+
 #: Rows for newly declared tasks, from arrays; a name another node just inserted is left alone.
 INSERT_TASKS = f"""
 INSERT INTO {_TASK} (name, cron, tz, catch_up, max_catch_up, jobs, paused, paused_note,

@@ -7,7 +7,8 @@ the admin reads a task's recent history back with the ids of the jobs each recor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,7 +30,7 @@ OUTCOME_LABELS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RecordedJob:
     """One job a record produced: its name, its key, and whether that key was new."""
 
@@ -38,7 +39,7 @@ class RecordedJob:
     created: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """A record, with the id of each of its jobs that still exists (pruned ones have none)."""
 
@@ -112,10 +113,15 @@ def _row(
     }
 
 
-def write(rows: Sequence[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Insert records in the caller's transaction: one COPY on PostgreSQL."""
-    if not rows:
+def write(records: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
+    """Insert records in the caller's transaction: one COPY on PostgreSQL.
+
+    ``records`` may be a generator: on PostgreSQL each row is made as the COPY takes it.
+    """
+    first = next(iter_records := iter(records), None)
+    if first is None:
         return
+    rows = itertools.chain([first], iter_records)
     if connections[using].vendor == "postgresql":
         at = instant_texts()
         copy_rows(

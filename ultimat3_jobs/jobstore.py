@@ -9,10 +9,10 @@ PostgreSQL statements come from ``sql.py``; other databases go through the ORM.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
@@ -36,7 +36,7 @@ FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 RECOVER_BATCH = 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """``created`` is False when a job with this key already existed; ``job_id`` is that job."""
 
@@ -45,7 +45,7 @@ class EnqueueResult:
     key: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recovered:
     """How many jobs of dead workers went back to the queue, and how many ended failed."""
 
@@ -145,7 +145,15 @@ def insert_many(jobs: Sequence[Job], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     return {key: (ids[key], key not in before) for key in keys if key in ids}
 
 
-def insert_round(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
+class Rows(Protocol):
+    """Rows that know their count and may be made as they are read (a round's 10,000 need
+    not all exist at once). Reading them twice makes them twice."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+
+def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     """A scheduler round's jobs (``job_fields`` dicts), in the caller's transaction.
 
     On PostgreSQL one COPY writes every row, with ids reserved from the sequence first, inside
@@ -153,37 +161,43 @@ def insert_round(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> E
     one ``INSERT ... ON CONFLICT DO NOTHING`` of the whole round, which reports the existing
     jobs. Elsewhere ``insert_many``. Workers are notified at commit.
     """
-    if not rows:
+    if not len(rows):
         return {}
+    queues: set[str] = set()
     if connections[using].vendor != "postgresql":
-        enqueued = insert_many([Job(**row) for row in rows], using=using)
+        jobs = [Job(**row) for row in rows]
+        queues.update(job.queue for job in jobs)
+        enqueued = insert_many(jobs, using=using)
     else:
         try:
             with transaction.atomic(using=using):
-                enqueued = _copy_jobs(rows, using)
+                enqueued = _copy_jobs(rows, queues, using)
         except psycopg.errors.UniqueViolation:
-            enqueued = _insert_jobs(rows, using)
-    notify([row["queue"] for row in rows], using=using)
+            listed = list(rows)
+            queues.update(row["queue"] for row in listed)
+            enqueued = _insert_jobs(listed, using)
+    notify(queues, using=using)
     return enqueued
 
 
-def _copy_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:
+def _copy_jobs(rows: Rows, queues: set[str], using: str) -> Enqueued:
     with connections[using].cursor() as cursor:
         cursor.execute(sql.RESERVE_JOB_IDS, [len(rows)])
         ids = [pk for (pk,) in cursor.fetchall()]
     at = instant_texts()
-    # In the order of sql.JOB_COLUMNS.
-    copy_rows(
-        using,
-        sql.COPY_JOBS,
-        (
-            (pk, r["name"], r["key"], dumps(r["input"]), JobStatus.QUEUED.value, r["queue"], 0,
-             r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "", r["task"],
-             at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "")
-            for pk, r in zip(ids, rows, strict=True)
-        ),
-    )  # fmt: skip
-    return {row["key"]: (pk, True) for pk, row in zip(ids, rows, strict=True)}
+    enqueued: Enqueued = {}
+
+    def copied() -> Iterator[tuple[Any, ...]]:
+        for pk, r in zip(ids, rows, strict=True):
+            enqueued[r["key"]] = (pk, True)
+            queues.add(r["queue"])
+            # In the order of sql.JOB_COLUMNS.
+            yield (pk, r["name"], r["key"], dumps(r["input"]), JobStatus.QUEUED.value,
+                   r["queue"], 0, r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "",
+                   r["task"], at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "")  # fmt: skip
+
+    copy_rows(using, sql.COPY_JOBS, copied())
+    return enqueued
 
 
 def _insert_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:

@@ -80,6 +80,9 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+#: Lines per write of a batch: few writes, and never a round's worth of text held at once.
+BATCH_LINES = 1000
+
 #: Keys every JSON line starts with; a field of the same name takes their place.
 RESERVED = frozenset({"ts", "level", "event"})
 
@@ -161,11 +164,16 @@ class _StdoutHandler(logging.StreamHandler):
                 parts.append(json_head + _ENCODE(fields)[1:])
             else:
                 parts.append(head + "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items()))
-        text = "\n".join(parts)
-        if text:
+            if len(parts) == BATCH_LINES:
+                self._write(parts)
+        self._write(parts)
+
+    def _write(self, parts: list[str]) -> None:
+        if parts:
             with self.lock:  # type: ignore[union-attr]
-                self.stream.write(text + "\n")
+                self.stream.write("\n".join(parts) + "\n")
                 self.flush()
+            parts.clear()
 
 
 def _sole_handler(logger: logging.Logger, level: int) -> _StdoutHandler | None:

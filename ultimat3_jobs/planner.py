@@ -22,14 +22,14 @@ from .registry import JobHandle, TaskHandle
 KEY_LIMIT = 255
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedJob:
     job: JobHandle
     data: dict[str, Any]
     key: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedOccurrence:
     task: str
     occurrence: datetime
@@ -37,7 +37,7 @@ class PlannedOccurrence:
     jobs: list[PlannedJob]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedRecord:
     """Occurrences decided without firing: dropped by the policy, or skipped while paused."""
 
@@ -56,7 +56,7 @@ class RoundPlan:
     watermarks: dict[str, tuple[datetime | None, datetime]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskStep:
     """What planning one task did, for the scheduler to log and reschedule.
 

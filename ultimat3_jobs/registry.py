@@ -248,7 +248,7 @@ class JobHandle:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskJobResult:
     """One entry's outcome, from a scheduled dispatch or a manual ``task.enqueue()`` alike."""
 

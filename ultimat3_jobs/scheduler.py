@@ -38,7 +38,7 @@ per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
 RESOLVE_CACHE_SIZE = 65_536
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dispatched:
     """One occurrence a round fired, with the outcome of each of its jobs."""
 

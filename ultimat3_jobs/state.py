@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import close_old_connections, connections, transaction
@@ -26,6 +26,8 @@ from .planner import PlannedJob, PlannedOccurrence, RoundPlan
 from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 #: A clock that stays skewed is warned about again this often.
 SKEW_WARNING_EVERY = timedelta(minutes=1)
@@ -159,7 +161,8 @@ class DatabaseState:
             # By a plain cursor: at 100,000 rows the ORM's per-row work is most of the cost.
             with connections[self.using].cursor() as cursor:
                 cursor.execute(sql.TASK_STATES)
-                found = cursor.fetchall()
+                instant = _from_microseconds()
+                found = [(name, instant(us), paused) for name, us, paused in cursor.fetchall()]
         else:
             # Unordered: sorting every row by name is work nobody reads.
             rows = Task.objects.using(self.using).order_by()
@@ -279,6 +282,21 @@ class DatabaseState:
 
     def stopped(self) -> None:
         nodes.stopped(using=self.using, node_id=self.node_id, is_leader=False)
+
+
+def _from_microseconds() -> Callable[[int | None], datetime | None]:
+    """Microseconds since the epoch as the exact aware instant; each value converted once."""
+    seen: dict[int, datetime] = {}
+
+    def instant(us: int | None) -> datetime | None:
+        if us is None:
+            return None
+        found = seen.get(us)
+        if found is None:
+            found = seen[us] = EPOCH + timedelta(microseconds=us)
+        return found
+
+    return instant
 
 
 def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:

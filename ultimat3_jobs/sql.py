@@ -24,14 +24,14 @@ SELECT name, cron, tz, catch_up, max_catch_up, declared, jobs <> '[]'::jsonb AS 
 FROM {_TASK}
 """
 
-#: Rows for newly declared tasks, from arrays; a name another node just inserted is left alone.
+#: Rows for newly declared tasks, from JSON; a name another node just inserted is left alone.
 INSERT_TASKS = f"""
 INSERT INTO {_TASK} (name, cron, tz, catch_up, max_catch_up, jobs, paused, paused_note,
                      paused_by, declared, first_seen_at, synced_at)
-SELECT v.name, v.cron, v.tz, v.catch_up, v.max_catch_up, v.jobs::jsonb, false, '', '', true,
-       now(), now()
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::integer[], %s::text[])
-    AS v(name, cron, tz, catch_up, max_catch_up, jobs)
+SELECT v.name, v.cron, v.tz, v.catch_up, v.max_catch_up, v.jobs, false, '', '', true, now(),
+       now()
+FROM json_to_recordset(%s::json)
+    AS v(name text, cron text, tz text, catch_up text, max_catch_up integer, jobs jsonb)
 ON CONFLICT (name) DO NOTHING
 """
 

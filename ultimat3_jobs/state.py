@@ -148,10 +148,12 @@ class DatabaseState:
                 ignore_conflicts=True,
             )
             return
-        columns = [list(column) for column in zip(*map(_declared, handles), strict=True)]
-        jobs = [dumps(_job_names(handle)) for handle in handles]
+        rows = [
+            {"name": handle.name, **_declaration(handle), "jobs": _job_names(handle)}
+            for handle in handles
+        ]
         with connections[self.using].cursor() as cursor:
-            cursor.execute(sql.INSERT_TASKS, [[handle.name for handle in handles], *columns, jobs])
+            cursor.execute(sql.INSERT_TASKS, [dumps(rows)])
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         # A long IN list costs more to build and plan than reading every row does.

@@ -259,3 +259,20 @@ def test_round__a_job_key_already_there_is_reported_and_the_rest_inserted() -> N
     assert Job.objects.count() == 3
     assert Occurrence.objects.filter(outcome="fired").count() == 3
     assert set(Task.objects.values_list("last_fired_at", flat=True)) == {clock()}
+
+
+@pytest.mark.django_db
+def test_sync__a_changed_declaration_is_rewritten_and_keeps_its_watermark() -> None:
+    [handle] = make_tasks(1, prefix="changed")
+    state = DatabaseState(node_id="n", leader="sole")
+    state.sync([handle])
+    Task.objects.filter(name="changed.00000").update(last_fired_at=T0, declared=False)
+    [moved] = make_tasks(1, cron="0 3 * * *", tz="Europe/Paris", prefix="changed")
+    state.sync([moved])
+    row = Task.objects.get(name="changed.00000")
+    assert (row.cron, row.tz, row.declared, row.last_fired_at) == (
+        "0 3 * * *",
+        "Europe/Paris",
+        True,
+        T0,
+    )

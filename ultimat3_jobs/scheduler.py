@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from . import clock as default_clock
 from . import shutdown
+from .catchup import Decision
 from .cron import next_occurrence
 from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
@@ -75,6 +76,9 @@ class Scheduler:
         self.drain_on_shutdown = drain_on_shutdown
         self._fixed_tasks = list(tasks) if tasks is not None else None
         self._resolve = resolver or _cached_next_occurrence()
+        # The default resolver depends on a task's schedule and zone alone, so tasks that
+        # share them share one catch-up decision per round.
+        self._share_decisions = resolver is None
         self.is_leader = False
         self.status: RunStatus = "idle"
         self.last_error = ""
@@ -199,6 +203,7 @@ class Scheduler:
         missing = False
         renew_every = getattr(self.leader, "renew_every", None)
         renewed = time.monotonic()
+        decisions: dict[tuple[object, ...], Decision] | None = {} if self._share_decisions else None
         for name in names:
             if renew_every is not None and time.monotonic() - renewed > renew_every.total_seconds():
                 # A long round (slow task functions) must not outlive its lease: renew between
@@ -223,6 +228,7 @@ class Scheduler:
                 misfire_grace=self.misfire_grace,
                 next_after=functools.partial(self._resolve, handle),
                 plan=plan,
+                decisions=decisions,
             )
             reschedule[name] = step.next_due
             steps.append((handle, step))

@@ -119,3 +119,18 @@ def test_emit_many__goes_through_other_handlers_as_records(
         ("jobs.scheduler.dispatched", {"task": "t.a"}),
         ("jobs.scheduler.dispatched", {"task": "t.b"}),
     ]
+
+
+def test_emit_many__a_silenced_per_task_logger_keeps_the_round_summary(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    buffer = configured("json")
+    per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
+    per_task.setLevel(logging.WARNING)  # what the README's LOGGING example does
+    try:
+        emit_many(per_task, "jobs.scheduler.dispatched", [{"task": "t.a"}, {"task": "t.b"}])
+        emit(logging.getLogger("ultimat3_jobs.scheduler"), "jobs.scheduler.round", fired=2)
+    finally:
+        per_task.setLevel(logging.NOTSET)
+    events = [json.loads(line)["event"] for line in buffer.getvalue().splitlines()]
+    assert events == ["jobs.scheduler.round"]

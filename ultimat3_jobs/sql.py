@@ -13,7 +13,8 @@ _JOB = Job._meta.db_table
 _OCCURRENCE = Occurrence._meta.db_table
 
 #: Every task's watermark (as whole microseconds since the epoch) and pause, in no order. An
-#: integer, not a timestamptz: Django's timestamptz loader is Python, ~20 us a row.
+#: integer, not a timestamptz: Django's timestamptz loader is Python, ~20 us a row. Exact:
+#: extract() returns numeric from PostgreSQL 14 on, the oldest Django 5.2 supports.
 TASK_STATES = f"""
 SELECT name, (extract(epoch FROM last_fired_at) * 1000000)::bigint, paused FROM {_TASK}
 """

@@ -455,3 +455,39 @@ def test_cached_next_occurrence__answers_as_next_occurrence_across_cache_resets(
             expected = next_occurrence(handle.schedule, handle.zone, at)
             assert resolve(handle, at) == expected
             assert resolve(handle, at) == expected  # answered again, from the cache
+
+
+def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() -> None:
+    import gc
+
+    from ultimat3_jobs import scheduler as module
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    seen: list[bool] = []
+
+    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        seen.append(gc.isenabled())
+        return [(record, {"label": occurrence.isoformat()})]
+
+    def handles(count: int) -> list[TaskHandle]:
+        return [
+            TaskHandle(
+                entries,  # type: ignore[arg-type]
+                name=f"t.gc{count}-{i:04d}",
+                schedule=parse("0 * * * *"),
+                zone=resolve_zone("UTC", "t"),
+                catch_up="skip",
+                max_catch_up=10,
+            )
+            for i in range(count)
+        ]
+
+    for count, paused in ((module.GC_PAUSE_FROM - 1, False), (module.GC_PAUSE_FROM, True)):
+        seen.clear()
+        scheduler, _, clock = build(*handles(count))
+        scheduler.tick()  # arms
+        clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+        assert len(scheduler.tick()) == count
+        assert set(seen) == {not paused}
+        assert gc.isenabled()

@@ -209,9 +209,18 @@ def measure_floor(n: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _repeats(n: int) -> int:
+    """Small rounds are cheap and noisier: more of them."""
+    return 9 if n <= 1_000 else 5
+
+
 def run_round(n: int, repeats: int) -> dict[str, Any]:
     floors: list[float] = []
-    result = {"n": n, **measure_ours(n, repeats, lambda: floors.append(measure_floor(n, 1)))}
+    result = {
+        "n": n,
+        "repeats": repeats,
+        **measure_ours(n, repeats, lambda: floors.append(measure_floor(n, 1))),
+    }
     result["floor_s"] = statistics.median(floors)
     return result
 
@@ -325,7 +334,9 @@ def _ms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, help="timed rounds per size (default: 9 up to 1,000 tasks, else 5)"
+    )
     parser.add_argument("--big", type=int, default=BIG_SIZE)
     parser.add_argument("--child", choices=("round", "loop", "big"), help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         django_ready()
         _json_logs_to_devnull()
         if args.child == "round":
-            _print_result(run_round(args.n, args.repeats))
+            _print_result(run_round(args.n, args.repeats or _repeats(args.n)))
         elif args.child == "loop":
             _print_result(run_loop(args.n))
         else:
@@ -346,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import procrastinate_periodic
 
     rounds = [
-        _child("--child", "round", "--n", str(n), "--repeats", str(args.repeats))
+        _child("--child", "round", "--n", str(n), "--repeats", str(args.repeats or _repeats(n)))
         for n in args.sizes
     ]
     other = procrastinate_periodic.measure(PROCRASTINATE_SIZE)
@@ -354,8 +365,9 @@ def main(argv: list[str] | None = None) -> None:
     big = _child("--child", "big", "--n", str(args.big))
 
     print(
-        f"\nScheduler rounds (PostgreSQL; median of {args.repeats} runs, each round followed by "
-        "its floor, unless said)"
+        "\nScheduler rounds (PostgreSQL; median of "
+        + ", ".join(f"{r['repeats']} runs at N={r['n']:,}" for r in rounds)
+        + ", each round followed by its floor, unless said)"
     )
     header = f"{'':<44} | " + " | ".join(f"{'N=' + format(r['n'], ','):>12}" for r in rounds)
     print(header)

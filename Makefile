@@ -45,8 +45,11 @@ test: lint
 soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
-bench: $(STAMP)
+$(VENV)/.bench-installed: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
 	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:

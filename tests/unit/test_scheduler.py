@@ -433,3 +433,68 @@ def test_resolver__an_injected_schedule_drives_arming_and_firing() -> None:
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 0, 5, 1, tzinfo=UTC))  # the cron says hourly; the resolver wins
     assert [d.occurrence for d in scheduler.tick()] == [datetime(2026, 6, 1, 0, 5, tzinfo=UTC)]
+
+
+def test_cached_next_occurrence__answers_as_next_occurrence_across_cache_resets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ultimat3_jobs import scheduler as module
+    from ultimat3_jobs.cron import next_occurrence, parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    monkeypatch.setattr(module, "RESOLVE_CACHE_SIZE", 4)
+    resolve = module._cached_next_occurrence()
+    tasks = [
+        TaskHandle(
+            lambda at: [],
+            name=name,
+            schedule=parse(cron),
+            zone=resolve_zone(tz, name),
+            catch_up="skip",
+            max_catch_up=10,
+        )
+        for name, cron, tz in [("t.a", "*/5 * * * *", "Europe/Paris"), ("t.b", "0 3 * * *", "UTC")]
+    ]
+    start = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)  # the night Paris springs forward
+    for step in range(12):
+        at = start + timedelta(minutes=7 * step)
+        for handle in tasks:
+            expected = next_occurrence(handle.schedule, handle.zone, at)
+            assert resolve(handle, at) == expected
+            assert resolve(handle, at) == expected  # answered again, from the cache
+
+
+def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() -> None:
+    import gc
+
+    from ultimat3_jobs import scheduler as module
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    seen: list[bool] = []
+
+    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        seen.append(gc.isenabled())
+        return [(record, {"label": occurrence.isoformat()})]
+
+    def handles(count: int) -> list[TaskHandle]:
+        return [
+            TaskHandle(
+                entries,
+                name=f"t.gc{count}-{i:04d}",
+                schedule=parse("0 * * * *"),
+                zone=resolve_zone("UTC", "t"),
+                catch_up="skip",
+                max_catch_up=10,
+            )
+            for i in range(count)
+        ]
+
+    for count, paused in ((module.GC_PAUSE_FROM - 1, False), (module.GC_PAUSE_FROM, True)):
+        seen.clear()
+        scheduler, _, clock = build(*handles(count))
+        scheduler.tick()  # arms
+        clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+        assert len(scheduler.tick()) == count
+        assert set(seen) == {not paused}
+        assert gc.isenabled()

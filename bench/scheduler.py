@@ -1,24 +1,40 @@
-"""Round cost at N tasks: all due at once, and nothing due; against a raw psycopg floor.
+"""Scheduler rounds at scale, against a floor and against procrastinate's periodic deferrer.
 
-Each N runs in its own process so peak RSS belongs to that N. Run: ``python -m bench``.
+- floor: one psycopg transaction that COPYs N job rows and updates N watermark rows;
+- ours: the round ``run_scheduler --once`` runs with all N tasks due (after arming), timed
+  inside the process with the JSON log lines written (to /dev/null), its statements counted;
+- procrastinate: its periodic deferrer deferring one minute of N periodic tasks (procrastinate
+  3.x, psycopg connector), on the same cluster in a database of its own;
+- running loop: ``--tick-interval 0.1`` at N tasks due at one instant, from that instant until
+  the round holding all N jobs has committed;
+- 100,000 tasks: start (first and warm) until the loop dispatches, an idle round, an all-due
+  round.
+
+Each measurement runs in its own process so peak RSS belongs to it. Run: ``python -m bench``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-SIZES = (100, 1_000, 10_000)
+SIZES = (1_000, 10_000)
+LOOP_SIZE = 10_000
+BIG_SIZE = 100_000
+PROCRASTINATE_SIZE = 1_000
+TICK = 0.1
 T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
 
 
-def _tasks(n: int) -> list[Any]:
+def _tasks(n: int, cron: str = "* * * * *", tz: str = "Europe/Paris") -> list[Any]:
     from ultimat3_jobs.cron import parse
     from ultimat3_jobs.registry import JobHandle, TaskHandle, registry, resolve_zone
 
@@ -28,12 +44,12 @@ def _tasks(n: int) -> list[Any]:
     def entries(occurrence: datetime) -> list[tuple[JobHandle, dict[str, Any]]]:
         return [(ping, {"label": occurrence.isoformat()})]
 
-    zone = resolve_zone("Europe/Paris", "bench")
-    schedule = parse("* * * * *")
+    zone = resolve_zone(tz, "bench")
+    schedule = parse(cron)
     return [
         TaskHandle(
             entries,
-            name=f"bench.{i:05d}",
+            name=f"bench.{i:06d}",
             schedule=schedule,
             zone=zone,
             catch_up="skip",
@@ -44,150 +60,352 @@ def _tasks(n: int) -> list[Any]:
 
 
 def _reset() -> None:
+    from django.db import connection
+
     from ultimat3_jobs.models import Job, Node, Occurrence, Task
 
-    for model in (Job, Occurrence, Task, Node):
-        model.objects.all().delete()
+    with connection.cursor() as cursor:
+        for model in (Job, Occurrence, Task, Node):
+            cursor.execute(f"TRUNCATE {model._meta.db_table}")
 
 
-def measure_ours(n: int, repeats: int) -> dict[str, Any]:
+def _json_logs_to_devnull() -> None:
+    """The logging ``run_scheduler --log-format json`` sets up, writing to /dev/null."""
+    from ultimat3_jobs import logs
+
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    logs.configure("json")
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    sys.__stdout__.write(json.dumps(result) + "\n")  # type: ignore[union-attr]
+
+
+def _pg_params() -> dict[str, Any]:
+    from django.db import connection
+
+    params = connection.settings_dict
+    return {
+        "dbname": params["NAME"],
+        "user": params["USER"] or None,
+        "password": params["PASSWORD"] or None,
+        "host": params["HOST"] or None,
+        "port": params["PORT"] or None,
+    }
+
+
+# -- ours -----------------------------------------------------------------------------------------
+
+
+def _armed(n: int, clock: Any, tasks: list[Any] | None = None) -> Any:
+    from ultimat3_jobs.scheduler import Scheduler
+    from ultimat3_jobs.state import DatabaseState
+
+    state = DatabaseState(node_id="bench", leader="sole", clock=clock)
+    return Scheduler(state=state, clock=clock, tasks=tasks or _tasks(n), drain_on_shutdown=False)
+
+
+#: Process CPU time of each timed round (this process's share: planning, encoding, logging).
+_cpu: list[float] = []
+
+
+def _timed_round(scheduler: Any, count: bool = False) -> tuple[float, int, list[Any]]:
+    """One round, timed; with ``count``, its statements counted instead (Django then renders
+    every statement with its parameters, which costs time and memory of its own)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    if count:
+        with CaptureQueriesContext(connection) as queries:
+            fired = scheduler.tick()
+        return 0.0, len(queries), fired
+    start, cpu = time.perf_counter(), time.process_time()
+    fired = scheduler.tick()
+    _cpu.append(time.process_time() - cpu)
+    return time.perf_counter() - start, 0, fired
+
+
+def measure_ours(
+    n: int, repeats: int, after_round: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
+    """``after_round`` runs after each timed round: the floor, so both see the same load."""
     from ultimat3_jobs.clock import FrozenClock
     from ultimat3_jobs.models import Job, Occurrence, Task
-    from ultimat3_jobs.scheduler import Scheduler
-    from ultimat3_jobs.state import DatabaseState
 
     from .setup import peak_rss_mb
 
     tasks = _tasks(n)
     due_times, idle_times, due_queries, idle_queries = [], [], 0, 0
-    for _ in range(repeats):
+    due_cpu: list[float] = []
+    for repeat in range(repeats + 1):
+        # The last pass counts statements, the others are timed. Peak RSS is read before it:
+        # counting makes Django keep every statement rendered with its parameters.
+        counting = repeat == repeats
+        if counting:
+            rss_mb = peak_rss_mb()
         _reset()
         clock = FrozenClock(T0)
-        state = DatabaseState(node_id="bench", leader="sole", clock=clock)
-        scheduler = Scheduler(state=state, clock=clock, tasks=tasks, drain_on_shutdown=False)
-        state.sync(tasks)
-        scheduler.tick()  # arm every task
+        scheduler = _armed(n, clock, tasks)
+        scheduler.tick()  # sync and arm every task
         clock.advance(10)
         scheduler.tick()  # nothing due; writes the heartbeat that falls due every few seconds
         clock.advance(1)  # a steady-state round with nothing due
-        with CaptureQueriesContext(connection) as idle:
-            start = time.perf_counter()
-            scheduler.tick()
-            idle_times.append(time.perf_counter() - start)
-        idle_queries = len(idle)
+        idle, queries, _ = _timed_round(scheduler, counting)
+        idle_queries = queries if counting else idle_queries
         clock.set(T0 + timedelta(seconds=30))  # every task due at 00:01:00
-        with CaptureQueriesContext(connection) as due:
-            start = time.perf_counter()
-            fired = scheduler.tick()
-            due_times.append(time.perf_counter() - start)
-        due_queries = len(due)
+        due, queries, fired = _timed_round(scheduler, counting)
+        due_queries = queries if counting else due_queries
+        if not counting:
+            idle_times.append(idle)
+            due_times.append(due)
+            due_cpu.append(_cpu[-1])
         assert len(fired) == n, (len(fired), n)
         assert Job.objects.count() == n
         assert Occurrence.objects.filter(outcome="fired").count() == n
         assert Task.objects.filter(last_fired_at=clock()).count() == n
+        if not counting:
+            after_round()
     return {
-        "n": n,
+        "rss_mb": rss_mb,
         "due_s": statistics.median(due_times),
+        "due_cpu_s": statistics.median(due_cpu),
         "due_queries": due_queries,
         "idle_s": statistics.median(idle_times),
         "idle_queries": idle_queries,
-        "rss_mb": peak_rss_mb(),
     }
 
 
 def measure_floor(n: int, repeats: int) -> float:
-    """N job rows in one transaction with one INSERT ... ON CONFLICT DO NOTHING, psycopg only."""
+    """COPY N job rows and UPDATE N watermarks in one transaction, psycopg alone."""
     import psycopg
-    from django.db import connection
 
-    params = connection.settings_dict
-    _reset()
+    from ultimat3_jobs.models import Task
+
+    names = list(Task.objects.order_by().values_list("name", flat=True)[:n])
+    assert len(names) == n, "the floor moves the watermarks of the round just measured"
     times = []
-    with psycopg.connect(
-        dbname=params["NAME"],
-        user=params["USER"] or None,
-        host=params["HOST"] or None,
-        port=params["PORT"] or None,
-    ) as conn:
+    with psycopg.connect(**_pg_params()) as conn:
         for r in range(repeats):
-            keys = [f"floor:{r}:{i}" for i in range(n)]
             now = datetime.now(UTC)
             start = time.perf_counter()
             with conn.transaction():
+                with conn.cursor().copy(
+                    "COPY ultimat3_jobs_job (name, key, input, status, queue, attempts, "
+                    "max_attempts, run_at, created_at, last_error, task, occurrence, catch_up, "
+                    "enqueued_by, worker) FROM STDIN"
+                ) as copy:
+                    for i, name in enumerate(names):
+                        copy.write_row(
+                            ("demo.ping", f"floor:{r}:{i}", '{"label": "x"}', "queued",
+                             "default", 0, 3, now, now, "", name, now, False, "scheduler", "")
+                        )  # fmt: skip
                 conn.execute(
-                    """
-                    INSERT INTO ultimat3_jobs_job (name, key, input, status, queue, attempts,
-                        max_attempts, run_at, created_at, last_error, task, occurrence, catch_up,
-                        enqueued_by, worker)
-                    SELECT 'demo.ping', k, '{}'::jsonb, 'queued', 'default', 0, 3, %s, %s, '',
-                        'floor', %s, false, 'scheduler', ''
-                    FROM unnest(%s::text[]) AS k
-                    ON CONFLICT (key) DO NOTHING
-                    """,
-                    [now, now, now, keys],
+                    "UPDATE ultimat3_jobs_task AS t SET last_fired_at = v.watermark "
+                    "FROM unnest(%s::text[], %s::timestamptz[]) AS v(name, watermark) "
+                    "WHERE t.name = v.name",
+                    [names, [now] * n],
                 )
             times.append(time.perf_counter() - start)
-    _reset()
     return statistics.median(times)
 
 
-def run_one(n: int, repeats: int) -> dict[str, Any]:
-    from .setup import django_ready
+def _repeats(n: int) -> int:
+    """Small rounds are cheap and noisier: more of them."""
+    return 9 if n <= 1_000 else 5
 
-    django_ready()
-    result = measure_ours(n, repeats)
-    result["floor_s"] = measure_floor(n, repeats)
+
+def run_round(n: int, repeats: int) -> dict[str, Any]:
+    floors: list[float] = []
+    result = {
+        "n": n,
+        "repeats": repeats,
+        **measure_ours(n, repeats, lambda: floors.append(measure_floor(n, 1))),
+    }
+    result["floor_s"] = statistics.median(floors)
     return result
+
+
+# -- the running loop -----------------------------------------------------------------------------
+
+
+def run_loop(n: int) -> dict[str, Any]:
+    """The loop at ``--tick-interval 0.1`` with N tasks all due at one instant, on real time."""
+    from ultimat3_jobs.scheduler import Scheduler
+    from ultimat3_jobs.state import DatabaseState
+
+    _reset()
+    target = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=12)
+    tasks = _tasks(n, cron=f"{target.second} {target.minute} {target.hour} * * *", tz="UTC")
+    state = DatabaseState(node_id="bench-loop", leader="sole")
+    committed: list[tuple[float, int]] = []
+    commits: list[tuple[float, float]] = []
+    original = state.commit
+
+    def commit(plan: Any, fence: Any) -> Any:
+        begun = time.time()
+        enqueued = original(plan, fence)
+        committed.append((time.time(), len(enqueued)))
+        commits.append((begun, time.time()))
+        return enqueued
+
+    state.commit = commit  # type: ignore[method-assign]
+    scheduler = Scheduler(
+        state=state, tasks=tasks, tick_interval=timedelta(seconds=TICK), drain_on_shutdown=False
+    )
+    started = time.time()
+    scheduler.start()
+    deadline = target.timestamp() + 30
+    while time.time() < deadline and not any(count for _, count in committed):
+        time.sleep(0.01)
+    scheduler.stop()
+    jobs = [(at, count) for at, count in committed if count]
+    assert jobs and jobs[0][1] == n, jobs
+    return {
+        "n": n,
+        "armed_s": committed[0][0] - started,
+        "latency_s": jobs[0][0] - target.timestamp(),
+        "commit_s": [b - a for a, b in commits][-1],
+        "commit_start_s": commits[-1][0] - target.timestamp(),
+        "floor_s": measure_floor(n, 3),
+    }
+
+
+# -- 100,000 tasks --------------------------------------------------------------------------------
+
+
+def run_big(n: int) -> dict[str, Any]:
+    from ultimat3_jobs.clock import FrozenClock
+
+    from .setup import peak_rss_mb
+
+    tasks = _tasks(n)
+    _reset()
+    clock = FrozenClock(T0)
+    start = time.perf_counter()
+    _armed(n, clock, tasks).tick()  # first start: every row written, every task armed
+    cold = time.perf_counter() - start
+    clock.advance(5)
+    start = time.perf_counter()
+    scheduler = _armed(n, clock, tasks)  # a restart: the rows are there
+    scheduler.tick()
+    warm = time.perf_counter() - start
+    clock.advance(10)
+    scheduler.tick()  # writes the heartbeat due every few seconds
+    idle_times = []
+    for _ in range(5):
+        clock.advance(0.1)
+        idle_times.append(_timed_round(scheduler)[0])
+    clock.advance(0.1)
+    idle_queries = _timed_round(scheduler, count=True)[1]
+    clock.set(T0 + timedelta(seconds=30))
+    due, _, fired = _timed_round(scheduler)
+    assert len(fired) == n
+    clock.set(T0 + timedelta(seconds=90))
+    due_queries = _timed_round(scheduler, count=True)[1]
+    return {
+        "n": n,
+        "cold_s": cold,
+        "warm_s": warm,
+        "idle_s": statistics.median(idle_times),
+        "idle_queries": idle_queries,
+        "due_s": due,
+        "due_queries": due_queries,
+        "rss_mb": peak_rss_mb(),
+    }
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def _child(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.scheduler", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.2f} ms"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.one:
-        print(json.dumps(run_one(args.one, args.repeats)))
-        return
-    rows = []
-    for n in args.sizes:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.scheduler",
-                "--one",
-                str(n),
-                "--repeats",
-                str(args.repeats),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\nScheduler round cost (median of {args.repeats} runs; PostgreSQL)")
-    header = (
-        f"{'tasks':>7} | {'all due':>9} | {'queries':>7} | {'floor':>9} | {'ours/floor':>10} | "
-        f"{'nothing due':>11} | {'queries':>7} | {'peak RSS':>9}"
+    parser.add_argument(
+        "--repeats", type=int, help="timed rounds per size (default: 9 up to 1,000 tasks, else 5)"
     )
+    parser.add_argument("--big", type=int, default=BIG_SIZE)
+    parser.add_argument("--child", choices=("round", "loop", "big"), help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        from .setup import django_ready
+
+        django_ready()
+        _json_logs_to_devnull()
+        if args.child == "round":
+            _print_result(run_round(args.n, args.repeats or _repeats(args.n)))
+        elif args.child == "loop":
+            _print_result(run_loop(args.n))
+        else:
+            _print_result(run_big(args.n))
+        return
+
+    from . import procrastinate_periodic
+
+    rounds = [
+        _child("--child", "round", "--n", str(n), "--repeats", str(args.repeats or _repeats(n)))
+        for n in args.sizes
+    ]
+    other = procrastinate_periodic.measure(PROCRASTINATE_SIZE)
+    loop = _child("--child", "loop", "--n", str(LOOP_SIZE))
+    big = _child("--child", "big", "--n", str(args.big))
+
+    print(
+        "\nScheduler rounds (PostgreSQL; median of "
+        + ", ".join(f"{r['repeats']} runs at N={r['n']:,}" for r in rounds)
+        + ", each round followed by its floor, unless said)"
+    )
+    header = f"{'':<44} | " + " | ".join(f"{'N=' + format(r['n'], ','):>12}" for r in rounds)
     print(header)
     print("-" * len(header))
-    for row in rows:
+
+    def line(label: str, cells: list[str]) -> None:
+        print(f"{label:<44} | " + " | ".join(f"{c:>12}" for c in cells))
+
+    line("floor (COPY N jobs + UPDATE N watermarks)", [_ms(r["floor_s"]) for r in rounds])
+    line("ours: run_scheduler --once round, all due", [_ms(r["due_s"]) for r in rounds])
+    line("  of which this process's CPU", [_ms(r["due_cpu_s"]) for r in rounds])
+    line("ours / floor", [f"{r['due_s'] / r['floor_s']:.2f}x" for r in rounds])
+    line("statements in that round", [str(r["due_queries"]) for r in rounds])
+    line("round with nothing due", [_ms(r["idle_s"]) for r in rounds])
+    line("statements in it", [str(r["idle_queries"]) for r in rounds])
+    line("peak RSS (process)", [f"{r['rss_mb']:.0f} MB" for r in rounds])
+    by_n = {r["n"]: r for r in rounds}
+    if other is None:
+        print("procrastinate: not installed (pip install -e '.[bench]')")
+    else:
+        ours = by_n.get(other["n"])
+        versus = f"; ours {ours['due_s'] / other['s'] * 100:.1f}% of it, " if ours else ""
+        speedup = f"{other['s'] / ours['due_s']:.0f}x faster" if ours else ""
         print(
-            f"{row['n']:>7} | {row['due_s'] * 1000:>7.1f}ms | {row['due_queries']:>7} | "
-            f"{row['floor_s'] * 1000:>7.1f}ms | {row['due_s'] / row['floor_s']:>9.1f}x | "
-            f"{row['idle_s'] * 1000:>9.2f}ms | {row['idle_queries']:>7} | {row['rss_mb']:>6.0f} MB"
+            f"procrastinate {other['version']} periodic deferrer, one minute of "
+            f"N={other['n']:,} periodic tasks: {_ms(other['s'])}{versus}{speedup}"
         )
     print(
-        "all due: one round enqueueing one job per task, watermarks and occurrence records in the "
-        "same transaction; floor: the same N job rows by one psycopg INSERT in one transaction. "
-        "nothing due: a steady-state round with the sole leader, whose one statement compares "
-        "the clocks; a lease or advisory leader adds one, the heartbeat one every "
-        "HEARTBEAT_INTERVAL."
+        f"running loop (--tick-interval {TICK}), N={loop['n']:,} due at one instant: "
+        f"occurrence -> all jobs committed {_ms(loop['latency_s'])} "
+        f"(tick + 2x floor = {_ms(TICK + 2 * loop['floor_s'])}; floor {_ms(loop['floor_s'])}; "
+        f"start -> armed {_ms(loop['armed_s'])})"
+    )
+    print(
+        f"N={big['n']:,} tasks: start -> dispatching {big['cold_s']:.1f} s first start, "
+        f"{big['warm_s']:.1f} s restart; nothing due {_ms(big['idle_s'])}, "
+        f"{big['idle_queries']} statement(s); all due {_ms(big['due_s'])}, "
+        f"{big['due_queries']} statements; peak RSS {big['rss_mb']:.0f} MB (one run each)"
     )
 
 

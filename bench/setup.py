@@ -7,6 +7,8 @@ import os
 
 def django_ready() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    # As in production: with DEBUG, Django keeps every statement rendered with its parameters.
+    os.environ.setdefault("DEBUG", "False")
     import django
     from django.core.management import call_command
 

@@ -20,7 +20,7 @@ COUNT_LIMIT = 10_000
 NextAfter = Callable[[datetime], datetime]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Span:
     """A run of consecutive occurrences, recorded as one row."""
 
@@ -30,7 +30,7 @@ class Span:
     at_least: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """``fire`` is ``[(occurrence, catch_up)]`` in order; ``watermark`` holds once all fire.
 

@@ -8,7 +8,8 @@ the admin reads a task's recent history back with the ids of the jobs each recor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import sql
 from .catchup import Span
-from .db import json_rows
+from .db import copy_rows, dumps, instant_texts
 from .jobstore import ids_of
 from .models import Occurrence, Outcome
 
@@ -32,7 +33,7 @@ OUTCOME_LABELS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RecordedJob:
     """One job a record produced: its name, its key, and whether that key was new."""
 
@@ -41,7 +42,7 @@ class RecordedJob:
     created: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """A record, with the id of each of its jobs that still exists (pruned ones have none)."""
 
@@ -115,13 +116,27 @@ def _row(
     }
 
 
-def write(rows: Sequence[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Insert records in the caller's transaction: one statement on PostgreSQL."""
-    if not rows:
+def write(records: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
+    """Insert records in the caller's transaction: one COPY on PostgreSQL.
+
+    ``records`` may be a generator: on PostgreSQL each row is made as the COPY takes it.
+    """
+    first = next(iter_records := iter(records), None)
+    if first is None:
         return
+    rows = itertools.chain([first], iter_records)
     if connections[using].vendor == "postgresql":
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql.INSERT_OCCURRENCES, [json_rows(rows)])
+        at = instant_texts()
+        copy_rows(
+            using,
+            sql.COPY_OCCURRENCES,
+            (
+                (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]),
+                 r["count"], r["catch_up"], dumps(r["jobs"]), at(r["recorded_at"]), r["node"],
+                 r["user"], r["detail"])
+                for r in rows
+            ),
+        )  # fmt: skip
         return
     Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in rows])
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import (
     Count,
@@ -31,8 +32,8 @@ from django.db.models import (
 from django.db.models.functions import Concat, Now
 
 from . import clock, sql
-from .conf import get_settings
-from .db import json_rows
+from .conf import Settings, get_settings
+from .db import copy_rows, dumps, instant_texts, json_rows
 from .listener import NOTIFY_CHANNEL, RELAY_PAYLOAD, notify
 from .models import Job, JobStatus, Node
 
@@ -47,7 +48,7 @@ FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 RECOVER_BATCH = 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """``created`` is False when a job with this key already existed; ``job_id`` is that job."""
 
@@ -56,7 +57,7 @@ class EnqueueResult:
     key: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recovered:
     """How many jobs of dead workers went back to the queue, and how many ended failed."""
 
@@ -80,9 +81,13 @@ def job_fields(
     task: str = "",
     occurrence: datetime | None = None,
     catch_up: bool = False,
+    config: Settings | None = None,
 ) -> dict[str, Any]:
-    """The fields of a new job row, with the defaults the job and the settings give."""
-    config = get_settings()
+    """The fields of a new job row, with the defaults the job and the settings give.
+
+    ``config``: the settings, read once by a caller that builds many rows.
+    """
+    config = config or get_settings()
     return {
         "name": handle.name,
         "key": key,
@@ -220,25 +225,74 @@ def insert_many(jobs: Sequence[Job], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     return {key: (ids[key], key not in before) for key in keys if key in ids}
 
 
-def insert_round(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
+class Rows(Protocol):
+    """Rows that know their count and may be made as they are read (a round's 10,000 need
+    not all exist at once). Reading them twice makes them twice."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+
+def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     """A scheduler round's jobs (``job_fields`` dicts), in the caller's transaction.
 
-    On PostgreSQL one JSON parameter carries every row (two statements at most); elsewhere
-    ``insert_many``. Workers are notified at commit.
+    On PostgreSQL one COPY writes every row, with ids reserved from the sequence first, inside
+    a savepoint; a key that already exists (a watermark moved back by hand) rolls that back to
+    one ``INSERT ... ON CONFLICT DO NOTHING`` of the whole round, which reports the existing
+    jobs. Elsewhere ``insert_many``. Workers are notified at commit.
     """
-    if not rows:
+    if not len(rows):
         return {}
+    # NOTIFY payloads (``wake_payload``): the queues of new rows, or the relays'.
+    wakes: set[str] = set()
     if connections[using].vendor != "postgresql":
-        enqueued = insert_many([Job(**row) for row in rows], using=using)
+        jobs = [Job(**row) for row in rows]
+        wakes.update(wake_payload(job.queue, job.relay) for job in jobs)
+        enqueued = insert_many(jobs, using=using)
     else:
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql.INSERT_JOBS, [json_rows(rows)])
-            enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
-            existing = [row["key"] for row in rows if row["key"] not in enqueued]
-            if existing:
-                cursor.execute(sql.EXISTING_JOBS, [existing])
-                enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
-    notify([wake_payload(row["queue"], row.get("relay", "")) for row in rows], using=using)
+        try:
+            with transaction.atomic(using=using):
+                enqueued = _copy_jobs(rows, wakes, using)
+        except psycopg.errors.UniqueViolation:
+            listed = list(rows)
+            wakes.update(wake_payload(row["queue"], row.get("relay", "")) for row in listed)
+            enqueued = _insert_jobs(listed, using)
+    notify(wakes, using=using)
+    return enqueued
+
+
+def _copy_jobs(rows: Rows, wakes: set[str], using: str) -> Enqueued:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.RESERVE_JOB_IDS, [len(rows)])
+        ids = [pk for (pk,) in cursor.fetchall()]
+    at = instant_texts()
+    enqueued: Enqueued = {}
+
+    def copied() -> Iterator[tuple[Any, ...]]:
+        for pk, r in zip(ids, rows, strict=True):
+            enqueued[r["key"]] = (pk, True)
+            relay = r.get("relay", "")
+            wakes.add(wake_payload(r["queue"], relay))
+            # In the order of sql.JOB_COLUMNS; the defaults are INSERT_JOBS' (a row need not
+            # carry status, relay, priority or backend). str(): a status may be a JobStatus.
+            yield (pk, r["name"], r["key"], dumps(r["input"]),
+                   str(r.get("status") or JobStatus.QUEUED), r["queue"], 0, r["max_attempts"],
+                   at(r["run_at"]), at(r["created_at"]), "", r["task"], at(r["occurrence"]),
+                   r["catch_up"], r["enqueued_by"], "", r.get("priority", 0),
+                   r.get("backend", ""), relay)  # fmt: skip
+
+    copy_rows(using, sql.COPY_JOBS, copied())
+    return enqueued
+
+
+def _insert_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.INSERT_JOBS, [json_rows(rows)])
+        enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
+        existing = [row["key"] for row in rows if row["key"] not in enqueued]
+        if existing:
+            cursor.execute(sql.EXISTING_JOBS, [existing])
+            enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
     return enqueued
 
 

@@ -14,19 +14,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .catchup import NextAfter, Span, decide, span_between
+from .catchup import Decision, NextAfter, Span, decide, span_between
 from .clock import ONE_MS
 from .registry import KEY_LIMIT, JobHandle, TaskHandle, check_columns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedJob:
     job: JobHandle
     data: dict[str, Any]
     key: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedOccurrence:
     task: str
     occurrence: datetime
@@ -34,7 +34,7 @@ class PlannedOccurrence:
     jobs: list[PlannedJob]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedRecord:
     """Occurrences decided without firing: dropped, skipped while paused or for overlap."""
 
@@ -58,7 +58,7 @@ class RoundPlan:
     database: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskStep:
     """What planning one task did, for the scheduler to log and reschedule.
 
@@ -113,8 +113,13 @@ def plan_task(
     misfire_grace: timedelta,
     next_after: NextAfter,
     plan: RoundPlan,
+    decisions: dict[tuple[object, ...], Decision] | None = None,
 ) -> TaskStep:
-    """Add one task's share of the round to ``plan``; say when it is next due."""
+    """Add one task's share of the round to ``plan``; say when it is next due.
+
+    ``decisions``: one round's catch-up decisions, shared by tasks of the same schedule, zone,
+    DST options, policy and watermark; only for a ``next_after`` that depends on nothing else.
+    """
     name = handle.name
     if watermark is None:
         # First sight: arm at the next occurrence, never fire retroactively.
@@ -128,14 +133,27 @@ def plan_task(
             plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
             plan.watermarks[name] = (watermark, now)
         return TaskStep(next_due)
-    decision = decide(
-        next_after,
-        policy=handle.catch_up,
-        max_catch_up=handle.max_catch_up,
-        watermark=watermark,
-        now=now,
-        misfire_grace=misfire_grace,
+    key = (
+        handle.schedule,
+        handle.zone,
+        handle.dst_gap,
+        handle.dst_repeat,
+        handle.catch_up,
+        handle.max_catch_up,
+        watermark,
     )
+    decision = decisions.get(key) if decisions is not None else None
+    if decision is None:
+        decision = decide(
+            next_after,
+            policy=handle.catch_up,
+            max_catch_up=handle.max_catch_up,
+            watermark=watermark,
+            now=now,
+            misfire_grace=misfire_grace,
+        )
+        if decisions is not None:
+            decisions[key] = decision
     if not decision.due or decision.watermark is None:
         return TaskStep(decision.next_due)
     if decision.dropped is not None:

@@ -1,7 +1,7 @@
 """The app's raw PostgreSQL statements, by name: a scheduler round's, the worker's claim/finish.
 
-Each takes its rows as one array or JSON parameter, so a round is the same handful of
-statements whether it carries ten tasks or ten thousand. Other databases go through the ORM.
+Each takes its rows as arrays, one JSON parameter or one COPY, so a round is the same handful
+of statements whether it carries ten tasks or ten thousand. Other databases go through the ORM.
 """
 
 from __future__ import annotations
@@ -12,10 +12,56 @@ _TASK = Task._meta.db_table
 _JOB = Job._meta.db_table
 _OCCURRENCE = Occurrence._meta.db_table
 
-#: Lock the round's task rows and read their watermarks (compare-and-set happens in Python).
-LOCK_WATERMARKS = f"""
-SELECT name, last_fired_at FROM {_TASK} WHERE name = ANY(%s) FOR UPDATE
+#: Every task's watermark (as whole microseconds since the epoch) and pause, in no order. An
+#: integer, not a timestamptz: Django's timestamptz loader is Python, ~20 us a row. Exact:
+#: extract() returns numeric from PostgreSQL 14 on, the oldest Django 5.2 supports.
+TASK_STATES = f"""
+SELECT name, (extract(epoch FROM last_fired_at) * 1000000)::bigint, paused FROM {_TASK}
 """
+
+#: Every task's declaration as last mirrored; ``has_jobs`` stands in for the list itself.
+TASK_DECLARATIONS = f"""
+SELECT name, cron, tz, catch_up, max_catch_up, overlap, declared, jobs <> '[]'::jsonb AS has_jobs
+FROM {_TASK}
+"""
+
+#: Rows for newly declared tasks, from JSON; a name another node just inserted is left alone.
+INSERT_TASKS = f"""
+INSERT INTO {_TASK} (name, cron, tz, catch_up, max_catch_up, overlap, jobs, paused,
+                     paused_note, paused_by, declared, first_seen_at, synced_at)
+SELECT v.name, v.cron, v.tz, v.catch_up, v.max_catch_up, v.overlap, v.jobs, false, '', '', true,
+       now(), now()
+FROM json_to_recordset(%s::json) AS v(
+    name text, cron text, tz text, catch_up text, max_catch_up integer, overlap text, jobs jsonb)
+ON CONFLICT (name) DO NOTHING
+"""
+
+#: Compare-and-set every watermark of a round in one statement: a row moves only while it still
+#: holds the watermark the round planned from (re-checked after any concurrent update), and the
+#: names returned say which did. Run after the fence, inside the round's transaction. The rows
+#: come as JSON (json, not jsonb: read once, never stored): psycopg builds arrays in Python.
+SWAP_WATERMARKS = f"""
+UPDATE {_TASK} AS t SET last_fired_at = v.watermark
+FROM json_to_recordset(%s::json) AS v(name text, expected timestamptz, watermark timestamptz)
+WHERE t.name = v.name AND t.last_fired_at IS NOT DISTINCT FROM v.expected
+RETURNING t.name
+"""
+
+#: Ids for a round's new jobs, taken from the table's own sequence, so COPY can write them.
+RESERVE_JOB_IDS = f"""
+SELECT nextval(pg_get_serial_sequence('{_JOB}', 'id')) FROM generate_series(1, %s)
+"""
+
+#: The columns ``COPY_JOBS`` takes, in order.
+JOB_COLUMNS = (
+    "id", "name", "key", "input", "status", "queue", "attempts", "max_attempts", "run_at",
+    "created_at", "last_error", "task", "occurrence", "catch_up", "enqueued_by", "worker",
+    "priority", "backend", "relay",
+)  # fmt: skip
+#: A round's jobs in one COPY: no key may exist yet (the caller falls back to ``INSERT_JOBS``).
+#: Columns left out (args, return_value, error_class, traceback, relayed_at, engine_id,
+#: done_at, started_at, finished_at) take their database defaults, empty or NULL.
+COPY_JOBS = f"COPY {_JOB} ({', '.join(JOB_COLUMNS)}) FROM STDIN"
 
 #: Insert jobs from a JSON array; existing keys are left alone. Returns the created ones.
 INSERT_JOBS = f"""
@@ -58,23 +104,10 @@ WHERE task = ANY(%s) AND status IN ('queued', 'running') AND occurrence IS NOT N
 GROUP BY task
 """
 
-#: Occurrence records from a JSON array.
-INSERT_OCCURRENCES = f"""
-INSERT INTO {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,
-                           recorded_at, node, "user", detail)
-SELECT r.task, r.outcome, r.occurrence, r.last_occurrence, r.count, r.catch_up, r.jobs,
-       r.recorded_at, r.node, '', r.detail
-FROM jsonb_to_recordset(%s::jsonb) AS r(
-    task text, outcome text, occurrence timestamptz, last_occurrence timestamptz,
-    count integer, catch_up boolean, jobs jsonb, recorded_at timestamptz, node text,
-    detail text)
-"""
-
-#: Move many watermarks at once.
-SET_WATERMARKS = f"""
-UPDATE {_TASK} AS t SET last_fired_at = v.watermark
-FROM unnest(%s::text[], %s::timestamptz[]) AS v(name, watermark)
-WHERE t.name = v.name
+#: Occurrence records in one COPY; rows in this column order.
+COPY_OCCURRENCES = f"""
+COPY {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,
+                    recorded_at, node, "user", detail) FROM STDIN
 """
 
 #: The columns a claim returns, in ``jobstore.ClaimedJob``'s order.

@@ -8,16 +8,17 @@ watermark re-checked inside it, so a crash can neither lose nor repeat an occurr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import DataError, IntegrityError, close_old_connections, connections, transaction
 
 from . import clock as default_clock
 from . import history, jobstore, nodes, sql
-from .db import database_now
+from .conf import Settings, get_settings
+from .db import database_now, dumps
 from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
@@ -27,11 +28,13 @@ from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 #: A clock that stays skewed is warned about again this often.
 SKEW_WARNING_EVERY = timedelta(minutes=1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskState:
     watermark: datetime | None
     paused: bool = False
@@ -108,8 +111,11 @@ class DatabaseState:
         """
         try:
             with transaction.atomic(using=self.using):
-                self._sync(tasks, every=True)
-                self._mark_gone(tasks)
+                stored = self._sync(tasks, every=True)
+                declared = {handle.name for handle in tasks}
+                gone = [name for name, found in stored.items() if name not in declared and found[1]]
+                if gone:
+                    Task.objects.using(self.using).filter(name__in=gone).update(declared=False)
             return {}
         except (DataError, IntegrityError):
             pass
@@ -130,28 +136,48 @@ class DatabaseState:
             self._mark_gone(tasks)
         return refused
 
-    def _sync(self, tasks: Sequence[TaskHandle], *, every: bool) -> None:
-        """Create or update the rows of ``tasks`` (reading ``every`` row, or only theirs)."""
-        rows = Task.objects.using(self.using)
-        read = rows.all() if every else rows.filter(name__in=[handle.name for handle in tasks])
-        stored = {task.name: task for task in read}
+    def _sync(
+        self, tasks: Sequence[TaskHandle], *, every: bool
+    ) -> dict[str, tuple[tuple[Any, ...], bool, bool]]:
+        """Create or update the rows of ``tasks``, reading ``every`` row or only theirs.
+
+        Returns the rows read: name -> (declaration, declared, has jobs). Declarations are
+        compared as plain tuples: at 100,000 tasks, model instances for every row cost seconds
+        at each start.
+        """
+        rows = Task.objects.using(self.using).order_by()
+        mirrored: Iterable[tuple[Any, ...]]
+        if every and connections[self.using].vendor == "postgresql":
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(sql.TASK_DECLARATIONS)
+                mirrored = cursor.fetchall()
+        else:
+            read = rows if every else rows.filter(name__in=[handle.name for handle in tasks])
+            mirrored = read.values_list("name", *DECLARED, "declared", "jobs")
+        stored = {
+            name: (tuple(declaration), declared, bool(jobs))
+            for name, *declaration, declared, jobs in mirrored
+        }
         new, changed = [], []
         for handle in tasks:
-            task = stored.get(handle.name)
-            fields = _declaration(handle)
-            if task is None:
-                new.append(Task(name=handle.name, jobs=_job_names(handle), **fields))
-            elif task.jobs and task.declared and _same(task, fields):
-                continue  # Unchanged: a restart does not call every task's function.
-            else:
-                for key, value in {**fields, "declared": True}.items():
+            found = stored.get(handle.name)
+            if found is None:
+                new.append(handle)
+            elif not (found[2] and found[1] and found[0] == _declared(handle)):
+                changed.append(handle)
+            # Unchanged: a restart does not call every task's function.
+        self._insert_tasks(new)
+        if changed:
+            current = list(rows.filter(name__in=[handle.name for handle in changed]))
+            by_name = {handle.name: handle for handle in changed}
+            for task in current:
+                handle = by_name[task.name]
+                for key, value in zip(DECLARED, _declared(handle), strict=True):
                     setattr(task, key, value)
+                task.declared = True
                 task.jobs = _job_names(handle)
-                changed.append(task)
-        rows.bulk_create(new, ignore_conflicts=True)
-        rows.bulk_update(
-            changed, ["cron", "tz", "catch_up", "max_catch_up", "overlap", "jobs", "declared"]
-        )
+            rows.bulk_update(current, [*DECLARED, "jobs", "declared"])
+        return stored
 
     def _mark_gone(self, tasks: Sequence[TaskHandle]) -> None:
         rows = Task.objects.using(self.using)
@@ -161,19 +187,51 @@ class DatabaseState:
             declared=False
         )
 
+    def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
+        """Rows for tasks seen for the first time; one another node just wrote is left alone."""
+        if not handles:
+            return
+        if connections[self.using].vendor != "postgresql":
+            Task.objects.using(self.using).bulk_create(
+                [
+                    Task(name=handle.name, jobs=_job_names(handle), **_declaration(handle))
+                    for handle in handles
+                ],
+                ignore_conflicts=True,
+            )
+            return
+        rows = [
+            {"name": handle.name, **_declaration(handle), "jobs": _job_names(handle)}
+            for handle in handles
+        ]
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.INSERT_TASKS, [dumps(rows)])
+
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
-        rows = Task.objects.using(self.using).all()
         # A long IN list costs more to build and plan than reading every row does.
-        if names is not None and len(names) <= 500:
-            rows = rows.filter(name__in=list(names))
+        every = names is None or len(names) > 500
+        found: Iterable[tuple[str, datetime | None, bool]]
+        if every and connections[self.using].vendor == "postgresql":
+            # By a plain cursor: at 100,000 rows the ORM's per-row work is most of the cost.
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(sql.TASK_STATES)
+                instant = _from_microseconds()
+                found = [(name, instant(us), paused) for name, us, paused in cursor.fetchall()]
+        else:
+            # Unordered: sorting every row by name is work nobody reads.
+            rows = Task.objects.using(self.using).order_by()
+            if not every:
+                rows = rows.filter(name__in=list(names or ()))
+            found = rows.values_list("name", "last_fired_at", "paused")
         wanted = None if names is None else set(names)
         return {
             name: TaskState(watermark, paused)
-            for name, watermark, paused in rows.values_list("name", "last_fired_at", "paused")
+            for name, watermark, paused in found
             if wanted is None or name in wanted
         }
 
     def commit(self, plan: RoundPlan, fence: Fence) -> Enqueued:
+        config = get_settings()
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
@@ -182,26 +240,31 @@ class DatabaseState:
                 # One statement for every overlap="skip" task of the round, under the locks
                 # the compare-and-set took, so no other round decides these tasks meanwhile.
                 skip_overlaps(plan, jobstore.busy_occurrences(plan.skip_overlap, self.using))
-            jobs = [
-                _job_row(fired, planned, plan.now) for fired in plan.fired for planned in fired.jobs
-            ]
+            # Made after skip_overlaps: the rows are those of the occurrences still fired.
+            jobs = _RoundJobs(plan, config)
             enqueued = jobstore.insert_round(jobs, using=self.using)
             history.write(self._records(plan, enqueued), using=self.using)
-        if any(row["backend"] for row in jobs):
+        if any(planned.job.backend for fired in plan.fired for planned in fired.jobs):
             from .backends import announce_round
 
-            announce_round(jobs, enqueued)  # Django Tasks: after commit, as enqueue() does.
+            # Django Tasks: after commit, as enqueue() does. Only their rows are made again.
+            announce_round([row for row in jobs if row["backend"]], enqueued)
         return enqueued
 
     def _compare_and_set(self, plan: RoundPlan) -> None:
-        """Lock the round's task rows, check every watermark, and write the new ones."""
+        """Check every watermark of the round and write the new ones, locking their rows."""
         names = list(plan.watermarks)
         if connections[self.using].vendor == "postgresql":
+            rows = [
+                {"name": name, "expected": old, "watermark": new}
+                for name, (old, new) in plan.watermarks.items()
+            ]
             with connections[self.using].cursor() as cursor:
-                cursor.execute(sql.LOCK_WATERMARKS, [names])
-                _compare(plan, dict(cursor.fetchall()))
-                new = [watermark for _, watermark in plan.watermarks.values()]
-                cursor.execute(sql.SET_WATERMARKS, [names, new])
+                cursor.execute(sql.SWAP_WATERMARKS, [dumps(rows)])
+                swapped = {name for (name,) in cursor.fetchall()}
+            if len(swapped) != len(names):
+                # The transaction rolls back: no watermark moves, no job is written.
+                raise WatermarkMoved(next(name for name in names if name not in swapped))
             return
         tasks = Task.objects.using(self.using)
         locked = list(
@@ -212,10 +275,11 @@ class DatabaseState:
             row.last_fired_at = plan.watermarks[row.name][1]
         tasks.bulk_update(locked, ["last_fired_at"])
 
-    def _records(self, plan: RoundPlan, enqueued: Enqueued) -> list[dict[str, Any]]:
+    def _records(self, plan: RoundPlan, enqueued: Enqueued) -> Iterator[dict[str, Any]]:
+        """The round's records, made one at a time as they are written."""
         at, node = plan.now, self.node_id
-        fired = [
-            history.fired(
+        for f in plan.fired:
+            yield history.fired(
                 f.task,
                 f.occurrence,
                 catch_up=f.catch_up,
@@ -223,13 +287,8 @@ class DatabaseState:
                 at=at,
                 node=node,
             )
-            for f in plan.fired
-        ]
-        decided = [
-            history.decided(r.task, r.outcome, r.span, detail=r.detail, at=at, node=node)
-            for r in plan.records
-        ]
-        return fired + decided
+        for r in plan.records:
+            yield history.decided(r.task, r.outcome, r.span, detail=r.detail, at=at, node=node)
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         now = self.clock()
@@ -290,6 +349,21 @@ class DatabaseState:
         nodes.stopped(using=self.using, node_id=self.node_id, is_leader=False)
 
 
+def _from_microseconds() -> Callable[[int | None], datetime | None]:
+    """Microseconds since the epoch as the exact aware instant; each value converted once."""
+    seen: dict[int, datetime] = {}
+
+    def instant(us: int | None) -> datetime | None:
+        if us is None:
+            return None
+        found = seen.get(us)
+        if found is None:
+            found = seen[us] = EPOCH + timedelta(microseconds=us)
+        return found
+
+    return instant
+
+
 def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
     """Compare-and-set: every watermark must still be the one the round planned from."""
     for name, (expected, _) in plan.watermarks.items():
@@ -297,7 +371,25 @@ def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
             raise WatermarkMoved(name)
 
 
-def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> dict[str, Any]:
+class _RoundJobs:
+    """The job rows of a round, made as they are written: at 10,000 jobs, megabytes unheld."""
+
+    def __init__(self, plan: RoundPlan, config: Settings) -> None:
+        self.plan, self.config = plan, config
+        self.count = sum(len(fired.jobs) for fired in plan.fired)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for fired in self.plan.fired:
+            for planned in fired.jobs:
+                yield _job_row(fired, planned, self.plan.now, self.config)
+
+
+def _job_row(
+    fired: PlannedOccurrence, planned: PlannedJob, now: datetime, config: Settings
+) -> dict[str, Any]:
     return jobstore.job_fields(
         planned.job,
         planned.data,
@@ -309,21 +401,20 @@ def _job_row(fired: PlannedOccurrence, planned: PlannedJob, now: datetime) -> di
         task=fired.task,
         occurrence=fired.occurrence,
         catch_up=fired.catch_up,
+        config=config,
     )
 
 
+#: The task row's columns a declaration sets, in the order ``_declared`` gives them.
+DECLARED = ("cron", "tz", "catch_up", "max_catch_up", "overlap")
+
+
+def _declared(handle: TaskHandle) -> tuple[str, str, str, int, str]:
+    return (handle.cron, handle.tz, handle.catch_up, handle.max_catch_up, handle.overlap)
+
+
 def _declaration(handle: TaskHandle) -> dict[str, Any]:
-    return {
-        "cron": handle.cron,
-        "tz": handle.tz,
-        "catch_up": handle.catch_up,
-        "max_catch_up": handle.max_catch_up,
-        "overlap": handle.overlap,
-    }
-
-
-def _same(task: Task, fields: dict[str, Any]) -> bool:
-    return all(getattr(task, key) == value for key, value in fields.items())
+    return dict(zip(DECLARED, _declared(handle), strict=True))
 
 
 def _job_names(handle: TaskHandle) -> list[str]:

@@ -110,3 +110,38 @@ def test_insert_round__reports_created_and_existing_keys() -> None:
     assert {key: created for key, (_, created) in again.items()} == {"b": False, "c": True}
     assert again["b"][0] == first["b"][0]
     assert Job.objects.filter(key__in=["a", "b", "c"]).count() == 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_insert_round__copy_and_insert_write_the_same_columns_and_wake_the_relays() -> None:
+    from ultimat3_jobs.db import dedicated_connection
+    from ultimat3_jobs.listener import NOTIFY_CHANNEL, RELAY_PAYLOAD
+
+    ping = demo_ping()
+    extra = {"status": JobStatus.OUTBOX, "relay": "celery", "priority": 7, "backend": "other"}
+
+    def row(key: str) -> dict[str, Any]:
+        fields = jobstore.job_fields(
+            ping, {"label": key}, key=key, run_at=None, queue=None, enqueued_by="scheduler", now=T0
+        )
+        return {**fields, **extra}
+
+    listener = dedicated_connection("default", "test-insert-round")
+    try:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        jobstore.insert_round([row("copied")])  # No key taken yet: one COPY.
+        jobstore.insert_round([row("copied"), row("inserted")])  # A taken key: INSERT.
+        payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=2)]
+    finally:
+        listener.close()
+    assert payloads == [RELAY_PAYLOAD, RELAY_PAYLOAD]
+    columns = ("status", "relay", "priority", "backend", "error_class", "traceback", "engine_id")
+    stored = {
+        key: values
+        for key, *values in Job.objects.filter(key__in=["copied", "inserted"]).values_list(
+            "key", *columns
+        )
+    }
+    expected = ["outbox", "celery", 7, "other", "", "", ""]
+    assert stored == {"copied": expected, "inserted": expected}

@@ -20,9 +20,9 @@ T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
 
 
 def round_over(
-    count: int, clock: FrozenClock, leader: LeaderElection | None = None
+    count: int, clock: FrozenClock, leader: LeaderElection | None = None, prefix: str = "n"
 ) -> tuple[Scheduler, DatabaseState]:
-    tasks = make_tasks(count)
+    tasks = make_tasks(count, prefix=prefix)
     state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
     scheduler = Scheduler(
         state=state,
@@ -212,3 +212,67 @@ def test_heartbeat__compares_clocks_every_round_and_warns_once_a_minute(
     assert len(warnings) == 1
     assert 29_000 < warnings[0].fields["skew_ms"] < 31_500  # type: ignore[attr-defined]
     assert 29_000 < (Node.objects.get(node_id="skewed").clock_skew_ms or 0) < 31_500
+
+
+def _statements_of_a_full_round(count: int) -> list[str]:
+    clock = FrozenClock(T0)
+    scheduler, _ = round_over(count, clock, prefix=f"s{count}")
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    with CaptureQueriesContext(connection) as queries:
+        fired = scheduler.tick()
+    assert len(fired) == count
+    assert Job.objects.filter(task__startswith=f"s{count}.").count() == count
+    # What each statement is (its first word), in order.
+    return [q["sql"].split()[0].upper() for q in queries]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_round__the_same_statements_at_10_and_2000_tasks_copy_included() -> None:
+    small = _statements_of_a_full_round(10)
+    large = _statements_of_a_full_round(2000)
+    assert large == small, small
+    assert sum(s.startswith("COPY") for s in small) == 2  # the jobs and the records
+    assert len(small) <= 12, small
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_round__a_job_key_already_there_is_reported_and_the_rest_inserted() -> None:
+    clock = FrozenClock(T0)
+    scheduler, _ = round_over(3, clock)
+    occurrence = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+    clock.set(occurrence + timedelta(seconds=1))
+    # A watermark moved back by hand: the occurrence's job of n.00001 exists already.
+    from ultimat3_jobs.planner import occurrence_key
+    from ultimat3_jobs.registry import registry
+
+    ping = registry.get_job("demo.ping")
+    assert ping is not None
+    data = {"label": occurrence.isoformat()}
+    key = occurrence_key("n.00001", occurrence, ping.occurrence_part(data))
+    existing = Job.objects.create(name="demo.ping", key=key, input=data, run_at=T0, created_at=T0)
+    fired = scheduler.tick()
+    results = {d.task: d.jobs[0].result for d in fired}
+    assert (results["n.00001"].created, results["n.00001"].job_id) == (False, existing.pk)
+    assert [results[f"n.0000{i}"].created for i in (0, 2)] == [True, True]
+    assert Job.objects.count() == 3
+    assert Occurrence.objects.filter(outcome="fired").count() == 3
+    assert set(Task.objects.values_list("last_fired_at", flat=True)) == {clock()}
+
+
+@pytest.mark.django_db
+def test_sync__a_changed_declaration_is_rewritten_and_keeps_its_watermark() -> None:
+    [handle] = make_tasks(1, prefix="changed")
+    state = DatabaseState(node_id="n", leader="sole")
+    state.sync([handle])
+    Task.objects.filter(name="changed.00000").update(last_fired_at=T0, declared=False)
+    [moved] = make_tasks(1, cron="0 3 * * *", tz="Europe/Paris", prefix="changed")
+    state.sync([moved])
+    row = Task.objects.get(name="changed.00000")
+    assert (row.cron, row.tz, row.declared, row.last_fired_at) == (
+        "0 3 * * *",
+        "Europe/Paris",
+        True,
+        T0,
+    )

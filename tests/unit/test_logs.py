@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.db import OperationalError, ProgrammingError
 
 from ultimat3_jobs.errors import InvalidTimezoneError
-from ultimat3_jobs.logs import JsonFormatter, emit, failure_fields
+from ultimat3_jobs.logs import JsonFormatter, configure, emit, emit_many, failure_fields
 
 
 @pytest.mark.parametrize(
@@ -55,3 +59,79 @@ def test_json_formatter__one_object_with_event_and_fields(caplog: pytest.LogCapt
     payload = json.loads(line)
     assert payload["event"] == "jobs.scheduler.dispatched"
     assert (payload["task"], payload["jobs"], payload["catch_up"]) == ("t", ["a"], False)
+
+
+@pytest.fixture
+def configured() -> Iterator[Callable[[str], io.StringIO]]:
+    """``logs.configure`` writing to a buffer; the app's logger is put back afterwards."""
+    root = logging.getLogger("ultimat3_jobs")
+    saved = (root.handlers[:], root.level, root.propagate)
+
+    def configure_into(fmt: str) -> io.StringIO:
+        configure(fmt)
+        buffer = io.StringIO()
+        [handler] = root.handlers
+        handler.setStream(buffer)  # type: ignore[attr-defined]
+        return buffer
+
+    yield configure_into
+    root.handlers[:], root.level, root.propagate = saved
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_emit_many__writes_the_lines_emit_would(
+    fmt: str, configured: Callable[[str], io.StringIO]
+) -> None:
+    buffer = configured(fmt)
+    logger = logging.getLogger("ultimat3_jobs.scheduler")
+    occurrence = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
+    rows: list[dict[str, Any]] = [
+        {"task": "t.a", "occurrence": occurrence, "jobs": ["a"], "catch_up": False},
+        {},
+        {"ts": "a field named like a key of the line", "n": 1},
+    ]
+    for fields in rows:
+        emit(logger, "jobs.scheduler.dispatched", **fields)
+    emit_many(logger, "jobs.scheduler.dispatched", rows)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 2 * len(rows)
+    if fmt == "json":
+        payloads = [json.loads(line) for line in lines]
+        one, batch = payloads[:3], payloads[3:]
+        for payload in payloads:
+            if payload["ts"] != rows[2]["ts"]:
+                payload.pop("ts")
+        assert batch == one
+        assert batch[0]["occurrence"] == "2026-03-08T07:00:00+00:00"
+    else:
+        assert [line.split(" ", 1)[1] for line in lines[3:]] == [
+            line.split(" ", 1)[1] for line in lines[:3]
+        ]
+
+
+def test_emit_many__goes_through_other_handlers_as_records(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("ultimat3_jobs.test")
+    with caplog.at_level(logging.INFO, logger="ultimat3_jobs.test"):
+        emit_many(logger, "jobs.scheduler.dispatched", [{"task": "t.a"}, {"task": "t.b"}])
+        emit_many(logger, "jobs.scheduler.armed", [{"task": "t.c"}], level=logging.DEBUG)
+    assert [(r.event, r.fields) for r in caplog.records] == [  # type: ignore[attr-defined]
+        ("jobs.scheduler.dispatched", {"task": "t.a"}),
+        ("jobs.scheduler.dispatched", {"task": "t.b"}),
+    ]
+
+
+def test_emit_many__a_silenced_per_task_logger_keeps_the_round_summary(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    buffer = configured("json")
+    per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
+    per_task.setLevel(logging.WARNING)  # what the README's LOGGING example does
+    try:
+        emit_many(per_task, "jobs.scheduler.dispatched", [{"task": "t.a"}, {"task": "t.b"}])
+        emit(logging.getLogger("ultimat3_jobs.scheduler"), "jobs.scheduler.round", fired=2)
+    finally:
+        per_task.setLevel(logging.NOTSET)
+    events = [json.loads(line)["event"] for line in buffer.getvalue().splitlines()]
+    assert events == ["jobs.scheduler.round"]

@@ -13,6 +13,7 @@ import pytest
 
 from ultimat3_jobs import Entry, job, shutdown, task
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.cron import DstGap, DstRepeat
 from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.registry import CatchUp, TaskHandle
 from ultimat3_jobs.scheduler import Scheduler
@@ -437,3 +438,127 @@ def test_resolver__an_injected_schedule_drives_arming_and_firing() -> None:
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 0, 5, 1, tzinfo=UTC))  # the cron says hourly; the resolver wins
     assert [d.occurrence for d in scheduler.tick()] == [datetime(2026, 6, 1, 0, 5, tzinfo=UTC)]
+
+
+def test_cached_next_occurrence__answers_as_next_occurrence_across_cache_resets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ultimat3_jobs import scheduler as module
+    from ultimat3_jobs.cron import next_occurrence, parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    monkeypatch.setattr(module, "RESOLVE_CACHE_SIZE", 4)
+    resolve = module._cached_next_occurrence()
+    tasks = [
+        TaskHandle(
+            lambda at: [],
+            name=name,
+            schedule=parse(cron),
+            zone=resolve_zone(tz, name),
+            catch_up="skip",
+            max_catch_up=10,
+        )
+        for name, cron, tz in [("t.a", "*/5 * * * *", "Europe/Paris"), ("t.b", "0 3 * * *", "UTC")]
+    ]
+    start = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)  # the night Paris springs forward
+    for step in range(12):
+        at = start + timedelta(minutes=7 * step)
+        for handle in tasks:
+            expected = next_occurrence(handle.schedule, handle.zone, at)
+            assert resolve(handle, at) == expected
+            assert resolve(handle, at) == expected  # answered again, from the cache
+
+
+def gap_tasks() -> list[TaskHandle]:
+    """Two tasks alike but for ``dst_gap``, at 02:30 New York: a slot in the spring gap."""
+
+    def declare(name: str, gap: DstGap) -> TaskHandle:
+        def entries(occurrence: datetime) -> list[Entry]:
+            return [(record, {"label": occurrence.isoformat()})]
+
+        entries.__qualname__ = f"gap_{gap}"
+        return task(cron="30 2 * * *", tz="America/New_York", name=name, dst_gap=gap)(entries)
+
+    return [declare("t.gap-end", "end-of-gap"), declare("t.gap-skip", "skip")]
+
+
+def test_tick__tasks_differing_only_in_dst_gap_arm_and_fire_apart() -> None:
+    # The default resolver caches answers per schedule and zone: the DST options are in its key.
+    handles = gap_tasks()
+    scheduler, state, clock = build(*handles)
+    clock.set(datetime(2026, 3, 8, 0, 0, tzinfo=UTC))
+    scheduler.tick()
+    assert {name: s.watermark for name, s in state.tasks.items()} == {
+        "t.gap-end": datetime(2026, 3, 8, 7, 0, tzinfo=UTC) - timedelta(milliseconds=1),
+        "t.gap-skip": datetime(2026, 3, 9, 6, 30, tzinfo=UTC) - timedelta(milliseconds=1),
+    }
+    clock.set(datetime(2026, 3, 8, 7, 0, 1, tzinfo=UTC))
+    fired = scheduler.tick()
+    assert [(d.task, d.occurrence) for d in fired] == [
+        ("t.gap-end", datetime(2026, 3, 8, 7, 0, tzinfo=UTC))
+    ]
+
+
+def test_tick__tasks_differing_only_in_dst_repeat_share_no_catch_up_decision() -> None:
+    # Due in the same round with the same schedule, zone, policy and watermark: only the DST
+    # option tells their catch-up decisions apart. 01:30 New York repeats on 2026-11-01.
+    def declare(name: str, repeat: DstRepeat) -> TaskHandle:
+        def entries(occurrence: datetime) -> list[Entry]:
+            return [(record, {"label": occurrence.isoformat()})]
+
+        entries.__qualname__ = f"repeat_{repeat}"
+        return task(
+            cron="30 1 * * *",
+            tz="America/New_York",
+            name=name,
+            catch_up="run-all",
+            dst_repeat=repeat,
+        )(entries)
+
+    handles = [declare("t.rep-both", "both"), declare("t.rep-first", "first")]
+    scheduler, state, clock = build(*handles)
+    for handle in handles:
+        state.tasks[handle.name] = TaskState(datetime(2026, 11, 1, 5, 0, tzinfo=UTC))
+    clock.set(datetime(2026, 11, 1, 6, 30, 1, tzinfo=UTC))
+    fired = scheduler.tick()
+    assert sorted((d.task, d.occurrence) for d in fired) == [
+        ("t.rep-both", datetime(2026, 11, 1, 5, 30, tzinfo=UTC)),
+        ("t.rep-both", datetime(2026, 11, 1, 6, 30, tzinfo=UTC)),
+        ("t.rep-first", datetime(2026, 11, 1, 5, 30, tzinfo=UTC)),
+    ]
+
+
+def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() -> None:
+    import gc
+
+    from ultimat3_jobs import scheduler as module
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    seen: list[bool] = []
+
+    def entries(occurrence: datetime) -> list[tuple[object, dict[str, str]]]:
+        seen.append(gc.isenabled())
+        return [(record, {"label": occurrence.isoformat()})]
+
+    def handles(count: int) -> list[TaskHandle]:
+        return [
+            TaskHandle(
+                entries,
+                name=f"t.gc{count}-{i:04d}",
+                schedule=parse("0 * * * *"),
+                zone=resolve_zone("UTC", "t"),
+                catch_up="skip",
+                max_catch_up=10,
+            )
+            for i in range(count)
+        ]
+
+    for count, paused in ((module.GC_PAUSE_FROM - 1, False), (module.GC_PAUSE_FROM, True)):
+        seen.clear()
+        scheduler, _, clock = build(*handles(count))
+        scheduler.tick()  # arms
+        clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+        assert len(scheduler.tick()) == count
+        assert set(seen) == {not paused}
+        assert gc.isenabled()

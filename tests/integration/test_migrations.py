@@ -93,3 +93,31 @@ def test_0004__keeps_every_job_as_a_plain_job_of_priority_0() -> None:
         ("k1", "queued", 0, "", None, None, "", "", ""),
         ("k2", "failed", 0, "", None, None, "", "", "boom"),
     ]
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0005_0006__keep_every_job_as_a_job_of_our_own_worker() -> None:
+    before, after = "0004_django_tasks", "0006_drop_claim_index"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(name="demo.ping", key="r1", input={"label": "x"}, run_at=AT, created_at=AT)
+    old.objects.create(
+        name="demo.ping", key="r2", status="succeeded", finished_at=AT, run_at=AT, created_at=AT
+    )
+
+    executor = migrate_to(after)
+
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    rows = list(
+        new.objects.order_by("key").values_list(
+            "key", "status", "relay", "engine_id", "relayed_at", "done_at", "finished_at"
+        )
+    )
+    assert rows == [
+        ("r1", "queued", "", "", None, None, None),
+        ("r2", "succeeded", "", "", None, None, AT),
+    ]

@@ -217,7 +217,8 @@ class Worker:
                 ),
             )
         else:
-            finish = jobstore.failed(job, now=now, error=storable(run.message))
+            message = storable(run.message)
+            finish = jobstore.failed(job, now=now, error=message)
             ended = Ended(job, finish, _since(started), failure_fields(run.error))
             written = self._write_now(
                 ended,
@@ -226,7 +227,7 @@ class Worker:
                     job_id=job.id,
                     worker=node,
                     now=now,
-                    error=storable(run.message),
+                    error=message,
                     error_class=run.error_class,
                     tb=storable(run.traceback),
                 ),

@@ -38,6 +38,9 @@ per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
 #: Rounds with this many tasks due run with the cyclic garbage collector paused.
 GC_PAUSE_FROM = 1000
 
+#: Seconds past an occurrence's instant at which the loop wakes for it.
+WAKE_MARGIN = 0.002
+
 #: Schedule answers kept between rounds; the cache starts over when it is full.
 RESOLVE_CACHE_SIZE = 65_536
 
@@ -95,6 +98,8 @@ class Scheduler:
         # Next due instant per task, and a heap over it: a round with nothing due pops nothing
         # and touches no task. None until built from the watermarks on taking leadership.
         self._due: dict[str, datetime] | None = None
+        #: The instant the last leader round dispatched up to.
+        self._round_at: datetime | None = None
         self._due_for: dict[str, TaskHandle] | None = None
         self._synced_for: dict[str, TaskHandle] | None = None
         self._refused: dict[str, Exception] = {}
@@ -196,7 +201,7 @@ class Scheduler:
         if not self.is_leader or self._due is None or handles is not self._due_for:
             self._rebuild(handles)
         self.is_leader = True
-        now = self.clock()
+        now = self._round_at = self.clock()
         try:
             dispatched = self._dispatch_due(handles, now)
         except BaseException:
@@ -445,8 +450,23 @@ class Scheduler:
                 self.state.between_rounds()
             except Exception as error:  # pragma: no cover - closing a broken connection
                 emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
-            # The GAP between rounds, never a fixed period; longer while the database is down.
-            self._wake.wait(loop_backoff(self.tick_interval, failures).total_seconds())
+            # The GAP between rounds, never a fixed period; longer while the database is down,
+            # shorter when an occurrence falls due before it ends.
+            gap = loop_backoff(self.tick_interval, failures).total_seconds()
+            self._wake.wait(gap if failures else min(gap, self._until_next_due()))
+
+    def _until_next_due(self) -> float:
+        """Seconds until the earliest occurrence this leader owes; a follower has none.
+
+        Waking for it, rather than at the end of the gap, starts a 09:00:00 job at 09:00:00 and
+        not up to a tick later. The margin makes the round's clock read past the instant.
+        """
+        if not self.is_leader or self._due is None or not self._heap:
+            return float("inf")
+        at = self._heap[0][0]
+        if self._round_at is not None and at <= self._round_at:
+            return float("inf")  # Due again at once: a retry, which waits out the gap.
+        return max((at - self.clock()).total_seconds(), 0.0) + WAKE_MARGIN
 
     def stop(self, reason: str = "stop") -> None:
         """Stop dispatching, wait out the round in flight, then hand leadership back."""

@@ -268,6 +268,49 @@ def test_start_stop__restartable_with_one_shutdown_hook() -> None:
     assert state.tasks["t.restart"].watermark is not None
 
 
+def test_loop__wakes_for_an_occurrence_due_before_the_gap_ends() -> None:
+    def stamp(occurrence: datetime) -> list[Entry]:
+        return [(record, {"label": occurrence.isoformat()})]
+
+    handle = task(cron="* * * * * *", tz="UTC", name="t.every-second")(stamp)
+    state = MemoryState()
+    # A gap far longer than the wait below: only waking for the occurrence can fire it.
+    scheduler = Scheduler(
+        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
+    )
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not state.jobs and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop("test")
+    assert len(state.jobs) >= 1
+
+
+def test_loop__a_failing_task_waits_out_the_gap_before_its_retry() -> None:
+    calls = {"n": 0}
+
+    def broken(occurrence: datetime) -> list[Entry]:
+        calls["n"] += 1
+        raise RuntimeError("always down")
+
+    handle = task(cron="* * * * * *", tz="UTC", name="t.broken")(broken)
+    state = MemoryState()
+    scheduler = Scheduler(
+        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
+    )
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 20
+        while calls["n"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # A loop retrying at once would call it again many times meanwhile.
+    finally:
+        scheduler.stop("test")
+    assert calls["n"] == 1
+
+
 def test_stop__concurrent_stops_join_one_teardown() -> None:
     releases = []
 

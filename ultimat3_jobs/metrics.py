@@ -12,6 +12,7 @@ long-running commands (``serve``).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -155,10 +156,22 @@ def recorded(records: Iterable[PlannedRecord]) -> None:
 
 def job_finished(name: str, queue: str, outcome: str, duration_s: float) -> None:
     """A worker finished one attempt of job ``name`` with ``outcome`` after ``duration_s``."""
-    WORKER_JOBS.labels(name=name, queue=queue, outcome=outcome).inc()
-    if outcome == "failed":
-        WORKER_FAILED.labels(name=name, queue=queue).inc()
-    JOB_DURATION.labels(name=name, queue=queue).observe(duration_s)
+    jobs, failed, duration = _job_series(name, queue, outcome)
+    jobs.inc()
+    if failed is not None:
+        failed.inc()
+    duration.observe(duration_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _job_series(name: str, queue: str, outcome: str) -> tuple[Any, Any | None, Any]:
+    # ``labels()`` hashes and locks on every call: a busy worker asks for the same few series
+    # thousands of times a second. A series, once made, lives as long as its metric.
+    return (
+        WORKER_JOBS.labels(name=name, queue=queue, outcome=outcome),
+        WORKER_FAILED.labels(name=name, queue=queue) if outcome == "failed" else None,
+        JOB_DURATION.labels(name=name, queue=queue),
+    )
 
 
 def relayed(rows: int) -> None:

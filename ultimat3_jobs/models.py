@@ -54,11 +54,11 @@ class Job(models.Model):
     """One run of a job. ``key`` is unique: enqueueing an existing key returns that job."""
 
     name = models.CharField(max_length=200)
-    key = models.CharField(max_length=255, unique=True)
+    # Unique through ``u3j_job_key`` below: a unique field would add a second index for LIKE
+    # that nothing searches with and that every update of a row writes to.
+    key = models.CharField(max_length=255)
     input = models.JSONField(default=dict, blank=True)
-    status = models.CharField(
-        max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
-    )
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     queue = models.CharField(max_length=100, default="default")
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=3)
@@ -68,7 +68,7 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     #: The task whose occurrence produced this job, empty for a direct enqueue.
-    task = models.CharField(max_length=200, blank=True, db_index=True)
+    task = models.CharField(max_length=200, blank=True)
     occurrence = models.DateTimeField(null=True, blank=True)
     catch_up = models.BooleanField(default=False)
     #: "scheduler", "code", "admin:<username>" or "backfill:<user>".
@@ -110,6 +110,14 @@ class Job(models.Model):
                 condition=models.Q(status="queued"),
                 name="u3j_job_ready",
             ),
+            # The running rows by worker: finishes, recovery, release. A status index over
+            # every row would take an entry at each claim and each finish, and its scan
+            # through the entries of finished rows cost a busy worker more than the jobs.
+            models.Index(
+                fields=["worker"], condition=models.Q(status="running"), name="u3j_job_running"
+            ),
+            # A task's jobs: its admin list, and the overlap check of its live occurrences.
+            models.Index(fields=["task"], name="u3j_job_task"),
             # The relay's claim: outbox rows, oldest first, and relayed ones to resend.
             models.Index(
                 "status",
@@ -119,6 +127,7 @@ class Job(models.Model):
                 name="u3j_job_outbox",
             ),
         ]
+        constraints = [models.UniqueConstraint(fields=["key"], name="u3j_job_key")]
 
     def __str__(self) -> str:
         return f"{self.name} [{self.key}]"

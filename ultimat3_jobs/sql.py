@@ -146,6 +146,9 @@ FROM due
 WHERE job.id = due.id
 RETURNING {returning}
 """
+#: Run before a claim, in its transaction: the claim's plan must never sort (see
+#: ``jobstore.finish_and_claim``).
+NO_SORT = "SET LOCAL enable_sort = off"
 #: Claim due jobs of every queue.
 CLAIM_ANY_QUEUE = _CLAIM.format(
     due=_DUE.format(table=_JOB, queue_filter=""), table=_JOB, returning=_RETURNING
@@ -157,7 +160,9 @@ CLAIM_QUEUES = _CLAIM.format(
     returning=_RETURNING,
 )
 
-# Write how a batch of attempts ended, one array parameter per column. Each row changes only
+# Write how a batch of attempts ended, given as one JSON array of ``Finish`` objects: one
+# quoted text rather than six arrays quoted element by element (12x cheaper to send for a
+# batch of 100, the worker's busiest statement). Each row changes only
 # while it is still running as this worker's same attempt: a job recovered by another worker,
 # cancelled, or claimed again since is left alone (and its id is not returned). A retry goes
 # back to the queue at its own run_at with no worker; the others keep run_at and worker.
@@ -166,10 +171,10 @@ UPDATE {table} AS job
 SET status = f.status, finished_at = f.finished_at, last_error = f.error,
     run_at = coalesce(f.run_at, job.run_at),
     worker = CASE WHEN f.status = 'queued' THEN '' ELSE job.worker END
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(statuses)s::text[],
-            %(finished_at)s::timestamptz[], %(run_at)s::timestamptz[], %(errors)s::text[])
-     AS f(id, attempts, status, finished_at, run_at, error)
-WHERE job.id = f.id AND job.status = 'running' AND job.worker = %(worker)s
+FROM jsonb_to_recordset(%(finishes)s::jsonb)
+     AS f(job_id bigint, attempts integer, status text, finished_at timestamptz,
+          run_at timestamptz, error text)
+WHERE job.id = f.job_id AND job.status = 'running' AND job.worker = %(worker)s
   AND job.attempts = f.attempts
 RETURNING job.id
 """

@@ -163,7 +163,9 @@ class Worker:
         #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
         #: with its next claim, so a busy worker spends one statement per turn of its loop.
         self._pending: list[Ended] = []
-        self._inbox: queue.Queue[ClaimedJob | None] = queue.Queue()
+        # SimpleQueue: its put and get are C, without the Condition that queue.Queue takes
+        # and notifies per job.
+        self._inbox: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._wake = threading.Event()
         self._draining = threading.Event()

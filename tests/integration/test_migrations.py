@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,3 +121,32 @@ def test_0005_0006__keep_every_job_as_a_job_of_our_own_worker() -> None:
         ("r1", "queued", "", "", None, None, None),
         ("r2", "succeeded", "", "", None, None, AT),
     ]
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0007__keeps_every_job_and_the_key_stays_unique() -> None:
+    before, after = "0006_drop_claim_index", "0007_lean_job_indexes"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(name="demo.ping", key="q1", task="t.a", run_at=AT, created_at=AT)
+    old.objects.create(
+        name="demo.ping", key="r1", status="running", worker="w1", run_at=AT, created_at=AT
+    )
+
+    executor = migrate_to(after)
+
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    rows = list(new.objects.order_by("key").values_list("key", "status", "task", "worker"))
+    assert rows == [("q1", "queued", "t.a", ""), ("r1", "running", "", "w1")]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        new.objects.create(name="demo.ping", key="q1", run_at=AT, created_at=AT)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'ultimat3_jobs_job'")
+            indexes = {name for (name,) in cursor.fetchall()}
+        assert not [name for name in indexes if name.endswith("_like")]
+        assert {"u3j_job_key", "u3j_job_running", "u3j_job_task", "u3j_job_ready"} <= indexes

@@ -88,12 +88,40 @@ def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
             limit=10,
             now=now,
         )
-    assert len(queries.captured_queries) == 1
+    # One statement on the job table; around it only its transaction and the planner setting.
+    on_jobs = [q["sql"] for q in queries.captured_queries if "ultimat3_jobs_job" in q["sql"]]
+    assert len(on_jobs) == 1
+    assert len(queries.captured_queries) <= 4
     assert written == {job.id for job in ran}
     assert len(claimed) == 3
     assert not {job.id for job in claimed} & written
     statuses = Job.objects.values_list("status", flat=True)
     assert sorted(statuses) == [JobStatus.RUNNING] * 3 + [JobStatus.SUCCEEDED] * 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was() -> None:
+    # Statistics taken while nothing was queued made the planner sort every due row behind a
+    # burst (measured: 30,000 rows read per claim of 100). The claim plans with sorting off.
+    for _ in range(3):
+        make_job()
+    seen: list[str] = []
+
+    def show(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "FOR UPDATE SKIP LOCKED" in sql:
+            raw = context["cursor"].cursor
+            raw.execute("SHOW enable_sort")
+            seen.append(raw.fetchone()[0])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(show):
+        claimed = _claim("w1")
+    assert len(claimed) == 3
+    assert seen == ["off"]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_sort")  # Transaction-local: safe behind PgBouncer.
+        assert cursor.fetchone()[0] == "on"
 
 
 @pytest.mark.django_db

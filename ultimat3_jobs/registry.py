@@ -23,6 +23,8 @@ from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+import orjson
+
 from . import clock
 from .cron import (
     CronSchedule,
@@ -175,7 +177,8 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             fix=f'pass a dict with string keys, e.g. {job_name}.enqueue({{"day": "2026-03-08"}})',
             cause=value,
         )
-    problem = _input_problem(value)
+    bound = _flat_size_bound(value)
+    problem = _input_problem(value) if bound is None else _flat_text_problem(value)
     if problem is not None:
         raise InvalidJobInputError(
             f'input of job "{job_name}" {problem}',
@@ -183,7 +186,6 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             "not documents; strip NUL and unpaired surrogates from text",
             cause=problem,
         )
-    bound = _flat_size_bound(value)
     if bound is not None and bound <= MAX_INPUT_BYTES:
         # What the round trip below gives for flat str/int/bool/None values: the same dict.
         return dict(value)
@@ -229,6 +231,39 @@ def _flat_size_bound(value: Mapping[str, Any]) -> int | None:
             return None
         size += 12 * len(key) + 6
     return size
+
+
+def _flat_text_problem(value: Mapping[str, Any]) -> str | None:
+    """``_input_problem`` for a dict of plain values: only its text can be unstorable."""
+    for key, item in value.items():
+        for text in (key, item) if type(item) is str else (key,):
+            # ASCII without NUL is always storable: the common case costs two C calls.
+            if "\x00" in text or not text.isascii():
+                bad = _unstorable(text)
+                if bad is not None:
+                    return f"holds text with {bad}: {text[:40]!r}"
+    return None
+
+
+def _plain_flat(value: Mapping[str, Any]) -> bool:
+    """Whether ``value`` holds only str/int/bool/None values, all text ASCII without DEL.
+
+    orjson then writes, byte for byte, what ``_DIGEST_ENCODE`` writes (it differs on DEL,
+    non-ASCII text, floats and integers past 64 bits): digests stay what they were.
+    """
+    for key, item in value.items():
+        if not key.isascii() or "\x7f" in key:
+            return False
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() or "\x7f" in item:
+                return False
+        elif kind is int:
+            if item.bit_length() > 63:
+                return False
+        elif not (kind is bool or item is None):
+            return False
+    return True
 
 
 def _unstorable(text: str) -> str | None:
@@ -365,8 +400,11 @@ def _check_key_declaration(key: object, func: Callable[..., Any], job_name: str)
 
 def input_digest(value: dict[str, Any]) -> str:
     """A short stable digest of an input, equal on every node for equal input."""
-    text = _DIGEST_ENCODE(value)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    if _plain_flat(value):
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)  # 4x faster, same bytes.
+    else:
+        text = _DIGEST_ENCODE(value).encode()
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 class JobHandle:

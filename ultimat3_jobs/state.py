@@ -30,6 +30,9 @@ logger = logging.getLogger("ultimat3_jobs.scheduler")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+#: New task rows written per statement at start.
+SYNC_SLICE = 1000
+
 #: A clock that stays skewed is warned about again this often.
 SKEW_WARNING_EVERY = timedelta(minutes=1)
 
@@ -200,12 +203,15 @@ class DatabaseState:
                 ignore_conflicts=True,
             )
             return
-        rows = [
-            {"name": handle.name, **_declaration(handle), "jobs": _job_names(handle)}
-            for handle in handles
-        ]
         with connections[self.using].cursor() as cursor:
-            cursor.execute(sql.INSERT_TASKS, [dumps(rows)])
+            # In slices: one statement for 100,000 new tasks held their rows and their JSON
+            # text at once, the scheduler's peak of memory for the life of the process.
+            for start in range(0, len(handles), SYNC_SLICE):
+                rows = [
+                    {"name": handle.name, **_declaration(handle), "jobs": _job_names(handle)}
+                    for handle in handles[start : start + SYNC_SLICE]
+                ]
+                cursor.execute(sql.INSERT_TASKS, [dumps(rows)])
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         # A long IN list costs more to build and plan than reading every row does.

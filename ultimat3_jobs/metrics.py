@@ -16,6 +16,7 @@ import functools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
@@ -133,13 +134,17 @@ class TaskCounters(Collector):
     }
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        #: Held by ``add``; a caller adding many counts takes it once and calls ``add_locked``.
+        self.lock = threading.Lock()
         self._counts: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self.FAMILIES}
 
     def add(self, name: str, labels: tuple[str, ...], amount: float) -> None:
+        with self.lock:
+            self.add_locked(name, labels, amount)
+
+    def add_locked(self, name: str, labels: tuple[str, ...], amount: float) -> None:
         counts = self._counts[name]
-        with self._lock:
-            counts[labels] = counts.get(labels, 0) + amount
+        counts[labels] = counts.get(labels, 0) + amount
 
     def value(self, name: str, labels: tuple[str, ...]) -> float:
         """The count of one series, 0 if it never moved."""
@@ -152,7 +157,7 @@ class TaskCounters(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         for name, (help_text, labels) in self.FAMILIES.items():
             family = CounterMetricFamily(name, help_text, labels=labels)
-            with self._lock:
+            with self.lock:
                 series = list(self._counts[name].items())
             for values, count in series:
                 family.add_metric(values, count)
@@ -180,15 +185,22 @@ def stepped_down(node: str) -> None:
     LEADER.labels(node=node).set(0)
 
 
-def dispatched(task: str, jobs: Sequence[TaskJobResult], lateness_s: float) -> None:
-    """An occurrence of ``task`` was committed with ``jobs``, ``lateness_s`` after its instant."""
-    created = sum(1 for job in jobs if job.result.created)
-    TASK_COUNTERS.add(_OCCURRENCES, (task,), 1)
-    if created:
-        TASK_COUNTERS.add(_JOBS, (task, "true"), created)
-    if len(jobs) - created:
-        TASK_COUNTERS.add(_JOBS, (task, "false"), len(jobs) - created)
-    LATENESS.observe(max(0.0, lateness_s))
+def dispatched(
+    fired: Iterable[tuple[str, datetime, Sequence[TaskJobResult]]], committed_at: datetime
+) -> None:
+    """A round committed these occurrences (task, instant, jobs) at ``committed_at``."""
+    lateness: dict[datetime, float] = {}
+    with TASK_COUNTERS.lock:
+        for task, occurrence, jobs in fired:
+            created = sum(1 for job in jobs if job.result.created)
+            TASK_COUNTERS.add_locked(_OCCURRENCES, (task,), 1)
+            if created:
+                TASK_COUNTERS.add_locked(_JOBS, (task, "true"), created)
+            if len(jobs) - created:
+                TASK_COUNTERS.add_locked(_JOBS, (task, "false"), len(jobs) - created)
+            if occurrence not in lateness:
+                lateness[occurrence] = max(0.0, (committed_at - occurrence).total_seconds())
+            LATENESS.observe(lateness[occurrence])
 
 
 def recorded(records: Iterable[PlannedRecord]) -> None:

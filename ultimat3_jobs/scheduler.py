@@ -298,14 +298,18 @@ class Scheduler:
                     detail=record.detail,
                 )
         dispatched = [self._report(fired, enqueued) for fired in plan.fired]
-        # One line per occurrence, written after the commit so it never delays the jobs.
+        metrics.dispatched(((d.task, d.occurrence, d.jobs) for d in dispatched), self.clock())
+        # One line per occurrence, written after the commit so it never delays the jobs. An
+        # instant is written as the formatters write it, once per instant rather than per line.
+        iso: dict[datetime, str] = {}
         emit_many(
             per_task,
             "jobs.scheduler.dispatched",
             (
                 {
                     "task": d.task,
-                    "occurrence": d.occurrence,
+                    "occurrence": iso.get(d.occurrence)
+                    or iso.setdefault(d.occurrence, d.occurrence.isoformat()),
                     "jobs": [job.job for job in d.jobs],
                     "catch_up": d.catch_up,
                 }
@@ -371,7 +375,6 @@ class Scheduler:
             )
             for p in fired.jobs
         ]
-        metrics.dispatched(fired.task, jobs, (self.clock() - fired.occurrence).total_seconds())
         return Dispatched(fired.task, fired.occurrence, jobs, fired.catch_up)
 
     def tick(self) -> list[Dispatched]:

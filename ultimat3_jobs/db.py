@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -88,6 +88,29 @@ def instant_texts() -> Callable[[datetime | None], str | None]:
         return found
 
     return text
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def instants_from_microseconds() -> Callable[[int | None], datetime | None]:
+    """Microseconds since the epoch as the exact aware instant; each value converted once.
+
+    Statements read instants as ``(extract(epoch FROM column) * 1000000)::bigint`` (exact on
+    PostgreSQL 14 and later) where rows come by the thousand: an integer loads in C, while
+    Django's time zone loader for timestamptz runs in Python for every value.
+    """
+    seen: dict[int, datetime] = {}
+
+    def instant(us: int | None) -> datetime | None:
+        if us is None:
+            return None
+        found = seen.get(us)
+        if found is None:
+            found = seen[us] = EPOCH + timedelta(microseconds=us)
+        return found
+
+    return instant
 
 
 def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None:

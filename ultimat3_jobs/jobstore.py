@@ -33,7 +33,7 @@ from django.db.models.functions import Concat, Now
 
 from . import clock, sql
 from .conf import Settings, get_settings
-from .db import copy_rows, dumps, instant_texts, json_rows
+from .db import copy_rows, dumps, instant_texts, instants_from_microseconds, json_rows
 from .listener import NOTIFY_CHANNEL, RELAY_PAYLOAD, notify
 from .models import Job, JobStatus, Node
 
@@ -410,16 +410,38 @@ def _claim_params(
 
 
 def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
-    # orjson writes the dataclasses as objects keyed by field name, as ``sql.FINISH`` reads them.
-    return {"worker": worker, "finishes": dumps(list(finishes))}
+    # Objects keyed as ``sql.FINISH`` reads them. Dicts: orjson writes slotted dataclasses
+    # ten times slower.
+    rows = [
+        {
+            "job_id": f.job_id,
+            "attempts": f.attempts,
+            "status": str(f.status),
+            "finished_at": f.finished_at,
+            "run_at": f.run_at,
+            "error": f.error,
+        }
+        for f in finishes
+    ]
+    return {"worker": worker, "finishes": dumps(rows)}
 
 
-def _claimed(row: Sequence[Any]) -> ClaimedJob:
-    # Django loads jsonb as text for JSONField to decode; this bypasses the field.
-    data = row[3]
-    return ClaimedJob(
-        row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data, *row[4:]
-    )
+def _claimed_rows(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+    """Claimed rows (``sql.CLAIMED_COLUMNS``) as records, in the claim's order."""
+    instant = instants_from_microseconds()
+    jobs = []
+    for row in rows:
+        # Django loads jsonb as text for JSONField to decode; this bypasses the field.
+        data = row[3]
+        run_at = instant(row[7])
+        assert run_at is not None  # A NOT NULL column.
+        jobs.append(
+            ClaimedJob(
+                row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
+                row[4], row[5], row[6], run_at, *row[8:],
+            )
+        )  # fmt: skip
+    return sorted(jobs, key=_oldest_first)
 
 
 def claim(
@@ -481,14 +503,14 @@ def finish_and_claim(
         cursor.execute(sql.NO_SORT)
         if not finishes:
             cursor.execute(sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES, params)
-            return set(), sorted(map(_claimed, cursor.fetchall()), key=_oldest_first)
+            return set(), _claimed_rows(cursor.fetchall())
         statement = (
             sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
         )
         cursor.execute(statement, params)
         rows = cursor.fetchall()
     written = {row[1] for row in rows if not row[0]}
-    jobs = sorted((_claimed(row[1:]) for row in rows if row[0]), key=_oldest_first)
+    jobs = _claimed_rows(row[1:] for row in rows if row[0])
     return written, jobs
 
 

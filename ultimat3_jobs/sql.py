@@ -123,7 +123,11 @@ CLAIMED_COLUMNS = (
     "priority",
     "backend",
 )
-_RETURNING = ", ".join(f"job.{column}" for column in CLAIMED_COLUMNS)
+# run_at as microseconds since the epoch: see ``db.instants_from_microseconds``.
+_RETURNING = ", ".join(
+    "(extract(epoch FROM job.run_at) * 1000000)::bigint" if column == "run_at" else f"job.{column}"
+    for column in CLAIMED_COLUMNS
+)
 
 # Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
 # without waiting on each other's rows, and a row locked by one is never returned to another.

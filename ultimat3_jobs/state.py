@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import DataError, IntegrityError, close_old_connections, connections, transaction
@@ -18,7 +18,7 @@ from django.db import DataError, IntegrityError, close_old_connections, connecti
 from . import clock as default_clock
 from . import history, jobstore, nodes, sql
 from .conf import Settings, get_settings
-from .db import database_now, dumps
+from .db import database_now, dumps, instants_from_microseconds
 from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
@@ -28,7 +28,6 @@ from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 #: New task rows written per statement at start.
 SYNC_SLICE = 1000
@@ -221,7 +220,7 @@ class DatabaseState:
             # By a plain cursor: at 100,000 rows the ORM's per-row work is most of the cost.
             with connections[self.using].cursor() as cursor:
                 cursor.execute(sql.TASK_STATES)
-                instant = _from_microseconds()
+                instant = instants_from_microseconds()
                 found = [(name, instant(us), paused) for name, us, paused in cursor.fetchall()]
         else:
             # Unordered: sorting every row by name is work nobody reads.
@@ -353,21 +352,6 @@ class DatabaseState:
 
     def stopped(self) -> None:
         nodes.stopped(using=self.using, node_id=self.node_id, is_leader=False)
-
-
-def _from_microseconds() -> Callable[[int | None], datetime | None]:
-    """Microseconds since the epoch as the exact aware instant; each value converted once."""
-    seen: dict[int, datetime] = {}
-
-    def instant(us: int | None) -> datetime | None:
-        if us is None:
-            return None
-        found = seen.get(us)
-        if found is None:
-            found = seen[us] = EPOCH + timedelta(microseconds=us)
-        return found
-
-    return instant
 
 
 def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:

@@ -431,6 +431,7 @@ class Scheduler:
     def _loop(self) -> None:
         failures = 0
         while self.status == "running":
+            began = time.monotonic()
             try:
                 self.tick()
                 failures = 0
@@ -456,7 +457,12 @@ class Scheduler:
             # The GAP between rounds, never a fixed period; longer while the database is down,
             # shorter when an occurrence falls due before it ends.
             gap = loop_backoff(self.tick_interval, failures).total_seconds()
-            self._wake.wait(gap if failures else min(gap, self._until_next_due()))
+            if not failures:
+                # Never less rest than the round took: rounds slower than the occurrences
+                # they serve must not run back to back.
+                rest = time.monotonic() - began
+                gap = min(gap, max(self._until_next_due(), rest))
+            self._wake.wait(gap)
 
     def _until_next_due(self) -> float:
         """Seconds until the earliest occurrence this leader owes; a follower has none.

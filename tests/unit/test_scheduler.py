@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -309,6 +310,33 @@ def test_loop__a_failing_task_waits_out_the_gap_before_its_retry() -> None:
     finally:
         scheduler.stop("test")
     assert calls["n"] == 1
+
+
+def test_loop__rests_at_least_as_long_as_a_slow_round_took() -> None:
+    starts: list[float] = []
+
+    def slow(occurrence: datetime) -> list[Entry]:
+        starts.append(time.monotonic())
+        time.sleep(0.8)  # A round slower than the next occurrence is away.
+        return [(record, {"label": occurrence.isoformat()})]
+
+    # run-once: one call a round, however late the round runs.
+    handle = task(cron="* * * * * *", tz="UTC", name="t.slow-round", catch_up="run-once")(slow)
+    state = MemoryState()
+    scheduler = Scheduler(
+        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
+    )
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(starts) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop("test")
+    assert len(starts) >= 3
+    # 0.8 s of round, then at least 0.8 s of rest: never straight into the next occurrence.
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(gap >= 1.5 for gap in gaps), gaps
 
 
 def test_stop__concurrent_stops_join_one_teardown() -> None:

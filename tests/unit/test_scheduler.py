@@ -6,7 +6,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -269,47 +269,43 @@ def test_start_stop__restartable_with_one_shutdown_hook() -> None:
     assert state.tasks["t.restart"].watermark is not None
 
 
+def run_loop_until(handle: TaskHandle, done: Callable[[MemoryState], bool]) -> MemoryState:
+    """The real loop, on real time, with a gap (60 s) far longer than any wait here: only
+    waking for an occurrence makes it dispatch before the gap ends."""
+    state = MemoryState()
+    scheduler = Scheduler(
+        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
+    )
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not done(state) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop("test")
+    return state
+
+
 def test_loop__wakes_for_an_occurrence_due_before_the_gap_ends() -> None:
     def stamp(occurrence: datetime) -> list[Entry]:
         return [(record, {"label": occurrence.isoformat()})]
 
     handle = task(cron="* * * * * *", tz="UTC", name="t.every-second")(stamp)
-    state = MemoryState()
-    # A gap far longer than the wait below: only waking for the occurrence can fire it.
-    scheduler = Scheduler(
-        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
-    )
-    scheduler.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not state.jobs and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        scheduler.stop("test")
+    state = run_loop_until(handle, lambda state: bool(state.jobs))
     assert len(state.jobs) >= 1
 
 
 def test_loop__a_failing_task_waits_out_the_gap_before_its_retry() -> None:
-    calls = {"n": 0}
+    calls: list[float] = []
 
     def broken(occurrence: datetime) -> list[Entry]:
-        calls["n"] += 1
+        calls.append(time.monotonic())
         raise RuntimeError("always down")
 
     handle = task(cron="* * * * * *", tz="UTC", name="t.broken")(broken)
-    state = MemoryState()
-    scheduler = Scheduler(
-        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
-    )
-    scheduler.start()
-    try:
-        deadline = time.monotonic() + 20
-        while calls["n"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)  # A loop retrying at once would call it again many times meanwhile.
-    finally:
-        scheduler.stop("test")
-    assert calls["n"] == 1
+    # Half a second past the first call: a loop retrying at once would have called it again.
+    run_loop_until(handle, lambda _: bool(calls) and time.monotonic() - calls[0] > 0.5)
+    assert len(calls) == 1
 
 
 def test_loop__rests_at_least_as_long_as_a_slow_round_took() -> None:
@@ -322,17 +318,7 @@ def test_loop__rests_at_least_as_long_as_a_slow_round_took() -> None:
 
     # run-once: one call a round, however late the round runs.
     handle = task(cron="* * * * * *", tz="UTC", name="t.slow-round", catch_up="run-once")(slow)
-    state = MemoryState()
-    scheduler = Scheduler(
-        state=state, tasks=[handle], tick_interval=timedelta(seconds=60), drain_on_shutdown=False
-    )
-    scheduler.start()
-    try:
-        deadline = time.monotonic() + 30
-        while len(starts) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        scheduler.stop("test")
+    run_loop_until(handle, lambda _: len(starts) >= 3)
     assert len(starts) >= 3
     # 0.8 s of round, then at least 0.8 s of rest: never straight into the next occurrence.
     gaps = [b - a for a, b in itertools.pairwise(starts)]

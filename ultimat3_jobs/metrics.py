@@ -146,10 +146,6 @@ class TaskCounters(Collector):
         counts = self._counts[name]
         counts[labels] = counts.get(labels, 0) + amount
 
-    def value(self, name: str, labels: tuple[str, ...]) -> float:
-        """The count of one series, 0 if it never moved."""
-        return self._counts[name].get(labels, 0)
-
     def describe(self) -> Iterator[CounterMetricFamily]:
         for name, (help_text, labels) in self.FAMILIES.items():
             yield CounterMetricFamily(name, help_text, labels=labels)

@@ -132,7 +132,7 @@ _RETURNING = ", ".join(
 # Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
 # without waiting on each other's rows, and a row locked by one is never returned to another.
 # The attempt is counted here, at claim time, so a job that kills its worker still uses one up.
-# ``status = 'queued'`` matches the partial index u3j_job_queued, so finished history is never
+# ``status = 'queued'`` matches the partial index u3j_job_ready, so finished history is never
 # scanned.
 _DUE = """
     SELECT id FROM {table}
@@ -164,7 +164,7 @@ CLAIM_QUEUES = _CLAIM.format(
     returning=_RETURNING,
 )
 
-# Write how a batch of attempts ended, given as one JSON array of ``Finish`` objects: one
+# Write how a batch of attempts ended, given as one JSON array of objects, one a finish: one
 # quoted text rather than six arrays quoted element by element (12x cheaper to send for a
 # batch of 100, the worker's busiest statement). Each row changes only
 # while it is still running as this worker's same attempt: a job recovered by another worker,

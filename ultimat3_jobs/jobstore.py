@@ -495,20 +495,26 @@ def finish_and_claim(
         with connections[using].cursor() as cursor:
             cursor.execute(sql.FINISH, params)
             return {row[0] for row in cursor.fetchall()}, []
+    if finishes:
+        statement = (
+            sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
+        )
+    else:
+        statement = sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES
+    # A caller's transaction outlives ours: the setting must not outlive the claim in it.
+    inside_caller = connections[using].in_atomic_block
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         # Statistics taken while no job was queued (a fresh table, or one holding only
         # history) make the planner expect a few due rows: it then reads every due row and
         # sorts them, 30,000 rows per claim behind a burst. Without sorts it walks the ready
         # index in order and stops at the limit, whatever the statistics say.
         cursor.execute(sql.NO_SORT)
-        if not finishes:
-            cursor.execute(sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES, params)
-            return set(), _claimed_rows(cursor.fetchall())
-        statement = (
-            sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
-        )
         cursor.execute(statement, params)
         rows = cursor.fetchall()
+        if inside_caller:
+            cursor.execute(sql.SORT_AGAIN)
+    if not finishes:
+        return set(), _claimed_rows(rows)
     written = {row[1] for row in rows if not row[0]}
     jobs = _claimed_rows(row[1:] for row in rows if row[0])
     return written, jobs

@@ -153,6 +153,8 @@ RETURNING {returning}
 #: Run before a claim, in its transaction: the claim's plan must never sort (see
 #: ``jobstore.finish_and_claim``).
 NO_SORT = "SET LOCAL enable_sort = off"
+#: After a claim inside a caller's transaction: the caller's statements plan as before.
+SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"
 #: Claim due jobs of every queue.
 CLAIM_ANY_QUEUE = _CLAIM.format(
     due=_DUE.format(table=_JOB, queue_filter=""), table=_JOB, returning=_RETURNING

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from testproject.demo.models import Ping
@@ -91,7 +91,8 @@ def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
     # One statement on the job table; around it only its transaction and the planner setting.
     on_jobs = [q["sql"] for q in queries.captured_queries if "ultimat3_jobs_job" in q["sql"]]
     assert len(on_jobs) == 1
-    assert len(queries.captured_queries) <= 4
+    others = [q["sql"] for q in queries.captured_queries if q["sql"] not in on_jobs]
+    assert all(sql.startswith(("SAVEPOINT", "RELEASE", "SET LOCAL")) for sql in others), others
     assert written == {job.id for job in ran}
     assert len(claimed) == 3
     assert not {job.id for job in claimed} & written
@@ -122,6 +123,11 @@ def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was() -> None
     with connection.cursor() as cursor:
         cursor.execute("SHOW enable_sort")  # Transaction-local: safe behind PgBouncer.
         assert cursor.fetchone()[0] == "on"
+        # Inside a caller's transaction too: the rest of it plans as before.
+        with transaction.atomic():
+            assert len(_claim("w2")) == 0
+            cursor.execute("SHOW enable_sort")
+            assert cursor.fetchone()[0] == "on"
 
 
 @pytest.mark.django_db

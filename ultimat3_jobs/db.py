@@ -72,7 +72,7 @@ def json_rows(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def instant_texts() -> Callable[[datetime | None], str | None]:
-    """ISO 8601 text of instants for COPY rows, each formatted once.
+    """ISO 8601 text of instants for COPY rows and log lines, each formatted once.
 
     psycopg's own datetime adaptation costs about 7 us a value, 3x a job row's other fields
     together, and a round's rows share a handful of instants (now, each occurrence).

@@ -688,11 +688,14 @@ class TaskHandle:
     def __repr__(self) -> str:
         return f"<task {self.name} {self.cron!r} {self.tz}>"
 
-    def entries(self, occurrence: datetime | None = None) -> list[tuple[JobHandle, dict[str, Any]]]:
+    def entries(
+        self, occurrence: datetime | None = None, *, check_inputs: bool = True
+    ) -> list[tuple[JobHandle, dict[str, Any]]]:
         """Entries for ``occurrence`` (default: now, from the clock), checked.
 
         The function receives the occurrence in the task's zone, never now: a late or replayed
-        occurrence must build the payload for its own day.
+        occurrence must build the payload for its own day. ``check_inputs=False`` leaves the
+        inputs as the function gave them, for a caller that only wants the jobs.
         """
         at = (occurrence or clock.now()).astimezone(self.zone)
         try:
@@ -732,7 +735,7 @@ class TaskHandle:
                     "return the decorated function",
                     cause=handle,
                 )
-            checked.append((handle, handle.check_input(data)))
+            checked.append((handle, handle.check_input(data) if check_inputs else data))
         return checked
 
     def next_after(self, at: datetime) -> datetime:

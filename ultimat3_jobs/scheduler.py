@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from . import clock as default_clock
 from . import metrics, shutdown
 from .catchup import Decision
+from .db import instant_texts
 from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
 from .logs import emit, emit_many, failure_fields
@@ -301,15 +302,14 @@ class Scheduler:
         metrics.dispatched(((d.task, d.occurrence, d.jobs) for d in dispatched), self.clock())
         # One line per occurrence, written after the commit so it never delays the jobs. An
         # instant is written as the formatters write it, once per instant rather than per line.
-        iso: dict[datetime, str] = {}
+        iso = instant_texts()
         emit_many(
             per_task,
             "jobs.scheduler.dispatched",
             (
                 {
                     "task": d.task,
-                    "occurrence": iso.get(d.occurrence)
-                    or iso.setdefault(d.occurrence, d.occurrence.isoformat()),
+                    "occurrence": iso(d.occurrence),
                     "jobs": [job.job for job in d.jobs],
                     "catch_up": d.catch_up,
                 }
@@ -334,10 +334,15 @@ class Scheduler:
         return dispatched
 
     def _log_steps(self, steps: list[tuple[TaskHandle, TaskStep]]) -> None:
+        iso = instant_texts()
         emit_many(
             per_task,
             "jobs.scheduler.armed",
-            ({"task": handle.name, "next": step.next_due} for handle, step in steps if step.armed),
+            (
+                {"task": handle.name, "next": iso(step.next_due)}
+                for handle, step in steps
+                if step.armed
+            ),
         )
         for handle, step in steps:
             if step.dropped is not None:

@@ -124,11 +124,13 @@ def test_0005_0006__keep_every_job_as_a_job_of_our_own_worker() -> None:
 
 
 @pytest.mark.usefixtures("leave_at_latest")
-def test_0007__keeps_every_job_and_the_key_stays_unique() -> None:
+def test_0007__keeps_every_job_and_task_and_their_names_stay_unique() -> None:
     before, after = "0006_drop_claim_index", "0007_lean_job_indexes"
     executor = migrate_to(before)
-    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
-        "ultimat3_jobs", "Job"
+    old_apps = executor.loader.project_state([("ultimat3_jobs", before)]).apps
+    old = old_apps.get_model("ultimat3_jobs", "Job")
+    old_apps.get_model("ultimat3_jobs", "Task").objects.create(
+        name="t.a", cron="0 * * * *", tz="UTC", last_fired_at=AT
     )
     old.objects.create(name="demo.ping", key="q1", task="t.a", run_at=AT, created_at=AT)
     old.objects.create(
@@ -137,16 +139,23 @@ def test_0007__keeps_every_job_and_the_key_stays_unique() -> None:
 
     executor = migrate_to(after)
 
-    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
-        "ultimat3_jobs", "Job"
-    )
+    new_apps = executor.loader.project_state([("ultimat3_jobs", after)]).apps
+    new = new_apps.get_model("ultimat3_jobs", "Job")
     rows = list(new.objects.order_by("key").values_list("key", "status", "task", "worker"))
     assert rows == [("q1", "queued", "t.a", ""), ("r1", "running", "", "w1")]
     with pytest.raises(IntegrityError), transaction.atomic():
         new.objects.create(name="demo.ping", key="q1", run_at=AT, created_at=AT)
+    tasks = new_apps.get_model("ultimat3_jobs", "Task").objects
+    assert list(tasks.values_list("name", "last_fired_at")) == [("t.a", AT)]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        tasks.create(name="t.a", cron="0 * * * *", tz="UTC")
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'ultimat3_jobs_job'")
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes "
+                "WHERE tablename IN ('ultimat3_jobs_job', 'ultimat3_jobs_task')"
+            )
             indexes = {name for (name,) in cursor.fetchall()}
         assert not [name for name in indexes if name.endswith("_like")]
         assert {"u3j_job_key", "u3j_job_running", "u3j_job_task", "u3j_job_ready"} <= indexes
+        assert "u3j_task_name" in indexes

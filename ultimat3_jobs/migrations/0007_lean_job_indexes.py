@@ -2,7 +2,8 @@
 # and a rewritten row takes a new entry in every index over all rows: seven of them before
 # (the key, its LIKE twin, status and its twin, task and its twin, the primary key). Status
 # moves to a partial index over running rows (finishes, recovery, release), which finished
-# rows never enter; the key stays unique through a constraint without the LIKE twin.
+# rows never enter; the key, and the task's name, stay unique through constraints without
+# the LIKE twins.
 
 from django.db import migrations, models
 
@@ -55,5 +56,15 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="job",
             index=models.Index(fields=["task"], name="u3j_job_task"),
+        ),
+        # The task's name the same way: its LIKE twin slowed a first start of 100,000 tasks.
+        migrations.AddConstraint(
+            model_name="task",
+            constraint=models.UniqueConstraint(fields=["name"], name="u3j_task_name"),
+        ),
+        migrations.AlterField(
+            model_name="task",
+            name="name",
+            field=models.CharField(max_length=200),
         ),
     ]

@@ -3,78 +3,57 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from html import unescape
 from typing import Any
 
 import pytest
 from django.contrib.admin.sites import site
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import constants
 from django.test import Client, RequestFactory, override_settings
 from django.urls import reverse
 from django.utils.html import strip_tags
 
-from ultimat3_jobs import clock
 from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence, Task
-from ultimat3_jobs.registry import Registry, job, registry, task
+from ultimat3_jobs.registry import Registry, job, task
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
 
+from .admin_support import (
+    DIGEST,
+    JOBS_URL,
+    NOW,
+    TASKS_URL,
+    frozen,
+    logged_in,
+    mirror_demo_tasks,
+    staff_user,
+)
+
+__all__ = ["frozen"]
+
 pytestmark = pytest.mark.django_db
-
-#: Noon in Paris on a Sunday; the next nightly digest is Monday 03:00 CET = 02:00 UTC.
-NOW = datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
-DIGEST = "demo.nightly_digest"
-TASKS_URL = "/admin/ultimat3_jobs/task/"
-JOBS_URL = "/admin/ultimat3_jobs/job/"
-
-
-@pytest.fixture(autouse=True)
-def frozen() -> Iterator[FrozenClock]:
-    frozen_clock = FrozenClock(NOW)
-    with clock.use(frozen_clock):
-        yield frozen_clock
 
 
 @pytest.fixture
 def tasks() -> dict[str, Task]:
-    """The demo declarations mirrored into the table, as a scheduler start does."""
-    DatabaseState(node_id="t", leader="sole").sync(
-        [t for t in registry.tasks() if t.name.startswith("demo.")]
-    )
-    return {t.name: t for t in Task.objects.all()}
-
-
-def _staff(username: str, *codenames: str) -> User:
-    user = User.objects.create_user(username, is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="ultimat3_jobs", codename__in=codenames)
-    )
-    return user
-
-
-def _client(user: User | None, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    if user is not None:
-        client.force_login(user)
-    return client
+    return mirror_demo_tasks()
 
 
 @pytest.fixture
 def runner() -> User:
     """Staff who may see tasks and jobs and run tasks now."""
-    return _staff("runner", "view_task", "change_task", "run_task", "view_job", "change_job")
+    return staff_user("runner", "view_task", "change_task", "run_task", "view_job", "change_job")
 
 
 @pytest.fixture
 def viewer() -> User:
     """Staff who may see and pause tasks, but not run them."""
-    return _staff("viewer", "view_task", "change_task", "view_job")
+    return staff_user("viewer", "view_task", "change_task", "view_job")
 
 
 def run_url(task_row: Task) -> str:
@@ -120,18 +99,18 @@ def test_run_now__anonymous_gets_403_and_nothing_runs(tasks: dict[str, Task], me
 def test_run_now__staff_without_run_task_gets_403(
     tasks: dict[str, Task], viewer: User, method: str
 ) -> None:
-    response = getattr(_client(viewer), method)(run_url(tasks[DIGEST]))
+    response = getattr(logged_in(viewer), method)(run_url(tasks[DIGEST]))
 
     assert response.status_code == 403
     assert _nothing_enqueued()
 
 
 def test_run_now__non_staff_with_run_task_is_not_let_in(tasks: dict[str, Task]) -> None:
-    user = _staff("outsider", "run_task")
+    user = staff_user("outsider", "run_task")
     user.is_staff = False
     user.save()
 
-    response = _client(user).post(run_url(tasks[DIGEST]))
+    response = logged_in(user).post(run_url(tasks[DIGEST]))
 
     assert response.status_code == 403
     assert _nothing_enqueued()
@@ -142,15 +121,15 @@ def test_run_now__button_only_for_run_task(
 ) -> None:
     change = reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
     for page in (TASKS_URL, change):
-        assert run_url(tasks[DIGEST]) not in _client(viewer).get(page).content.decode()
-        assert run_url(tasks[DIGEST]) in _client(runner).get(page).content.decode()
+        assert run_url(tasks[DIGEST]) not in logged_in(viewer).get(page).content.decode()
+        assert run_url(tasks[DIGEST]) in logged_in(runner).get(page).content.decode()
 
 
 def test_run_now__action_only_for_run_task(
     tasks: dict[str, Task], viewer: User, runner: User
 ) -> None:
-    assert "run_selected" not in _client(viewer).get(TASKS_URL).content.decode()
-    assert "run_selected" in _client(runner).get(TASKS_URL).content.decode()
+    assert "run_selected" not in logged_in(viewer).get(TASKS_URL).content.decode()
+    assert "run_selected" in logged_in(runner).get(TASKS_URL).content.decode()
 
 
 # -- "Run now": GET confirms, POST runs ----------------------------------------------------
@@ -162,7 +141,7 @@ def test_run_now__get_shows_confirmation_and_changes_nothing(
     watermark = datetime(2026, 3, 8, 2, 0, tzinfo=UTC)
     Task.objects.filter(name=DIGEST).update(last_fired_at=watermark)
 
-    response = _client(runner).get(run_url(tasks[DIGEST]))
+    response = logged_in(runner).get(run_url(tasks[DIGEST]))
 
     html = response.content.decode()
     assert response.status_code == 200
@@ -173,7 +152,7 @@ def test_run_now__get_shows_confirmation_and_changes_nothing(
 
 
 def test_run_now__post_without_csrf_token_is_refused(tasks: dict[str, Task], runner: User) -> None:
-    response = _client(runner, csrf=True).post(run_url(tasks[DIGEST]))
+    response = logged_in(runner, csrf=True).post(run_url(tasks[DIGEST]))
 
     assert response.status_code == 403
     assert b"CSRF" in response.content
@@ -185,7 +164,7 @@ def test_run_now__post_with_csrf_enqueues_and_records_a_manual_occurrence(
 ) -> None:
     watermark = datetime(2026, 3, 8, 2, 0, tzinfo=UTC)
     Task.objects.filter(name=DIGEST).update(last_fired_at=watermark)
-    client = _client(runner, csrf=True)
+    client = logged_in(runner, csrf=True)
     page = client.get(run_url(tasks[DIGEST])).content.decode()
     token = _csrf_token(page)
     run_token = re.search(r'name="run_token" value="([^"]+)"', page)
@@ -217,7 +196,7 @@ def test_run_now__post_with_csrf_enqueues_and_records_a_manual_occurrence(
 
 
 def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner: User) -> None:
-    client = _client(runner)
+    client = logged_in(runner)
     response = client.post(
         run_url(tasks[DIGEST]), _confirmed(client, run_url(tasks[DIGEST])), follow=True
     )
@@ -232,7 +211,7 @@ def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner:
 
 
 def test_run_now__second_run_says_already_present(tasks: dict[str, Task], runner: User) -> None:
-    client = _client(runner)
+    client = logged_in(runner)
     url = run_url(tasks[DIGEST])
     client.post(url, _confirmed(client, url), follow=True)  # shows, and so consumes, its message
 
@@ -252,7 +231,7 @@ def test_run_now__second_run_says_already_present(tasks: dict[str, Task], runner
 def test_run_now__next_returns_to_the_change_page(tasks: dict[str, Task], runner: User) -> None:
     change = reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
 
-    client, url = _client(runner), run_url(tasks[DIGEST])
+    client, url = logged_in(runner), run_url(tasks[DIGEST])
     response = client.post(url, _confirmed(client, url, {"next": change}))
     offsite = client.post(url, _confirmed(client, url, {"next": "https://evil.example/"}))
 
@@ -274,7 +253,7 @@ def test_run_now__task_error_is_shown_and_nothing_is_enqueued(
     DatabaseState(node_id="t", leader="sole").sync([broken])
     row = Task.objects.get(name="admintest.broken")
 
-    client = _client(runner)
+    client = logged_in(runner)
     page = client.get(run_url(row)).content.decode()
     response = client.post(run_url(row), _confirmed(client, run_url(row)), follow=True)
 
@@ -297,7 +276,7 @@ def test_run_now__task_without_entries_says_nothing_was_enqueued(
 
     DatabaseState(node_id="t", leader="sole").sync([idle])
     row = Task.objects.get(name="admintest.idle")
-    client = _client(runner)
+    client = logged_in(runner)
 
     response = client.post(run_url(row), _confirmed(client, run_url(row)), follow=True)
 
@@ -314,7 +293,7 @@ def test_run_now__task_without_entries_says_nothing_was_enqueued(
 def test_run_now__removed_task_has_no_button_and_does_not_run(runner: User) -> None:
     row = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
 
-    client = _client(runner)
+    client = logged_in(runner)
     listing = client.get(TASKS_URL).content.decode()
     response = client.post(run_url(row), _confirmed(client, run_url(row)), follow=True)
 
@@ -326,7 +305,7 @@ def test_run_now__removed_task_has_no_button_and_does_not_run(runner: User) -> N
 
 
 def test_run_selected__confirms_then_runs_each_task(tasks: dict[str, Task], runner: User) -> None:
-    client = _client(runner)
+    client = logged_in(runner)
     ids = [tasks[DIGEST].pk, tasks["demo.quarter_hour_ping"].pk]
 
     chosen = client.post(TASKS_URL, {"action": "run_selected", "_selected_action": ids})
@@ -350,10 +329,10 @@ def test_run_selected__confirms_then_runs_each_task(tasks: dict[str, Task], runn
 def test_run_selected__staff_without_run_task_cannot_trigger_it(
     tasks: dict[str, Task], viewer: User
 ) -> None:
-    response = _client(viewer).post(
+    response = logged_in(viewer).post(
         TASKS_URL, {"action": "run_selected", "_selected_action": [tasks[DIGEST].pk]}
     )
-    confirm = _client(viewer).post(reverse("admin:ultimat3_jobs_task_run"), {"ids": [1, 2]})
+    confirm = logged_in(viewer).post(reverse("admin:ultimat3_jobs_task_run"), {"ids": [1, 2]})
 
     assert response.status_code == 200  # the admin answers "no action selected"
     assert confirm.status_code == 403
@@ -366,7 +345,7 @@ def test_run_selected__staff_without_run_task_cannot_trigger_it(
 def test_task_list__shows_next_run_in_task_zone_and_utc(
     tasks: dict[str, Task], viewer: User
 ) -> None:
-    html = _client(viewer).get(TASKS_URL).content.decode()
+    html = logged_in(viewer).get(TASKS_URL).content.decode()
 
     row = html[html.index(">demo.nightly_digest<") :].split("</tr>")[0]
     assert "2026-03-09 03:00 CET" in row
@@ -384,7 +363,7 @@ def test_task_list__an_armed_task_that_never_fired_says_never(
     armed = NOW + timedelta(hours=14) - timedelta(milliseconds=1)
     Task.objects.filter(name=DIGEST).update(last_fired_at=armed)
     Task.objects.exclude(name=DIGEST).update(last_fired_at=NOW - timedelta(hours=1))
-    html = _client(viewer).get(TASKS_URL).content.decode()
+    html = logged_in(viewer).get(TASKS_URL).content.decode()
     row = html[html.index(f">{DIGEST}<") :].split("</tr>")[0]
     assert '<td class="field-last_fired_column">never</td>' in row
     assert html.count("1 h ago") >= 1
@@ -392,7 +371,7 @@ def test_task_list__an_armed_task_that_never_fired_says_never(
 
 def test_task_list__filters_and_search(tasks: dict[str, Task], viewer: User) -> None:
     Task.objects.filter(name=DIGEST).update(paused=True, paused_note="ledger migration")
-    client = _client(viewer)
+    client = logged_in(viewer)
 
     def names(query: str) -> list[str]:
         response = client.get(TASKS_URL + query)
@@ -410,7 +389,7 @@ def test_task_list__paused_and_removed_tasks_say_they_will_not_run(
     Task.objects.filter(name=DIGEST).update(paused=True, paused_note="ledger", paused_by="bob")
     Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
 
-    html = _client(viewer).get(TASKS_URL).content.decode()
+    html = logged_in(viewer).get(TASKS_URL).content.decode()
 
     paused = html.split(">demo.nightly_digest<")[1].split("</tr>")[0]
     assert "paused: will be skipped" in paused
@@ -439,7 +418,7 @@ def test_task_change__previews_ten_runs_marking_a_dst_gap(
     frozen.set(datetime(2026, 3, 25, 12, 0, tzinfo=UTC))
     row = Task.objects.get(name="admintest.half_past_two")
 
-    response = _client(viewer).get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
+    response = logged_in(viewer).get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
 
     runs = response.context["next_runs"]
     assert len(runs) == 10
@@ -468,7 +447,7 @@ def test_task_change__marks_a_repeated_hour(
     frozen.set(datetime(2026, 10, 24, 23, 15, tzinfo=UTC))
     row = Task.objects.get(name="admintest.hourly")
 
-    response = _client(viewer).get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
+    response = logged_in(viewer).get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
 
     kinds = [(r["local"], r["kind"]) for r in response.context["next_runs"]]
     assert kinds[:4] == [
@@ -513,7 +492,7 @@ def test_task_change__history_lists_each_outcome_with_its_jobs(
         **common,
     )
 
-    response = _client(viewer).get(
+    response = logged_in(viewer).get(
         reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
     )
 
@@ -545,7 +524,9 @@ def _change(client: Client, row: Task, **data: Any) -> Any:
 
 
 def test_task_pause__records_who_and_when(tasks: dict[str, Task], viewer: User) -> None:
-    response = _change(_client(viewer), tasks[DIGEST], paused="on", paused_note="ledger migration")
+    response = _change(
+        logged_in(viewer), tasks[DIGEST], paused="on", paused_note="ledger migration"
+    )
 
     assert response.status_code == 302
     row = Task.objects.get(name=DIGEST)
@@ -558,7 +539,7 @@ def test_task_pause__records_who_and_when(tasks: dict[str, Task], viewer: User) 
 
 
 def test_task_pause__needs_a_note(tasks: dict[str, Task], viewer: User) -> None:
-    response = _change(_client(viewer), tasks[DIGEST], paused="on")
+    response = _change(logged_in(viewer), tasks[DIGEST], paused="on")
 
     assert response.status_code == 200
     assert "Say why the task is paused." in response.content.decode()
@@ -570,7 +551,7 @@ def test_task_resume__clears_the_pause(tasks: dict[str, Task], viewer: User) -> 
         paused=True, paused_note="x", paused_by="bob", paused_at=NOW
     )
 
-    _change(_client(viewer), tasks[DIGEST])
+    _change(logged_in(viewer), tasks[DIGEST])
 
     row = Task.objects.get(name=DIGEST)
     assert (row.paused, row.paused_note, row.paused_by, row.paused_at) == (False, "", "", None)
@@ -579,7 +560,7 @@ def test_task_resume__clears_the_pause(tasks: dict[str, Task], viewer: User) -> 
 def test_task_change__declaration_fields_are_read_only(
     tasks: dict[str, Task], viewer: User
 ) -> None:
-    client = _client(viewer)
+    client = logged_in(viewer)
     _change(client, tasks[DIGEST], cron="* * * * *", tz="UTC", name="x", catch_up="skip")
 
     row = Task.objects.get(name=DIGEST)
@@ -607,7 +588,7 @@ def test_task_pause__never_writes_back_a_watermark_the_scheduler_moved(
 def test_task_delete__only_for_tasks_removed_from_code(tasks: dict[str, Task]) -> None:
     admin_user = User.objects.create_superuser("root")
     gone = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
-    client = _client(admin_user)
+    client = logged_in(admin_user)
 
     declared = client.get(reverse("admin:ultimat3_jobs_task_delete", args=[tasks[DIGEST].pk]))
     removed = client.post(
@@ -638,7 +619,7 @@ def test_job_list__filters_by_status_task_and_queue(viewer: User) -> None:
     _job("a", JobStatus.FAILED, task=DIGEST, queue="mail")
     _job("b", JobStatus.QUEUED, task=DIGEST)
     _job("c", JobStatus.FAILED, queue="mail")
-    client = _client(viewer)
+    client = logged_in(viewer)
 
     def keys(query: str) -> list[str]:
         return sorted(j.key for j in client.get(JOBS_URL + query).context["cl"].result_list)
@@ -652,7 +633,7 @@ def test_job_list__search_finds_key_input_and_error(viewer: User) -> None:
     _job("digest:2026-03-08", name="demo.send_digest", input={"day": "2026-03-08"})
     _job("p1", input={"label": "quarter-hour zebra"})
     _job("p2", JobStatus.FAILED, last_error="SMTPServerDisconnected: the relay hung up")
-    client = _client(viewer)
+    client = logged_in(viewer)
 
     def keys(q: str) -> list[str]:
         response = client.get(JOBS_URL, {"q": q})
@@ -672,7 +653,7 @@ def test_job_retry__requeues_failed_jobs_with_fresh_attempts(
     running = _job("r", JobStatus.RUNNING, attempts=1)
     frozen.advance(60)
 
-    response = _client(runner).post(
+    response = logged_in(runner).post(
         JOBS_URL,
         {"action": "retry_failed", "_selected_action": [failed.pk, running.pk]},
         follow=True,
@@ -699,7 +680,7 @@ def test_job_cancel__cancels_queued_jobs_only(runner: User) -> None:
     queued = _job("q")
     running = _job("r", JobStatus.RUNNING)
 
-    response = _client(runner).post(
+    response = logged_in(runner).post(
         JOBS_URL,
         {"action": "cancel_queued", "_selected_action": [queued.pk, running.pk]},
         follow=True,
@@ -714,7 +695,7 @@ def test_job_cancel__cancels_queued_jobs_only(runner: User) -> None:
 def test_job_actions__need_change_permission(viewer: User) -> None:
     failed = _job("f", JobStatus.FAILED)
     queued = _job("q")
-    client = _client(viewer)
+    client = logged_in(viewer)
 
     listing = client.get(JOBS_URL).content.decode()
     for action in ("retry_failed", "cancel_queued"):
@@ -728,7 +709,7 @@ def test_job_actions__need_change_permission(viewer: User) -> None:
 
 def test_job_change__is_read_only_even_with_change_permission(runner: User) -> None:
     row = _job("q", input={"label": "x"})
-    client = _client(runner)
+    client = logged_in(runner)
     url = reverse("admin:ultimat3_jobs_job_change", args=[row.pk])
 
     page = client.get(url)
@@ -747,7 +728,7 @@ def test_history_and_node_admins__show_rows_read_only() -> None:
     Node.objects.create(
         node_id="n1", role="scheduler", host="h", pid=1, started_at=NOW, last_seen_at=NOW
     )
-    client = _client(root)
+    client = logged_in(root)
 
     occurrences = client.get("/admin/ultimat3_jobs/occurrence/")
     nodes = client.get("/admin/ultimat3_jobs/node/")
@@ -829,7 +810,7 @@ def test_scheduler_status__stopped_leader_does_not_lead() -> None:
 def test_task_list__shows_scheduler_status(tasks: dict[str, Task], viewer: User) -> None:
     _node("a", is_leader=True, last_round_at=NOW - timedelta(minutes=5), host="sched1", pid=42)
 
-    html = _client(viewer).get(TASKS_URL).content.decode()
+    html = logged_in(viewer).get(TASKS_URL).content.decode()
 
     status = html[html.index('id="scheduler-status"') : html.index("</section>")]
     assert "sched1:42" in status

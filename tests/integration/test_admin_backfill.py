@@ -14,18 +14,8 @@ from django.utils.html import strip_tags
 
 from ultimat3_jobs.models import Job, Occurrence, Task
 
-from .test_admin import (
-    DIGEST,
-    NOW,
-    _client,
-    _csrf_token,
-    _messages,
-    _nothing_enqueued,
-    frozen,
-    runner,
-    tasks,
-    viewer,
-)
+from .admin_support import DIGEST, NOW, frozen, logged_in
+from .test_admin import _csrf_token, _messages, _nothing_enqueued, runner, tasks, viewer
 
 __all__ = ["frozen", "runner", "tasks", "viewer"]
 
@@ -53,7 +43,7 @@ def test_backfill__anonymous_and_staff_without_run_task_get_403(
     tasks: dict[str, Task], viewer: User, method: str
 ) -> None:
     url = backfill_url(tasks[DIGEST])
-    for client in (Client(), _client(viewer)):
+    for client in (Client(), logged_in(viewer)):
         response = getattr(client, method)(url, RANGE)
         assert response.status_code == 403
     assert _nothing_enqueued()
@@ -63,14 +53,14 @@ def test_backfill__only_staff_who_may_run_tasks_see_the_button(
     tasks: dict[str, Task], runner: User, viewer: User
 ) -> None:
     url = backfill_url(tasks[DIGEST])
-    assert url in _client(runner).get(change_url(tasks[DIGEST])).content.decode()
-    assert url not in _client(viewer).get(change_url(tasks[DIGEST])).content.decode()
+    assert url in logged_in(runner).get(change_url(tasks[DIGEST])).content.decode()
+    assert url not in logged_in(viewer).get(change_url(tasks[DIGEST])).content.decode()
 
 
 def test_backfill__get_asks_for_the_range_in_the_task_zone(
     tasks: dict[str, Task], runner: User
 ) -> None:
-    response = _client(runner).get(backfill_url(tasks[DIGEST]))
+    response = logged_in(runner).get(backfill_url(tasks[DIGEST]))
     assert response.status_code == 200
     assert "read in the task's zone, Europe/Paris" in text(response)
     assert response.context["planned"] is None
@@ -86,7 +76,7 @@ def test_backfill__confirmation_lists_each_occurrence_and_writes_nothing(
         run_at=NOW,
         created_at=NOW,
     )
-    response = _client(runner).get(backfill_url(tasks[DIGEST]), RANGE)
+    response = logged_in(runner).get(backfill_url(tasks[DIGEST]), RANGE)
 
     assert response.status_code == 200
     rows = response.context["rows"]
@@ -105,7 +95,7 @@ def test_backfill__confirmation_lists_each_occurrence_and_writes_nothing(
 
 
 def test_backfill__post_without_csrf_token_is_refused(tasks: dict[str, Task], runner: User) -> None:
-    response = _client(runner, csrf=True).post(backfill_url(tasks[DIGEST]), RANGE)
+    response = logged_in(runner, csrf=True).post(backfill_url(tasks[DIGEST]), RANGE)
     assert response.status_code == 403
     assert _nothing_enqueued()
 
@@ -113,7 +103,7 @@ def test_backfill__post_without_csrf_token_is_refused(tasks: dict[str, Task], ru
 def test_backfill__post_with_csrf_enqueues_records_and_reports(
     tasks: dict[str, Task], runner: User
 ) -> None:
-    client = _client(runner, csrf=True)
+    client = logged_in(runner, csrf=True)
     url = backfill_url(tasks[DIGEST])
     token = _csrf_token(client.get(url, RANGE).content.decode())
 
@@ -138,7 +128,7 @@ def test_backfill__post_with_csrf_enqueues_records_and_reports(
 def test_backfill__a_second_run_over_the_range_creates_nothing(
     tasks: dict[str, Task], runner: User
 ) -> None:
-    client = _client(runner)
+    client = logged_in(runner)
     client.post(backfill_url(tasks[DIGEST]), RANGE)
     response = client.post(backfill_url(tasks[DIGEST]), RANGE, follow=True)
     level, message = _messages(response)[-1]
@@ -150,7 +140,7 @@ def test_backfill__a_second_run_over_the_range_creates_nothing(
 def test_backfill__more_than_the_limit_is_refused_with_the_fix(
     tasks: dict[str, Task], runner: User
 ) -> None:
-    response = _client(runner).get(
+    response = logged_in(runner).get(
         backfill_url(tasks[QUARTER]), {"start": "2026-01-01", "end": "2026-03-01"}
     )
     page = text(response)
@@ -171,7 +161,7 @@ def test_backfill__more_than_the_limit_is_refused_with_the_fix(
 def test_backfill__a_bad_range_is_shown_and_nothing_runs(
     tasks: dict[str, Task], runner: User, data: dict[str, str], needle: str
 ) -> None:
-    response = _client(runner).post(backfill_url(tasks[DIGEST]), data)
+    response = logged_in(runner).post(backfill_url(tasks[DIGEST]), data)
     assert response.status_code == 200
     assert needle in text(response)
     assert _nothing_enqueued()
@@ -179,7 +169,7 @@ def test_backfill__a_bad_range_is_shown_and_nothing_runs(
 
 def test_backfill__removed_task_cannot_be_backfilled(runner: User) -> None:
     row = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
-    response = _client(runner).post(backfill_url(row), RANGE, follow=True)
+    response = logged_in(runner).post(backfill_url(row), RANGE, follow=True)
     assert response.redirect_chain == [(change_url(row), 302)]
     assert "no longer declared in code" in _messages(response)[0][1]
     assert _nothing_enqueued()
@@ -211,7 +201,7 @@ def test_task_change__shows_the_overlap_policy_and_skipped_occurrences(
         detail="backfill ... via the admin: 31 job(s) created, 0 already present",
     )
 
-    response = _client(viewer).get(change_url(tasks[DIGEST]))
+    response = logged_in(viewer).get(change_url(tasks[DIGEST]))
 
     page = text(response)
     assert "skip: an occurrence is skipped while an earlier one is queued or running" in page
@@ -229,5 +219,5 @@ def test_task_change__shows_the_overlap_policy_and_skipped_occurrences(
 
 def test_task_list__filters_by_overlap(tasks: dict[str, Task], viewer: User) -> None:
     Task.objects.filter(name=DIGEST).update(overlap="skip")
-    response = _client(viewer).get("/admin/ultimat3_jobs/task/?overlap=skip")
+    response = logged_in(viewer).get("/admin/ultimat3_jobs/task/?overlap=skip")
     assert [t.name for t in response.context["cl"].result_list] == [DIGEST]

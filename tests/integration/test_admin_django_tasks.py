@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
@@ -19,17 +18,11 @@ from ultimat3_jobs.models import Task as TaskRow
 from ultimat3_jobs.registry import Registry, task
 from ultimat3_jobs.state import DatabaseState
 
-JOBS_URL = "/admin/ultimat3_jobs/job/"
+from .admin_support import JOBS_URL, logged_in, staff_user
 
 
 def staff(*codenames: str) -> Client:
-    user = User.objects.create_user("runner", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="ultimat3_jobs", codename__in=codenames)
-    )
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in(staff_user("runner", *codenames))
 
 
 def page_of(client: Client, job_id: str) -> str:

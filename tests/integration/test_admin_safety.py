@@ -4,54 +4,37 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import constants
 from django.test import Client
 from django.urls import reverse
 from django.utils.html import strip_tags
 
 from ultimat3_jobs import clock, job, task
-from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.models import Job, JobStatus, Occurrence, RunToken, Task
 from ultimat3_jobs.registry import JobHandle, registry
 from ultimat3_jobs.state import DatabaseState
 
+from .admin_support import DIGEST, JOBS_URL, frozen, logged_in, mirror_demo_tasks, staff_user
+
+__all__ = ["frozen"]
+
 pytestmark = pytest.mark.django_db
 
-NOW = datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
-DIGEST = "demo.nightly_digest"
-JOBS_URL = "/admin/ultimat3_jobs/job/"
 RUN_URL = "/admin/ultimat3_jobs/task/run/"
-
-
-@pytest.fixture(autouse=True)
-def frozen() -> Iterator[FrozenClock]:
-    frozen_clock = FrozenClock(NOW)
-    with clock.use(frozen_clock):
-        yield frozen_clock
 
 
 @pytest.fixture
 def demo_tasks() -> dict[str, Task]:
-    DatabaseState(node_id="t", leader="sole").sync(
-        [t for t in registry.tasks() if t.name.startswith("demo.")]
-    )
-    return {t.name: t for t in Task.objects.all()}
+    return mirror_demo_tasks()
 
 
 def _staff(*codenames: str) -> Client:
-    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="ultimat3_jobs", codename__in=codenames)
-    )
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in(staff_user(f"staff-{uuid.uuid4().hex[:8]}", *codenames))
 
 
 def _runner() -> Client:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from html import unescape
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.contrib.messages import constants
 from django.test import Client
 from django.urls import reverse
@@ -16,7 +14,6 @@ from django.utils.html import strip_tags
 
 from testproject.demo import celery_tasks
 from ultimat3_jobs import clock, jobstore
-from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.manual import run_now
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.outbox import celery_task_handle
@@ -25,31 +22,18 @@ from ultimat3_jobs.relay import celery_task_id
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
 
+from .admin_support import JOBS_URL, NOW, frozen, logged_in, staff_user
+
+__all__ = ["frozen"]
+
 pytestmark = pytest.mark.django_db
-
-NOW = datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
-JOBS_URL = "/admin/ultimat3_jobs/job/"
-
-
-@pytest.fixture(autouse=True)
-def frozen() -> Iterator[FrozenClock]:
-    frozen_clock = FrozenClock(NOW)
-    with clock.use(frozen_clock):
-        yield frozen_clock
 
 
 @pytest.fixture
 def staff() -> Client:
-    user = User.objects.create_user("ops", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="ultimat3_jobs",
-            codename__in=["view_task", "change_task", "run_task", "view_job", "change_job"],
-        )
+    return logged_in(
+        staff_user("ops", "view_task", "change_task", "run_task", "view_job", "change_job")
     )
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def outbox_row(label: str, *, relayed_ago: timedelta | None = None) -> Job:

@@ -1,0 +1,57 @@
+"""What the admin tests share: a frozen instant, the demo tasks mirrored, staff who log in.
+
+``frozen`` is an autouse fixture: a test module that imports it runs every test at ``NOW``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from ultimat3_jobs import clock
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.models import Task
+from ultimat3_jobs.registry import registry
+from ultimat3_jobs.state import DatabaseState
+
+#: Noon in Paris on a Sunday; the next nightly digest is Monday 03:00 CET = 02:00 UTC.
+NOW = datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
+DIGEST = "demo.nightly_digest"
+TASKS_URL = "/admin/ultimat3_jobs/task/"
+JOBS_URL = "/admin/ultimat3_jobs/job/"
+
+
+@pytest.fixture(autouse=True)
+def frozen() -> Iterator[FrozenClock]:
+    frozen_clock = FrozenClock(NOW)
+    with clock.use(frozen_clock):
+        yield frozen_clock
+
+
+def mirror_demo_tasks() -> dict[str, Task]:
+    """The demo declarations mirrored into the table, as a scheduler start does."""
+    DatabaseState(node_id="t", leader="sole").sync(
+        [t for t in registry.tasks() if t.name.startswith("demo.")]
+    )
+    return {t.name: t for t in Task.objects.all()}
+
+
+def staff_user(username: str, *codenames: str) -> User:
+    """A staff user holding exactly these permissions of the app."""
+    user = User.objects.create_user(username, is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="ultimat3_jobs", codename__in=codenames)
+    )
+    return user
+
+
+def logged_in(user: User | None, *, csrf: bool = False) -> Client:
+    """A test client, logged in as ``user`` (anonymous for None)."""
+    client = Client(enforce_csrf_checks=csrf)
+    if user is not None:
+        client.force_login(user)
+    return client

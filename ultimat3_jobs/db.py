@@ -6,11 +6,14 @@ import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
 from django.db import connections
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def dedicated_connection(using: str, application_name: str) -> psycopg.Connection[Any]:
@@ -71,23 +74,28 @@ def json_rows(rows: Sequence[dict[str, Any]]) -> str:
     return dumps(rows)
 
 
+def _each_once(convert: Callable[[K], V]) -> Callable[[K | None], V | None]:
+    """``convert``, with None passed through and each distinct value converted only once."""
+    seen: dict[K, V] = {}
+
+    def converted(value: K | None) -> V | None:
+        if value is None:
+            return None
+        found = seen.get(value)
+        if found is None:
+            found = seen[value] = convert(value)
+        return found
+
+    return converted
+
+
 def instant_texts() -> Callable[[datetime | None], str | None]:
     """ISO 8601 text of instants for COPY rows and log lines, each formatted once.
 
     psycopg's own datetime adaptation costs about 7 us a value, 3x a job row's other fields
     together, and a round's rows share a handful of instants (now, each occurrence).
     """
-    texts: dict[datetime, str] = {}
-
-    def text(value: datetime | None) -> str | None:
-        if value is None:
-            return None
-        found = texts.get(value)
-        if found is None:
-            found = texts[value] = value.isoformat()
-        return found
-
-    return text
+    return _each_once(datetime.isoformat)
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -100,17 +108,7 @@ def instants_from_microseconds() -> Callable[[int | None], datetime | None]:
     PostgreSQL 14 and later) where rows come by the thousand: an integer loads in C, while
     Django's time zone loader for timestamptz runs in Python for every value.
     """
-    seen: dict[int, datetime] = {}
-
-    def instant(us: int | None) -> datetime | None:
-        if us is None:
-            return None
-        found = seen.get(us)
-        if found is None:
-            found = seen[us] = EPOCH + timedelta(microseconds=us)
-        return found
-
-    return instant
+    return _each_once(lambda us: EPOCH + timedelta(microseconds=us))
 
 
 def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None:

@@ -9,7 +9,7 @@ the admin reads a task's recent history back with the ids of the jobs each recor
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,7 +33,7 @@ OUTCOME_LABELS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RecordedJob:
     """One job a record produced: its name, its key, and whether that key was new."""
 
@@ -127,18 +127,16 @@ def write(records: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> N
     rows = itertools.chain([first], iter_records)
     if connections[using].vendor == "postgresql":
         at = instant_texts()
-        copy_rows(
-            using,
-            sql.COPY_OCCURRENCES,
-            (
-                (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]),
-                 r["count"], r["catch_up"], dumps(r["jobs"]), at(r["recorded_at"]), r["node"],
-                 r["user"], r["detail"])
-                for r in rows
-            ),
-        )  # fmt: skip
+        copy_rows(using, sql.COPY_OCCURRENCES, (copy_row(r, at) for r in rows))
         return
     Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in rows])
+
+
+def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
+    """A record as a row of ``sql.COPY_OCCURRENCES``; ``at`` formats instants."""
+    return (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]), r["count"],
+            r["catch_up"], dumps(r["jobs"]), at(r["recorded_at"]), r["node"], r["user"],
+            r["detail"])  # fmt: skip
 
 
 def manual(

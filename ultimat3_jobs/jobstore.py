@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,7 +48,7 @@ FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 RECOVER_BATCH = 1000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EnqueueResult:
     """``created`` is False when a job with this key already existed; ``job_id`` is that job."""
 
@@ -250,9 +250,10 @@ def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
         wakes.update(wake_payload(job.queue, job.relay) for job in jobs)
         enqueued = insert_many(jobs, using=using)
     else:
+        at = instant_texts()
         try:
             with transaction.atomic(using=using):
-                enqueued = _copy_jobs(rows, wakes, using)
+                enqueued = _copy_jobs(len(rows), (copy_row(row, at) for row in rows), wakes, using)
         except psycopg.errors.UniqueViolation:
             listed = list(rows)
             wakes.update(wake_payload(row["queue"], row.get("relay", "")) for row in listed)
@@ -261,27 +262,67 @@ def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     return enqueued
 
 
-def _copy_jobs(rows: Rows, wakes: set[str], using: str) -> Enqueued:
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.RESERVE_JOB_IDS, [len(rows)])
-        ids = [pk for (pk,) in cursor.fetchall()]
+def insert_new(rows: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> Enqueued | None:
+    """Jobs (``job_fields`` dicts) none of whose keys exists, on PostgreSQL, in the caller's
+    transaction: one COPY taking each row as it comes, then their ids read back by key.
+
+    None when a key exists: the COPY is rolled back to its savepoint and nothing is written;
+    the caller writes the rows again with ``insert_round``, which reports the existing jobs.
+    """
     at = instant_texts()
-    enqueued: Enqueued = {}
+    keys: list[str] = []
+    wakes: set[str] = set()
 
     def copied() -> Iterator[tuple[Any, ...]]:
-        for pk, r in zip(ids, rows, strict=True):
-            enqueued[r["key"]] = (pk, True)
-            relay = r.get("relay", "")
-            wakes.add(wake_payload(r["queue"], relay))
-            # In the order of sql.JOB_COLUMNS; the defaults are INSERT_JOBS' (a row need not
-            # carry status, relay, priority or backend). str(): a status may be a JobStatus.
-            yield (pk, r["name"], r["key"], dumps(r["input"]),
-                   str(r.get("status") or JobStatus.QUEUED), r["queue"], 0, r["max_attempts"],
-                   at(r["run_at"]), at(r["created_at"]), "", r["task"], at(r["occurrence"]),
-                   r["catch_up"], r["enqueued_by"], "", r.get("priority", 0),
-                   r.get("backend", ""), relay)  # fmt: skip
+        for row in rows:
+            keys.append(row["key"])
+            wakes.add(wake_payload(row["queue"], row.get("relay", "")))
+            yield copy_row(row, at)
 
-    copy_rows(using, sql.COPY_JOBS, copied())
+    try:
+        with transaction.atomic(using=using):
+            copy_rows(using, sql.COPY_NEW_JOBS, copied())
+    except psycopg.errors.UniqueViolation:
+        return None
+    if not keys:
+        return {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.EXISTING_JOBS, [keys])
+        enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
+    notify(wakes, using=using)
+    return enqueued
+
+
+def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
+    """A ``job_fields`` dict as a row of ``sql.COPY_JOBS``, but for its id; ``at`` formats
+    instants (``db.instant_texts``)."""
+    # In the order of sql.JOB_COLUMNS; the defaults are INSERT_JOBS' (a row need not carry
+    # status, relay, priority or backend). str(): a status may be a JobStatus.
+    return (r["name"], r["key"], dumps(r["input"]), str(r.get("status") or JobStatus.QUEUED),
+            r["queue"], 0, r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "",
+            r["task"], at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "",
+            r.get("priority", 0), r.get("backend", ""), r.get("relay", ""))  # fmt: skip
+
+
+#: Where a key, a queue and a relay sit in a ``copy_row``.
+_KEY, _QUEUE, _RELAY = 1, 4, 17
+
+
+def _copy_jobs(
+    count: int, copied: Iterable[tuple[Any, ...]], wakes: set[str], using: str
+) -> Enqueued:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.RESERVE_JOB_IDS, [count])
+        ids = [pk for (pk,) in cursor.fetchall()]
+    enqueued: Enqueued = {}
+
+    def with_ids() -> Iterator[tuple[Any, ...]]:
+        for pk, row in zip(ids, copied, strict=True):
+            enqueued[row[_KEY]] = (pk, True)
+            wakes.add(wake_payload(row[_QUEUE], row[_RELAY]))
+            yield (pk, *row)
+
+    copy_rows(using, sql.COPY_JOBS, with_ids())
     return enqueued
 
 

@@ -10,10 +10,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime
 from typing import Any
 
+from .db import Ahead
 from .errors import UltimateError, readable
 
 
@@ -31,18 +32,59 @@ def emit_many(
     handler ``configure`` installs the batch is formatted and written in one write, else each
     line is a record made without looking up the caller's frame.
     """
-    if not logger.isEnabledFor(level):
-        return
-    handler = _sole_handler(logger, level)
-    if handler is not None:
-        handler.write_batch(logging.getLevelName(level), event, rows)
-        return
-    for fields in rows:
-        record = logger.makeRecord(
-            logger.name, level, "(unknown file)", 0, event, (), None,
-            extra={"event": event, "fields": fields},
-        )  # fmt: skip
-        logger.handle(record)
+    Lines(logger, event, rows, level).write()
+
+
+class Lines:
+    """``emit_many`` in two steps: the lines made now, ``ahead`` in a thread of their own
+    (``db.Ahead``) while the caller waits on the database, and written by ``write()`` with
+    the time of writing. Lines for a handler other than ``configure``'s are made at write().
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        event: str,
+        rows: Iterable[dict[str, Any]],
+        level: int = logging.INFO,
+        *,
+        ahead: bool = False,
+    ) -> None:
+        self.logger, self.event, self.rows, self.level = logger, event, rows, level
+        self.enabled = logger.isEnabledFor(level)
+        self.handler = _sole_handler(logger, level) if self.enabled else None
+        #: Each line but its head (``_StdoutHandler.tails``), made as it is read.
+        self.tails: Iterable[str | dict[str, Any]] | None = None
+        self._ahead: Ahead[Any] | None = None
+        if self.handler is not None:
+            self.tails = self.handler.tails(rows)
+            if ahead:
+                self.made_by(Ahead(self.tails), 0)
+
+    def made_by(self, ahead: Ahead[Any], index: int) -> None:
+        """Read ``tails`` from source ``index`` of ``ahead``, which makes them; it is closed
+        once they are written."""
+        self._ahead = ahead
+        if self.tails is not None:
+            self.tails = ahead.rows(index)
+
+    def write(self) -> None:
+        try:
+            if self.handler is not None and self.tails is not None:
+                self.handler.write_tails(logging.getLevelName(self.level), self.event, self.tails)
+            elif self.enabled:
+                for fields in self.rows:
+                    record = self.logger.makeRecord(
+                        self.logger.name, self.level, "(unknown file)", 0, self.event, (), None,
+                        extra={"event": self.event, "fields": fields},
+                    )  # fmt: skip
+                    self.logger.handle(record)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
 
 
 #: Fixes for the failures that come from the environment rather than from a declaration.
@@ -159,19 +201,33 @@ class _StdoutHandler(logging.StreamHandler):
     formatter: JsonFormatter | TextFormatter
 
     def write_batch(self, level: str, event: str, rows: Iterable[dict[str, Any]]) -> None:
-        # The lines of a batch are written at one instant and share their ts, level and event:
-        # that part is formatted once, and each line only encodes its own fields.
-        line = self.formatter.line
-        head = line(time.time(), level, event, {})
-        json_head = head[:-1] + ", " if isinstance(self.formatter, JsonFormatter) else None
-        parts = []
+        self.write_tails(level, event, self.tails(rows))
+
+    def tails(self, rows: Iterable[dict[str, Any]]) -> Iterator[str | dict[str, Any]]:
+        """Each line's own part, its fields encoded: all of a line but its ts, level and
+        event. Fields that take the place of those stay a dict, for a line of their own."""
+        json_lines = isinstance(self.formatter, JsonFormatter)
         for fields in rows:
             if not fields or RESERVED.intersection(fields):
-                parts.append(line(time.time(), level, event, fields))
-            elif json_head is not None:
-                parts.append(json_head + _ENCODE(fields)[1:])
+                yield fields
+            elif json_lines:
+                yield _ENCODE(fields)[1:]
             else:
-                parts.append(head + "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items()))
+                yield "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
+
+    def write_tails(self, level: str, event: str, tails: Iterable[str | dict[str, Any]]) -> None:
+        # The lines of a batch are written at one instant and share their ts, level and event:
+        # that part is formatted once, and each line only adds its own fields.
+        line = self.formatter.line
+        head = line(time.time(), level, event, {})
+        if isinstance(self.formatter, JsonFormatter):
+            head = head[:-1] + ", "
+        parts = []
+        for tail in tails:
+            if isinstance(tail, str):
+                parts.append(head + tail)
+            else:
+                parts.append(line(time.time(), level, event, tail))
             if len(parts) == BATCH_LINES:
                 self._write(parts)
         self._write(parts)

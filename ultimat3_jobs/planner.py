@@ -9,7 +9,7 @@ transaction (``state.py``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,14 +19,16 @@ from .clock import ONE_MS
 from .registry import KEY_LIMIT, JobHandle, TaskHandle, check_columns
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs about four times a plain one's, and a round
+# makes several of these per task.
+@dataclass(slots=True)
 class PlannedJob:
     job: JobHandle
     data: dict[str, Any]
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlannedOccurrence:
     task: str
     occurrence: datetime
@@ -34,7 +36,7 @@ class PlannedOccurrence:
     jobs: list[PlannedJob]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlannedRecord:
     """Occurrences decided without firing: dropped, skipped while paused or for overlap."""
 
@@ -58,7 +60,7 @@ class RoundPlan:
     database: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskStep:
     """What planning one task did, for the scheduler to log and reschedule.
 
@@ -100,8 +102,31 @@ def plan_jobs(
         seen[key] = seen.get(key, 0) + 1
         if seen[key] > 1:
             key = occurrence_key(task, occurrence, f"{part}#{seen[key]}")
-        planned.append(PlannedJob(job=job, data=data, key=key))
+        planned.append(PlannedJob(job, data, key))
     return planned
+
+
+@dataclass(slots=True)
+class Streamed:
+    """A round whose occurrences are planned while it is written (``commit_streamed``).
+
+    ``watermarks`` are the plan's once every task is decided, as if every occurrence fires.
+    ``fired`` yields the occurrences as they are planned (each already in the plan) and ends
+    once the plan is complete: its watermarks final, a failed task's included.
+    """
+
+    watermarks: dict[str, tuple[datetime | None, datetime]]
+    fired: Iterator[PlannedOccurrence]
+
+
+@dataclass(slots=True)
+class Deferred:
+    """A task decided to fire whose entries are still to be made (``fire_task``)."""
+
+    handle: TaskHandle
+    watermark: datetime
+    decision: Decision
+    step: TaskStep
 
 
 def plan_task(
@@ -114,11 +139,14 @@ def plan_task(
     next_after: NextAfter,
     plan: RoundPlan,
     decisions: dict[tuple[object, ...], Decision] | None = None,
+    deferred: list[Deferred] | None = None,
 ) -> TaskStep:
     """Add one task's share of the round to ``plan``; say when it is next due.
 
     ``decisions``: one round's catch-up decisions, shared by tasks of the same schedule, zone,
     DST options, policy and watermark; only for a ``next_after`` that depends on nothing else.
+    ``deferred``: a task due to fire goes there, its watermark written to ``plan`` as if every
+    occurrence fires, for the caller to ``fire_task`` it later; else it fires now.
     """
     name = handle.name
     if watermark is None:
@@ -160,6 +188,23 @@ def plan_task(
         plan.records.append(
             PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
         )
+    step = TaskStep(decision.next_due, dropped=decision.dropped)
+    plan.watermarks[name] = (watermark, decision.watermark)
+    if deferred is not None:
+        deferred.append(Deferred(handle, watermark, decision, step))
+        return step
+    fire_task(handle, watermark, decision, step, plan)
+    return step
+
+
+def fire_task(
+    handle: TaskHandle, watermark: datetime, decision: Decision, step: TaskStep, plan: RoundPlan
+) -> list[PlannedOccurrence]:
+    """Make the entries of each occurrence ``decision`` fires, add them to ``plan``, and
+    return them. An occurrence whose entries fail is kept for the next round: ``plan``'s
+    watermark and ``step`` (its next due instant, its failure) say so."""
+    name = handle.name
+    fired: list[PlannedOccurrence] = []
     for occurrence, catch_up in decision.fire:
         try:
             # Entries, input checks, keys: all of it is this task's, so all of it fails here.
@@ -174,12 +219,13 @@ def plan_task(
             # One failing task must not stop the others; its occurrence is retried next round,
             # everything before it stays decided.
             plan.watermarks[name] = (watermark, occurrence - ONE_MS)
-            return TaskStep(occurrence, dropped=decision.dropped, failed=(occurrence, error))
-        plan.fired.append(PlannedOccurrence(name, occurrence, catch_up, planned))
+            step.next_due, step.failed = occurrence, (occurrence, error)
+            break
+        fired.append(PlannedOccurrence(name, occurrence, catch_up, planned))
         if handle.overlap == "skip":
             plan.skip_overlap.add(name)
-    plan.watermarks[name] = (watermark, decision.watermark)
-    return TaskStep(decision.next_due, dropped=decision.dropped)
+    plan.fired.extend(fired)
+    return fired
 
 
 def skip_overlaps(plan: RoundPlan, busy: Mapping[str, datetime]) -> list[PlannedRecord]:

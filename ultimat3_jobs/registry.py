@@ -640,7 +640,7 @@ def django_task_handle(task: Any) -> DjangoTaskHandle:
     return DjangoTaskHandle(task)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskJobResult:
     """One entry's outcome, from a scheduled dispatch or a manual ``task.enqueue()`` alike."""
 

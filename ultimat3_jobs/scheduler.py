@@ -13,20 +13,32 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
 
 from . import clock as default_clock
 from . import metrics, shutdown
 from .catchup import Decision
-from .db import instant_texts
+from .clock import ONE_MS
+from .db import Ahead, instant_texts
 from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
-from .logs import emit, emit_many, failure_fields
+from .logs import Lines, emit, emit_many, failure_fields
 from .nodes import RunStatus
-from .planner import PlannedOccurrence, RoundPlan, TaskStep, plan_task
+from .planner import (
+    Deferred,
+    PlannedOccurrence,
+    RoundPlan,
+    Streamed,
+    TaskStep,
+    fire_task,
+    plan_task,
+)
 from .registry import TaskHandle, TaskJobResult, registry
 from .retries import loop_backoff
 from .state import FencingLost, SchedulerState, WatermarkMoved
@@ -39,6 +51,12 @@ per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
 #: Rounds with this many tasks due run with the cyclic garbage collector paused.
 GC_PAUSE_FROM = 1000
 
+#: Rounds firing this many occurrences make their lines in a thread while they commit.
+LINES_AHEAD_FROM = 100
+
+#: Rounds with this many tasks due are written while their task functions run.
+STREAM_FROM = 100
+
 #: Seconds past an occurrence's instant at which the loop wakes for it.
 WAKE_MARGIN = 0.002
 
@@ -46,7 +64,7 @@ WAKE_MARGIN = 0.002
 RESOLVE_CACHE_SIZE = 65_536
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Dispatched:
     """One occurrence a round fired, with the outcome of each of its jobs."""
 
@@ -239,6 +257,9 @@ class Scheduler:
         renew_every = getattr(self.leader, "renew_every", None)
         renewed = time.monotonic()
         decisions: dict[tuple[object, ...], Decision] | None = {} if self._share_decisions else None
+        # A big round is written while its task functions run: every task is decided first,
+        # and the ones due to fire are fired in a thread (``_fire``) as the jobs are written.
+        deferred: list[Deferred] | None = [] if self._streams(handles, names) else None
         for name in names:
             if renew_every is not None and time.monotonic() - renewed > renew_every.total_seconds():
                 # A long round (slow task functions) must not outlive its lease: renew between
@@ -265,27 +286,43 @@ class Scheduler:
                     next_after=functools.partial(self._resolve, handle),
                     plan=plan,
                     decisions=decisions,
+                    deferred=deferred,
                 )
             except Exception as error:
                 # Planning writes to the plan only once its decision stands, so a task whose
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
                 step = TaskStep(now, failed=(None, error))
-            reschedule[name] = step.next_due
             steps.append((handle, step))
         planned = time.perf_counter()
+        # The lines saying what fired are made while the round commits (after skip_overlaps,
+        # which may take occurrences out of it) and written once it has.
+        lines = None
+        if deferred:
+            lines = self._dispatched_lines(plan.fired, ahead=False)
+            watermarks = dict(plan.watermarks)
+            planner: Ahead[Any] = Ahead(self._fire(deferred, plan), lines.tails or ())
+            lines.made_by(planner, 1)
+            streamed: Streamed | None = Streamed(watermarks, planner.rows(0))
+        else:
+            streamed = None
+            if not plan.skip_overlap:
+                lines = self._dispatched_lines(
+                    plan.fired, ahead=len(plan.fired) >= LINES_AHEAD_FROM
+                )
+        enqueued: Enqueued | None = None
         try:
-            enqueued = self.state.commit(plan, self.leader.fence) if plan.watermarks else {}
-        except FencingLost:
-            self._concede()
-            return []
-        except WatermarkMoved as moved:
-            emit(logger, "jobs.scheduler.watermark-moved", logging.WARNING, task=str(moved))
-            self._due = None
+            enqueued = self._commit(plan, streamed)
+        finally:
+            if lines is not None and enqueued is None:
+                lines.close()
+        if enqueued is None:
             return []
         committed = time.perf_counter()
         metrics.recorded(plan.records)
         for name, at in reschedule.items():
             self._set_due(name, at)
+        for handle, step in steps:
+            self._set_due(handle.name, step.next_due)
         self._log_steps(steps)
         for record in plan.records:
             if record.outcome == "overlap":
@@ -300,22 +337,8 @@ class Scheduler:
                 )
         dispatched = [self._report(fired, enqueued) for fired in plan.fired]
         metrics.dispatched(((d.task, d.occurrence, d.jobs) for d in dispatched), self.clock())
-        # One line per occurrence, written after the commit so it never delays the jobs. An
-        # instant is written as the formatters write it, once per instant rather than per line.
-        iso = instant_texts()
-        emit_many(
-            per_task,
-            "jobs.scheduler.dispatched",
-            (
-                {
-                    "task": d.task,
-                    "occurrence": iso(d.occurrence),
-                    "jobs": [job.job for job in d.jobs],
-                    "catch_up": d.catch_up,
-                }
-                for d in dispatched
-            ),
-        )
+        # One line per occurrence, written after the commit so it never delays the jobs.
+        (lines or self._dispatched_lines(plan.fired, ahead=False)).write()
         if missing:
             # A row went missing under us: sync and rebuild next round.
             self._due = self._synced_for = None
@@ -332,6 +355,68 @@ class Scheduler:
             log_ms=round((time.perf_counter() - committed) * 1000, 1),
         )
         return dispatched
+
+    def _streams(self, handles: dict[str, TaskHandle], names: list[str]) -> bool:
+        """Whether this round is written while its task functions run (``commit_streamed``).
+
+        Only a big one, on a state that can (PostgreSQL, outside a caller's transaction), and
+        without ``overlap="skip"`` tasks, which are decided against the jobs the round reads.
+        """
+        can_stream = getattr(self.state, "can_stream", None)
+        return (
+            len(names) >= STREAM_FROM
+            and can_stream is not None
+            and can_stream()
+            and not any(handles[name].overlap == "skip" for name in names)
+        )
+
+    def _fire(self, deferred: list[Deferred], plan: RoundPlan) -> Iterator[PlannedOccurrence]:
+        """The occurrences of the tasks ``deferred``, as each task's entries are made.
+
+        Runs in a thread of its own (``db.Ahead``) while the round is written, so the task
+        functions use a database connection of that thread. A stop between two tasks keeps
+        the occurrences not reached for the next round, as a failure does.
+        """
+        try:
+            for index, task in enumerate(deferred):
+                if not self._dispatching():
+                    for rest in deferred[index:]:
+                        first = rest.decision.fire[0][0]
+                        plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
+                        rest.step.next_due = first
+                    return
+                yield from fire_task(task.handle, task.watermark, task.decision, task.step, plan)
+        finally:
+            connections.close_all()  # Only this thread's, opened by task functions if any.
+
+    def _commit(self, plan: RoundPlan, streamed: Streamed | None) -> Enqueued | None:
+        """The round's writes; None when another node leads or moved a watermark meanwhile."""
+        try:
+            if streamed is not None:
+                commit_streamed = self.state.commit_streamed  # type: ignore[attr-defined]
+                return commit_streamed(plan, self.leader.fence, streamed)
+            return self.state.commit(plan, self.leader.fence) if plan.watermarks else {}
+        except FencingLost:
+            self._concede()
+        except WatermarkMoved as moved:
+            emit(logger, "jobs.scheduler.watermark-moved", logging.WARNING, task=str(moved))
+            self._due = None
+        return None
+
+    def _dispatched_lines(self, fired: list[PlannedOccurrence], *, ahead: bool) -> Lines:
+        """The line of each occurrence fired. An instant is written as the formatters write
+        it, once per instant rather than per line."""
+        iso = instant_texts()
+        rows = (
+            {
+                "task": f.task,
+                "occurrence": iso(f.occurrence),
+                "jobs": [planned.job.name for planned in f.jobs],
+                "catch_up": f.catch_up,
+            }
+            for f in fired
+        )
+        return Lines(per_task, "jobs.scheduler.dispatched", rows, ahead=ahead)
 
     def _log_steps(self, steps: list[tuple[TaskHandle, TaskStep]]) -> None:
         iso = instant_texts()
@@ -371,15 +456,10 @@ class Scheduler:
         )
 
     def _report(self, fired: PlannedOccurrence, enqueued: Enqueued) -> Dispatched:
-        jobs = [
-            TaskJobResult(
-                job=p.job.name,
-                result=EnqueueResult(
-                    created=enqueued[p.key][1], job_id=enqueued[p.key][0], key=p.key
-                ),
-            )
-            for p in fired.jobs
-        ]
+        jobs = []
+        for p in fired.jobs:
+            job_id, created = enqueued[p.key]
+            jobs.append(TaskJobResult(p.job.name, EnqueueResult(created, job_id, p.key)))
         return Dispatched(fired.task, fired.occurrence, jobs, fired.catch_up)
 
     def tick(self) -> list[Dispatched]:

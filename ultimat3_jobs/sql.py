@@ -47,6 +47,13 @@ WHERE t.name = v.name AND t.last_fired_at IS NOT DISTINCT FROM v.expected
 RETURNING t.name
 """
 
+#: Watermarks set without a comparison, on rows the round's compare-and-set has locked.
+SET_WATERMARKS = f"""
+UPDATE {_TASK} AS t SET last_fired_at = v.watermark
+FROM json_to_recordset(%s::json) AS v(name text, watermark timestamptz)
+WHERE t.name = v.name
+"""
+
 #: Ids for a round's new jobs, taken from the table's own sequence, so COPY can write them.
 RESERVE_JOB_IDS = f"""
 SELECT nextval(pg_get_serial_sequence('{_JOB}', 'id')) FROM generate_series(1, %s)
@@ -62,6 +69,9 @@ JOB_COLUMNS = (
 #: Columns left out (args, return_value, error_class, traceback, relayed_at, engine_id,
 #: done_at, started_at, finished_at) take their database defaults, empty or NULL.
 COPY_JOBS = f"COPY {_JOB} ({', '.join(JOB_COLUMNS)}) FROM STDIN"
+#: The same rows with ids from the column's default, for rows whose number is not known when
+#: the COPY starts; their ids are read back by key (``EXISTING_JOBS``).
+COPY_NEW_JOBS = f"COPY {_JOB} ({', '.join(JOB_COLUMNS[1:])}) FROM STDIN"
 
 #: Insert jobs from a JSON array; existing keys are left alone. Returns the created ones.
 INSERT_JOBS = f"""

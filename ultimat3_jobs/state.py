@@ -23,7 +23,7 @@ from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
 from .models import Task
-from .planner import PlannedJob, PlannedOccurrence, RoundPlan, skip_overlaps
+from .planner import PlannedJob, PlannedOccurrence, RoundPlan, Streamed, skip_overlaps
 from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
@@ -32,11 +32,12 @@ logger = logging.getLogger("ultimat3_jobs.scheduler")
 #: New task rows written per statement at start.
 SYNC_SLICE = 1000
 
+
 #: A clock that stays skewed is warned about again this often.
 SKEW_WARNING_EVERY = timedelta(minutes=1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskState:
     watermark: datetime | None
     paused: bool = False
@@ -240,7 +241,7 @@ class DatabaseState:
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
-            self._compare_and_set(plan)
+            self._compare_and_set(plan.watermarks)
             if plan.skip_overlap:
                 # One statement for every overlap="skip" task of the round, under the locks
                 # the compare-and-set took, so no other round decides these tasks meanwhile.
@@ -249,20 +250,65 @@ class DatabaseState:
             jobs = _RoundJobs(plan, config)
             enqueued = jobstore.insert_round(jobs, using=self.using)
             history.write(self._records(plan, enqueued), using=self.using)
+        self._announce(plan, jobs, enqueued)
+        return enqueued
+
+    def can_stream(self) -> bool:
+        """Whether ``commit_streamed`` may run now: on PostgreSQL, outside the caller's
+        transaction (task functions then run in a thread, on a connection of their own, and
+        would neither see that transaction nor be able to wait on its locks)."""
+        connection = connections[self.using]
+        return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+    def commit_streamed(self, plan: RoundPlan, fence: Fence, streamed: Streamed) -> Enqueued:
+        """``commit`` for a round whose occurrences are still being planned, in another thread.
+
+        The watermarks are swapped first, as if every occurrence fires; the jobs are written
+        as their occurrences come; once they all have, the watermarks of the tasks that failed
+        are set to what ``plan`` says. One transaction, fence first, as ``commit``.
+        """
+        config = get_settings()
+        with transaction.atomic(using=self.using):
+            if not fence(self.using):
+                raise FencingLost()
+            self._compare_and_set(streamed.watermarks)
+            rows = (
+                _job_row(fired, planned, plan.now, config)
+                for fired in streamed.fired
+                for planned in fired.jobs
+            )
+            enqueued = jobstore.insert_new(rows, using=self.using)
+            for _ in streamed.fired:
+                pass  # A key existed: the rest of the round is planned before it is written.
+            jobs = _RoundJobs(plan, config)
+            if enqueued is None:
+                enqueued = jobstore.insert_round(jobs, using=self.using)
+            moved = [
+                {"name": name, "watermark": new}
+                for name, (_, new) in plan.watermarks.items()
+                if streamed.watermarks[name][1] != new
+            ]
+            if moved:
+                with connections[self.using].cursor() as cursor:
+                    cursor.execute(sql.SET_WATERMARKS, [dumps(moved)])
+            history.write(self._records(plan, enqueued), using=self.using)
+        self._announce(plan, jobs, enqueued)
+        return enqueued
+
+    def _announce(self, plan: RoundPlan, jobs: _RoundJobs, enqueued: Enqueued) -> None:
         if any(planned.job.backend for fired in plan.fired for planned in fired.jobs):
             from .backends import announce_round
 
             # Django Tasks: after commit, as enqueue() does. Only their rows are made again.
             announce_round([row for row in jobs if row["backend"]], enqueued)
-        return enqueued
 
-    def _compare_and_set(self, plan: RoundPlan) -> None:
+    def _compare_and_set(self, watermarks: dict[str, tuple[datetime | None, datetime]]) -> None:
         """Check every watermark of the round and write the new ones, locking their rows."""
-        names = list(plan.watermarks)
+        names = list(watermarks)
         if connections[self.using].vendor == "postgresql":
             rows = [
                 {"name": name, "expected": old, "watermark": new}
-                for name, (old, new) in plan.watermarks.items()
+                for name, (old, new) in watermarks.items()
             ]
             with connections[self.using].cursor() as cursor:
                 cursor.execute(sql.SWAP_WATERMARKS, [dumps(rows)])
@@ -275,9 +321,9 @@ class DatabaseState:
         locked = list(
             tasks.select_for_update().filter(name__in=names).only("pk", "name", "last_fired_at")
         )
-        _compare(plan, {row.name: row.last_fired_at for row in locked})
+        _compare(watermarks, {row.name: row.last_fired_at for row in locked})
         for row in locked:
-            row.last_fired_at = plan.watermarks[row.name][1]
+            row.last_fired_at = watermarks[row.name][1]
         tasks.bulk_update(locked, ["last_fired_at"])
 
     def _records(self, plan: RoundPlan, enqueued: Enqueued) -> Iterator[dict[str, Any]]:
@@ -354,9 +400,11 @@ class DatabaseState:
         nodes.stopped(using=self.using, node_id=self.node_id, is_leader=False)
 
 
-def _compare(plan: RoundPlan, stored: dict[str, datetime | None]) -> None:
+def _compare(
+    watermarks: dict[str, tuple[datetime | None, datetime]], stored: dict[str, datetime | None]
+) -> None:
     """Compare-and-set: every watermark must still be the one the round planned from."""
-    for name, (expected, _) in plan.watermarks.items():
+    for name, (expected, _) in watermarks.items():
         if name not in stored or stored[name] != expected:
             raise WatermarkMoved(name)
 

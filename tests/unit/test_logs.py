@@ -13,7 +13,7 @@ import pytest
 from django.db import OperationalError, ProgrammingError
 
 from ultimat3_jobs.errors import InvalidTimezoneError
-from ultimat3_jobs.logs import JsonFormatter, configure, emit, emit_many, failure_fields
+from ultimat3_jobs.logs import JsonFormatter, Lines, configure, emit, emit_many, failure_fields
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,42 @@ def test_emit_many__a_silenced_per_task_logger_keeps_the_round_summary(
         per_task.setLevel(logging.NOTSET)
     events = [json.loads(line)["event"] for line in buffer.getvalue().splitlines()]
     assert events == ["jobs.scheduler.round"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_lines__made_ahead_are_the_lines_emit_many_writes(
+    fmt: str, configured: Callable[[str], io.StringIO]
+) -> None:
+    buffer = configured(fmt)
+    logger = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
+    rows: list[dict[str, Any]] = [
+        {"task": f"t.{n}", "occurrence": "2026-03-08T07:00:00+00:00", "jobs": ["a"]}
+        for n in range(1200)  # More than a batch, and more than a chunk made ahead.
+    ] + [{}, {"level": "a field named like a key of the line"}]
+    emit_many(logger, "jobs.scheduler.dispatched", rows)
+    lines = Lines(logger, "jobs.scheduler.dispatched", iter(rows), ahead=True)
+    assert lines._ahead is not None
+    lines.write()
+    written = buffer.getvalue().splitlines()
+    assert len(written) == 2 * len(rows)
+    without_ts = [
+        json.dumps({k: v for k, v in json.loads(line).items() if k != "ts"})
+        if fmt == "json"
+        else line.split(" ", 1)[1]
+        for line in written
+    ]
+    assert without_ts[len(rows) :] == without_ts[: len(rows)]
+    assert not lines._ahead._thread.is_alive()
+
+
+def test_lines__through_another_handler_are_records_made_at_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
+    rows = [{"task": "t.a", "jobs": ["a"]}, {"task": "t.b", "jobs": []}]
+    with caplog.at_level(logging.INFO, logger="ultimat3_jobs"):
+        lines = Lines(logger, "jobs.scheduler.dispatched", rows, ahead=True)
+        assert lines.tails is None  # caplog's handler is there too: no batch.
+        assert caplog.records == []
+        lines.write()
+    assert [r.fields for r in caplog.records] == rows  # type: ignore[attr-defined]

@@ -1,0 +1,307 @@
+"""A big round on PostgreSQL, written while its task functions run in a thread of their own.
+
+Every test runs with committed data (``transaction=True``): a round streams only outside the
+caller's transaction. Each compares the streamed round with what the round written after
+planning (the path of small rounds) writes, or checks a failure leaves what that one leaves.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ultimat3_jobs import scheduler as scheduler_module
+from ultimat3_jobs.clock import ONE_MS, FrozenClock
+from ultimat3_jobs.leaders import SoleLeader
+from ultimat3_jobs.models import Job, Occurrence, Task
+from ultimat3_jobs.planner import occurrence_key
+from ultimat3_jobs.registry import JobHandle, TaskHandle
+from ultimat3_jobs.scheduler import STREAM_FROM, Scheduler
+from ultimat3_jobs.state import DatabaseState
+
+from .factories import demo_ping, make_tasks
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
+OCCURRENCE = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+COUNT = STREAM_FROM + 20
+
+
+def _armed(tasks: list[TaskHandle], clock: FrozenClock, **options: Any) -> Scheduler:
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(state=state, clock=clock, tasks=tasks, drain_on_shutdown=False, **options)
+    scheduler.tick()  # arms every task
+    clock.set(OCCURRENCE + timedelta(milliseconds=200))
+    return scheduler
+
+
+def _streams(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record, per round, whether it streamed."""
+    seen: list[bool] = []
+    original = scheduler._streams
+
+    def streams(*args: Any) -> bool:
+        seen.append(original(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(scheduler, "_streams", streams)
+    return seen
+
+
+def _written() -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]], dict[str, datetime | None]]:
+    jobs = {
+        (*row[:2], str(row[2]), *row[3:])
+        for row in Job.objects.values_list(
+            "name", "key", "input", "status", "queue", "max_attempts", "run_at", "task",
+            "occurrence", "catch_up", "enqueued_by",
+        )
+    }  # fmt: skip
+    records = {
+        (r.task, r.outcome, r.occurrence, r.count, r.catch_up, str(r.jobs), r.detail)
+        for r in Occurrence.objects.all()
+    }
+    watermarks = dict(Task.objects.values_list("name", "last_fired_at"))
+    return jobs, records, watermarks
+
+
+def _reset() -> None:
+    Job.objects.all().delete()
+    Occurrence.objects.all().delete()
+    Task.objects.all().delete()
+
+
+def _round(
+    tasks: list[TaskHandle], monkeypatch: pytest.MonkeyPatch, *, stream: bool
+) -> tuple[list[scheduler_module.Dispatched], list[bool]]:
+    with monkeypatch.context() as patch:
+        if not stream:
+            patch.setattr(scheduler_module, "STREAM_FROM", 10**9)
+        scheduler = _armed(tasks, FrozenClock(T0))
+        seen = _streams(scheduler, patch)
+        return scheduler.tick(), seen
+
+
+def test_streamed_round__writes_what_a_round_written_after_planning_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks = make_tasks(COUNT)
+    fired, seen = _round(tasks, monkeypatch, stream=True)
+    assert seen == [True]
+    streamed = _written()
+    ids = dict(Job.objects.values_list("key", "id"))
+    assert {d.jobs[0].result.key: d.jobs[0].result.job_id for d in fired} == ids
+    assert all(d.jobs[0].result.created for d in fired)
+    _reset()
+    again, seen = _round(tasks, monkeypatch, stream=False)
+    assert seen == [False]
+    assert _written() == streamed
+    assert len(streamed[0]) == COUNT
+    assert set(streamed[2].values()) == {OCCURRENCE + timedelta(milliseconds=200)}
+    assert [(d.task, d.occurrence, d.catch_up) for d in again] == [
+        (d.task, d.occurrence, d.catch_up) for d in fired
+    ]
+
+
+def _statements(count: int, prefix: str) -> list[str]:
+    scheduler = _armed(make_tasks(count, prefix=prefix), FrozenClock(T0))
+    with CaptureQueriesContext(connection) as queries:
+        fired = scheduler.tick()
+    assert len(fired) == count
+    return [q["sql"].split()[0].upper() for q in queries]
+
+
+def test_streamed_round__the_same_statements_at_two_sizes() -> None:
+    small = _statements(COUNT, "a")
+    large = _statements(10 * COUNT, "b")
+    assert small == large
+    assert sum(s.startswith("COPY") for s in small) == 2  # the jobs and the records
+    assert len(small) <= 13, small
+
+
+def _failing(occurrence: datetime) -> list[Any]:
+    raise RuntimeError("broken")
+
+
+def _backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def test_streamed_round__a_failing_task_keeps_its_occurrence_and_the_others_fire(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks = make_tasks(COUNT)
+    broken = tasks[7]
+    working = broken.func
+    broken.func = _failing
+    clock = FrozenClock(T0)
+    scheduler = _armed(tasks, clock)
+    seen = _streams(scheduler, monkeypatch)
+    fired = scheduler.tick()
+    assert seen == [True]
+    assert len(fired) == COUNT - 1
+    assert broken.name not in {d.task for d in fired}
+    assert not Job.objects.filter(task=broken.name).exists()
+    assert not Occurrence.objects.filter(task=broken.name).exists()
+    watermarks = dict(Task.objects.values_list("name", "last_fired_at"))
+    assert watermarks.pop(broken.name) == OCCURRENCE - ONE_MS
+    assert set(watermarks.values()) == {clock()}
+    assert broken.name in scheduler.last_error
+    # Mended, it fires that very occurrence next round, and only it.
+    broken.func = working
+    clock.advance(1)
+    [again] = scheduler.tick()
+    assert (again.task, again.occurrence) == (broken.name, OCCURRENCE)
+    assert Job.objects.count() == COUNT
+
+
+def test_streamed_round__a_key_already_there_is_reported_and_the_rest_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks = make_tasks(COUNT)
+    scheduler = _armed(tasks, FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    ping = demo_ping()
+    data = {"label": OCCURRENCE.isoformat()}
+    key = occurrence_key(tasks[3].name, OCCURRENCE, ping.occurrence_part(data))
+    existing = Job.objects.create(name="demo.ping", key=key, input=data, run_at=T0, created_at=T0)
+    fired = scheduler.tick()
+    assert seen == [True]
+    results = {d.task: d.jobs[0].result for d in fired}
+    assert (results[tasks[3].name].created, results[tasks[3].name].job_id) == (False, existing.pk)
+    assert sum(result.created for result in results.values()) == COUNT - 1
+    assert Job.objects.count() == COUNT
+    record = Occurrence.objects.get(task=tasks[3].name)
+    assert record.jobs == [{"job": "demo.ping", "key": key, "created": False}]
+
+
+def test_streamed_round__a_watermark_moved_meanwhile_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks = make_tasks(COUNT)
+    scheduler = _armed(tasks, FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    before = _written()
+    load = scheduler.state.load
+
+    def load_then_another_node_fires(names: Any = None) -> Any:
+        states = load(names)
+        Task.objects.filter(name=tasks[-1].name).update(last_fired_at=OCCURRENCE)
+        return states
+
+    monkeypatch.setattr(scheduler.state, "load", load_then_another_node_fires)
+    assert scheduler.tick() == []
+    assert seen == [True]
+    jobs, records, watermarks = _written()
+    assert (jobs, records) == (before[0], before[1]) == (set(), set())
+    assert watermarks == {**before[2], tasks[-1].name: OCCURRENCE}
+    assert not _planners()
+
+
+def _planners() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ultimat3-rows-ahead"]
+
+
+def test_streamed_round__lost_leadership_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class DeposedAfterArming(SoleLeader):
+        fences = 0
+
+        def fence(self, using: str) -> bool:
+            self.fences += 1
+            return self.fences == 1
+
+    tasks = make_tasks(COUNT)
+    scheduler = _armed(tasks, FrozenClock(T0), leader=DeposedAfterArming())
+    seen = _streams(scheduler, monkeypatch)
+    assert scheduler.tick() == []
+    assert seen == [True]
+    assert not Job.objects.exists()
+    assert not scheduler.is_leader
+
+
+def test_streamed_round__a_stop_keeps_the_tasks_not_reached_for_the_next_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks = make_tasks(COUNT)
+    clock = FrozenClock(T0)
+    scheduler = _armed(tasks, clock)
+    seen = _streams(scheduler, monkeypatch)
+    stopping_task = tasks[9]
+    entries = stopping_task.func
+
+    def stop_then_entries(occurrence: datetime) -> Any:
+        scheduler.status = "draining"  # What a SIGTERM does, between two task functions.
+        return entries(occurrence)
+
+    stopping_task.func = stop_then_entries
+    fired = scheduler.tick()
+    assert seen == [True]
+    reached = {d.task for d in fired}
+    assert reached == {t.name for t in tasks[:10]}
+    watermarks = dict(Task.objects.values_list("name", "last_fired_at"))
+    assert {watermarks[t.name] for t in tasks[10:]} == {OCCURRENCE - ONE_MS}
+    assert Job.objects.count() == 10
+    scheduler.status = "running"
+    stopping_task.func = entries
+    clock.advance(1)
+    assert {d.task for d in scheduler.tick()} == {t.name for t in tasks[10:]}
+    assert Job.objects.count() == COUNT
+    assert Occurrence.objects.filter(outcome="fired").count() == COUNT
+
+
+def test_streamed_round__task_functions_run_outside_the_round_on_a_connection_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ping = demo_ping()
+    seen_by_function: list[tuple[bool, int]] = []
+
+    def entries(occurrence: datetime) -> list[tuple[JobHandle, dict[str, Any]]]:
+        # Its own connection, in autocommit: the round's transaction and its locks are apart.
+        from django.db import connection as its_connection
+
+        jobs = Job.objects.filter(occurrence=occurrence).count()
+        seen_by_function.append((its_connection.in_atomic_block, jobs))
+        return [(ping, {"label": occurrence.isoformat()})]
+
+    tasks = make_tasks(COUNT)
+    tasks[0].func = entries
+    scheduler = _armed(tasks, FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    backends = _backends()
+    fired = scheduler.tick()
+    assert seen == [True]
+    assert len(fired) == COUNT
+    # Not inside the round, and not seeing its uncommitted jobs.
+    assert seen_by_function[-1] == (False, 0)
+    assert not _planners()
+    # The function's connection was closed with its thread.
+    assert _backends() == backends
+
+
+def test_streamed_round__not_inside_a_callers_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import transaction
+
+    scheduler = _armed(make_tasks(COUNT), FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    with transaction.atomic():
+        fired = scheduler.tick()
+    assert seen == [False]
+    assert len(fired) == COUNT
+
+
+def test_streamed_round__not_with_overlap_skip_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    tasks = make_tasks(COUNT) + make_tasks(1, prefix="skip", overlap="skip")
+    scheduler = _armed(tasks, FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    assert len(scheduler.tick()) == COUNT + 1
+    assert seen == [False]

@@ -1,0 +1,74 @@
+"""``db.Ahead``: rows made in a thread of their own, read in order, failures passed on."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ultimat3_jobs.db import AHEAD_CHUNK, Ahead
+
+
+def test_ahead__reads_each_source_whole_and_in_order() -> None:
+    count = 2 * AHEAD_CHUNK + 7  # Two whole chunks and a part.
+    ahead: Ahead[int] = Ahead(range(count), (-n for n in range(3)), ())
+    try:
+        assert list(ahead.rows(0)) == list(range(count))
+        assert list(ahead.rows(1)) == [0, -1, -2]
+        assert list(ahead.rows(2)) == []
+    finally:
+        ahead.close()
+
+
+def test_ahead__makes_rows_in_another_thread_before_they_are_read() -> None:
+    made_in: list[str] = []
+    made = threading.Event()
+
+    def rows() -> Iterator[int]:
+        made_in.append(threading.current_thread().name)
+        yield 1
+        made.set()
+
+    ahead: Ahead[int] = Ahead(rows())
+    try:
+        assert made.wait(5)  # Nobody has read a row yet.
+        assert list(ahead.rows(0)) == [1]
+        assert made_in == ["ultimat3-rows-ahead"]
+    finally:
+        ahead.close()
+
+
+def test_ahead__an_error_is_raised_to_the_reader_of_its_source_and_of_the_later_ones() -> None:
+    def failing() -> Iterator[int]:
+        yield from range(AHEAD_CHUNK + 1)
+        raise ValueError("row 501 cannot be made")
+
+    ahead: Ahead[int] = Ahead(failing(), range(3))
+    read: list[int] = []
+    with pytest.raises(ValueError, match="row 501"):
+        read.extend(ahead.rows(0))
+    assert read == list(range(AHEAD_CHUNK))  # The whole chunk made before the error.
+    with pytest.raises(ValueError, match="row 501"):
+        list(ahead.rows(1))
+    ahead.close()
+
+
+def test_ahead__close_stops_the_thread_within_a_chunk() -> None:
+    made: list[int] = []
+
+    def endless() -> Iterator[int]:
+        n = 0
+        while True:
+            made.append(n)
+            yield n
+            n += 1
+
+    ahead: Ahead[int] = Ahead(endless())
+    assert next(iter(ahead.rows(0))) == 0
+    closing = threading.Thread(target=ahead.close)
+    closing.start()
+    closing.join(5)
+    assert not closing.is_alive(), "close() waits on a thread that never stops"
+    assert not ahead._thread.is_alive()
+    assert made

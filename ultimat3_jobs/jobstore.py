@@ -262,35 +262,52 @@ def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
     return enqueued
 
 
-def insert_new(rows: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> Enqueued | None:
+def insert_new(
+    rows: Iterable[dict[str, Any]], expected: int, using: str = DEFAULT_DB_ALIAS
+) -> Enqueued | None:
     """Jobs (``job_fields`` dicts) none of whose keys exists, on PostgreSQL, in the caller's
-    transaction: one COPY taking each row as it comes, then their ids read back by key.
+    transaction, taking each row as it comes: for a caller that does not know how many rows
+    there will be, only how many to ``expected``.
 
-    None when a key exists: the COPY is rolled back to its savepoint and nothing is written;
-    the caller writes the rows again with ``insert_round``, which reports the existing jobs.
+    One COPY writes the first ``expected`` rows with ids reserved before it; the rows past
+    them, if any, wait for a second reservation and COPY. None when a key exists: the COPY is
+    rolled back to its savepoint and nothing is written; the caller writes the rows again with
+    ``insert_round``, which reports the existing jobs.
     """
     at = instant_texts()
-    keys: list[str] = []
+    enqueued: Enqueued = {}
     wakes: set[str] = set()
+    beyond: list[dict[str, Any]] = []
 
-    def copied() -> Iterator[tuple[Any, ...]]:
+    def copied(rows: Iterable[dict[str, Any]], ids: list[int]) -> Iterator[tuple[Any, ...]]:
+        free = iter(ids)
         for row in rows:
-            keys.append(row["key"])
+            pk = next(free, None)
+            if pk is None:
+                beyond.append(row)
+                continue
+            enqueued[row["key"]] = (pk, True)
             wakes.add(wake_payload(row["queue"], row.get("relay", "")))
-            yield copy_row(row, at)
+            yield (pk, *copy_row(row, at))
 
     try:
         with transaction.atomic(using=using):
-            copy_rows(using, sql.COPY_NEW_JOBS, copied())
+            copy_rows(using, sql.COPY_JOBS, copied(rows, _reserve_ids(expected, using)))
+            if beyond:
+                copy_rows(using, sql.COPY_JOBS, copied(beyond, _reserve_ids(len(beyond), using)))
     except psycopg.errors.UniqueViolation:
         return None
-    if not keys:
-        return {}
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.EXISTING_JOBS, [keys])
-        enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
     notify(wakes, using=using)
     return enqueued
+
+
+def _reserve_ids(count: int, using: str) -> list[int]:
+    """``count`` ids from the job table's sequence, for rows written by COPY."""
+    if count <= 0:
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.RESERVE_JOB_IDS, [count])
+        return [pk for (pk,) in cursor.fetchall()]
 
 
 def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
@@ -311,9 +328,7 @@ _KEY, _QUEUE, _RELAY = 1, 4, 17
 def _copy_jobs(
     count: int, copied: Iterable[tuple[Any, ...]], wakes: set[str], using: str
 ) -> Enqueued:
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.RESERVE_JOB_IDS, [count])
-        ids = [pk for (pk,) in cursor.fetchall()]
+    ids = _reserve_ids(count, using)
     enqueued: Enqueued = {}
 
     def with_ids() -> Iterator[tuple[Any, ...]]:

@@ -112,11 +112,13 @@ class Streamed:
 
     ``watermarks`` are the plan's once every task is decided, as if every occurrence fires.
     ``fired`` yields the occurrences as they are planned (each already in the plan) and ends
-    once the plan is complete: its watermarks final, a failed task's included.
+    once the plan is complete: its watermarks final, a failed task's included. ``occurrences``
+    is how many were decided to fire.
     """
 
     watermarks: dict[str, tuple[datetime | None, datetime]]
     fired: Iterator[PlannedOccurrence]
+    occurrences: int
 
 
 @dataclass(slots=True)

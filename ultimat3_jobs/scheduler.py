@@ -302,7 +302,8 @@ class Scheduler:
             watermarks = dict(plan.watermarks)
             planner: Ahead[Any] = Ahead(self._fire(deferred, plan), lines.tails or ())
             lines.made_by(planner, 1)
-            streamed: Streamed | None = Streamed(watermarks, planner.rows(0))
+            occurrences = sum(len(task.decision.fire) for task in deferred)
+            streamed: Streamed | None = Streamed(watermarks, planner.rows(0), occurrences)
         else:
             streamed = None
             if not plan.skip_overlap:

@@ -69,9 +69,6 @@ JOB_COLUMNS = (
 #: Columns left out (args, return_value, error_class, traceback, relayed_at, engine_id,
 #: done_at, started_at, finished_at) take their database defaults, empty or NULL.
 COPY_JOBS = f"COPY {_JOB} ({', '.join(JOB_COLUMNS)}) FROM STDIN"
-#: The same rows with ids from the column's default, for rows whose number is not known when
-#: the COPY starts; their ids are read back by key (``EXISTING_JOBS``).
-COPY_NEW_JOBS = f"COPY {_JOB} ({', '.join(JOB_COLUMNS[1:])}) FROM STDIN"
 
 #: Insert jobs from a JSON array; existing keys are left alone. Returns the created ones.
 INSERT_JOBS = f"""

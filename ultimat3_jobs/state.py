@@ -277,7 +277,8 @@ class DatabaseState:
                 for fired in streamed.fired
                 for planned in fired.jobs
             )
-            enqueued = jobstore.insert_new(rows, using=self.using)
+            # Ids for one job per occurrence; a round whose tasks return more takes more.
+            enqueued = jobstore.insert_new(rows, streamed.occurrences, using=self.using)
             for _ in streamed.fired:
                 pass  # A key existed: the rest of the round is planned before it is written.
             jobs = _RoundJobs(plan, config)

@@ -87,21 +87,42 @@ def _round(
         return scheduler.tick(), seen
 
 
-def test_streamed_round__writes_what_a_round_written_after_planning_writes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _fan_out(occurrence: datetime) -> list[tuple[JobHandle, dict[str, Any]]]:
+    ping = demo_ping()
+    return [(ping, {"label": f"{occurrence.isoformat()} #{n}"}) for n in range(3)]
+
+
+def _nothing(occurrence: datetime) -> list[Any]:
+    return []
+
+
+def _shaped(shape: str) -> list[TaskHandle]:
     tasks = make_tasks(COUNT)
+    if shape == "fan-out":
+        # More jobs than occurrences: more than the ids reserved for one job each.
+        for task in tasks[:30]:
+            task.func = _fan_out
+        for task in tasks[30:40]:
+            task.func = _nothing
+    return tasks
+
+
+@pytest.mark.parametrize("shape", ["one job each", "fan-out"])
+def test_streamed_round__writes_what_a_round_written_after_planning_writes(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tasks = _shaped(shape)
     fired, seen = _round(tasks, monkeypatch, stream=True)
     assert seen == [True]
     streamed = _written()
     ids = dict(Job.objects.values_list("key", "id"))
-    assert {d.jobs[0].result.key: d.jobs[0].result.job_id for d in fired} == ids
-    assert all(d.jobs[0].result.created for d in fired)
+    assert {job.result.key: job.result.job_id for d in fired for job in d.jobs} == ids
+    assert all(job.result.created for d in fired for job in d.jobs)
     _reset()
     again, seen = _round(tasks, monkeypatch, stream=False)
     assert seen == [False]
     assert _written() == streamed
-    assert len(streamed[0]) == COUNT
+    assert len(streamed[0]) == (COUNT if shape == "one job each" else COUNT + 30 * 2 - 10)
     assert set(streamed[2].values()) == {OCCURRENCE + timedelta(milliseconds=200)}
     assert [(d.task, d.occurrence, d.catch_up) for d in again] == [
         (d.task, d.occurrence, d.catch_up) for d in fired

@@ -131,8 +131,9 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
         )
 
 
-#: Rows ``Ahead`` hands over at a time.
+#: Rows ``Ahead`` hands over at a time, and chunks it makes before they are read.
 AHEAD_CHUNK = 500
+AHEAD_BUFFERED = 20
 
 
 class _Failed:
@@ -143,17 +144,19 @@ class _Failed:
 class Ahead(Generic[T]):
     """The rows of ``sources``, made in a thread of their own while the caller waits on SQL.
 
-    Making a round's COPY rows is pure Python (JSON, text, tuples); waiting on PostgreSQL (a
-    compare-and-set of 10,000 rows, the server taking a COPY) releases the GIL. Made ahead
-    in a thread, the rows are ready when the statement that takes them starts, and the two
-    cores work at once. ``sources`` are made in order, one after the other, as the caller
-    reads them: ``rows(0)`` first, then ``rows(1)``. An error making them is raised by
-    ``rows()``. ``close()`` stops the thread (within one chunk) and waits for it.
+    Making a round's rows is pure Python (task functions, JSON, text); waiting on PostgreSQL
+    (a compare-and-set of 10,000 rows, the server taking a COPY) releases the GIL. Made
+    ahead in a thread, the rows are ready when the statement that takes them wants them, and
+    the two cores work at once. ``sources`` are made in order, one after the other: the
+    caller reads ``rows(0)`` first, then ``rows(1)``. At most ``AHEAD_BUFFERED`` chunks of
+    ``AHEAD_CHUNK`` rows wait to be read, so a slow reader holds a bounded number of rows.
+    An error making them is raised by ``rows()``. ``close()`` stops the thread (within one
+    chunk) and waits for it.
     """
 
     def __init__(self, *sources: Iterable[T]) -> None:
-        self._queues: list[queue.SimpleQueue[list[T] | _Failed | None]] = [
-            queue.SimpleQueue() for _ in sources
+        self._queues: list[queue.Queue[list[T] | _Failed | None]] = [
+            queue.Queue(AHEAD_BUFFERED) for _ in sources
         ]
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -168,17 +171,26 @@ class Ahead(Generic[T]):
                 for row in source:
                     chunk.append(row)
                     if len(chunk) == AHEAD_CHUNK:
-                        if self._stop.is_set():
+                        if not self._put(index, chunk):
                             return
-                        self._queues[index].put(chunk)
                         chunk = []
             except BaseException as error:
                 # Every source from this one on fails: a reader never waits for rows to come.
-                for waiting in self._queues[index:]:
-                    waiting.put(_Failed(error))
+                for later in range(index, len(sources)):
+                    self._put(later, _Failed(error))
                 return
-            self._queues[index].put(chunk)
-            self._queues[index].put(None)
+            if not (self._put(index, chunk) and self._put(index, None)):
+                return
+
+    def _put(self, index: int, item: list[T] | _Failed | None) -> bool:
+        """Hand ``item`` over once there is room; False once closed."""
+        while not self._stop.is_set():
+            try:
+                self._queues[index].put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def rows(self, index: int) -> Iterator[T]:
         while True:

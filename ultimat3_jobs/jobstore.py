@@ -88,12 +88,13 @@ def job_fields(
     ``config``: the settings, read once by a caller that builds many rows.
     """
     config = config or get_settings()
+    queue, max_attempts, status = _defaults(handle, queue, config)
     return {
         "name": handle.name,
         "key": key,
         "input": data,
-        "queue": queue or handle.queue or config.default_queue,
-        "max_attempts": handle.max_attempts or config.max_attempts,
+        "queue": queue,
+        "max_attempts": max_attempts,
         "run_at": run_at or now,
         "created_at": now,
         "task": task,
@@ -102,10 +103,17 @@ def job_fields(
         "enqueued_by": enqueued_by,
         "priority": handle.priority,
         "backend": handle.backend,
-        # A relayed entry is an outbox row: the relay sends it, our worker never claims it.
-        "status": JobStatus.OUTBOX if handle.relay else JobStatus.QUEUED,
+        "status": status,
         "relay": handle.relay,
     }
+
+
+def _defaults(handle: JobHandle, queue: str | None, config: Settings) -> tuple[str, int, str]:
+    """A new row's queue, max_attempts and status, from the job and the settings."""
+    # A relayed entry is an outbox row: the relay sends it, our worker never claims it.
+    status = JobStatus.OUTBOX if handle.relay else JobStatus.QUEUED
+    queue = queue or handle.queue or config.default_queue
+    return queue, handle.max_attempts or config.max_attempts, status.value
 
 
 def build_job(handle: JobHandle, data: dict[str, Any], **fields: Any) -> Job:
@@ -263,9 +271,9 @@ def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
 
 
 def insert_new(
-    rows: Iterable[dict[str, Any]], expected: int, using: str = DEFAULT_DB_ALIAS
+    copied: Iterable[tuple[Any, ...]], expected: int, using: str = DEFAULT_DB_ALIAS
 ) -> Enqueued | None:
-    """Jobs (``job_fields`` dicts) none of whose keys exists, on PostgreSQL, in the caller's
+    """Jobs none of whose keys exists (``copy_row`` tuples), on PostgreSQL, in the caller's
     transaction, taking each row as it comes: for a caller that does not know how many rows
     there will be, only how many to ``expected``.
 
@@ -274,27 +282,27 @@ def insert_new(
     rolled back to its savepoint and nothing is written; the caller writes the rows again with
     ``insert_round``, which reports the existing jobs.
     """
-    at = instant_texts()
     enqueued: Enqueued = {}
     wakes: set[str] = set()
-    beyond: list[dict[str, Any]] = []
+    beyond: list[tuple[Any, ...]] = []
 
-    def copied(rows: Iterable[dict[str, Any]], ids: list[int]) -> Iterator[tuple[Any, ...]]:
+    def with_ids(rows: Iterable[tuple[Any, ...]], ids: list[int]) -> Iterator[tuple[Any, ...]]:
         free = iter(ids)
         for row in rows:
             pk = next(free, None)
             if pk is None:
                 beyond.append(row)
                 continue
-            enqueued[row["key"]] = (pk, True)
-            wakes.add(wake_payload(row["queue"], row.get("relay", "")))
-            yield (pk, *copy_row(row, at))
+            enqueued[row[_KEY]] = (pk, True)
+            wakes.add(wake_payload(row[_QUEUE], row[_RELAY]))
+            yield (pk, *row)
 
     try:
         with transaction.atomic(using=using):
-            copy_rows(using, sql.COPY_JOBS, copied(rows, _reserve_ids(expected, using)))
+            copy_rows(using, sql.COPY_JOBS, with_ids(copied, _reserve_ids(expected, using)))
             if beyond:
-                copy_rows(using, sql.COPY_JOBS, copied(beyond, _reserve_ids(len(beyond), using)))
+                more = _reserve_ids(len(beyond), using)
+                copy_rows(using, sql.COPY_JOBS, with_ids(beyond, more))
     except psycopg.errors.UniqueViolation:
         return None
     notify(wakes, using=using)
@@ -319,6 +327,27 @@ def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> 
             r["queue"], 0, r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "",
             r["task"], at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "",
             r.get("priority", 0), r.get("backend", ""), r.get("relay", ""))  # fmt: skip
+
+
+def scheduled_row(
+    handle: JobHandle,
+    data: dict[str, Any],
+    *,
+    key: str,
+    task: str,
+    occurrence: datetime,
+    catch_up: bool,
+    now: datetime,
+    config: Settings,
+    at: Callable[[datetime | None], str | None],
+) -> tuple[Any, ...]:
+    """``copy_row(job_fields(...))`` of a scheduler round's job, made without the dict (a
+    round makes them by the ten thousand): the same defaults, the same columns."""
+    queue, max_attempts, status = _defaults(handle, None, config)
+    when = at(now)
+    return (handle.name, key, dumps(data), status, queue, 0, max_attempts, when, when, "", task,
+            at(occurrence), catch_up, "scheduler", "", handle.priority, handle.backend,
+            handle.relay)  # fmt: skip
 
 
 #: Where a key, a queue and a relay sit in a ``copy_row``.

@@ -18,7 +18,7 @@ from django.db import DataError, IntegrityError, close_old_connections, connecti
 from . import clock as default_clock
 from . import history, jobstore, nodes, sql
 from .conf import Settings, get_settings
-from .db import database_now, dumps, instants_from_microseconds
+from .db import database_now, dumps, instant_texts, instants_from_microseconds
 from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
@@ -272,11 +272,15 @@ class DatabaseState:
             if not fence(self.using):
                 raise FencingLost()
             self._compare_and_set(streamed.watermarks)
+            at, now = instant_texts(), plan.now
             rows = (
-                _job_row(fired, planned, plan.now, config)
-                for fired in streamed.fired
-                for planned in fired.jobs
-            )
+                jobstore.scheduled_row(
+                    p.job, p.data, key=p.key, task=f.task, occurrence=f.occurrence,
+                    catch_up=f.catch_up, now=now, config=config, at=at,
+                )
+                for f in streamed.fired
+                for p in f.jobs
+            )  # fmt: skip
             # Ids for one job per occurrence; a round whose tasks return more takes more.
             enqueued = jobstore.insert_new(rows, streamed.occurrences, using=self.using)
             for _ in streamed.fired:

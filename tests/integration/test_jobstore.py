@@ -145,3 +145,33 @@ def test_insert_round__copy_and_insert_write_the_same_columns_and_wake_the_relay
     }
     expected = ["outbox", "celery", 7, "other", "", "", ""]
     assert stored == {"copied": expected, "inserted": expected}
+
+
+@pytest.mark.parametrize("kind", ["job", "job with its own queue and attempts", "outbox"])
+def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
+    kind: str, settings: Any
+) -> None:
+    from ultimat3_jobs.conf import get_settings
+    from ultimat3_jobs.db import instant_texts
+    from ultimat3_jobs.registry import JobHandle
+
+    def noop(label: str) -> None:
+        return None
+
+    handle = demo_ping()
+    if kind != "job":
+        handle = JobHandle(noop, name="t.own", key=None, max_attempts=7, queue="reports")
+    if kind == "outbox":
+        handle.relay, handle.priority, handle.backend = "celery", 3, "other"
+    fields = {
+        "key": "t:1:k", "task": "t", "occurrence": T0, "catch_up": True, "now": T0,
+        "config": get_settings(),
+    }  # fmt: skip
+    data = {"label": "x", "n": 1}
+    made = jobstore.scheduled_row(handle, data, **fields, at=instant_texts())
+    expected = jobstore.copy_row(
+        jobstore.job_fields(handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields),
+        instant_texts(),
+    )
+    assert made == expected
+    assert made[3] == ("outbox" if kind == "outbox" else "queued")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from ultimat3_jobs.db import AHEAD_CHUNK, Ahead
+from ultimat3_jobs.db import AHEAD_BUFFERED, AHEAD_CHUNK, Ahead
 
 
 def test_ahead__reads_each_source_whole_and_in_order() -> None:
@@ -54,7 +55,7 @@ def test_ahead__an_error_is_raised_to_the_reader_of_its_source_and_of_the_later_
     ahead.close()
 
 
-def test_ahead__close_stops_the_thread_within_a_chunk() -> None:
+def test_ahead__a_reader_that_lags_holds_a_bounded_number_of_rows_and_close_stops_it() -> None:
     made: list[int] = []
 
     def endless() -> Iterator[int]:
@@ -66,6 +67,8 @@ def test_ahead__close_stops_the_thread_within_a_chunk() -> None:
 
     ahead: Ahead[int] = Ahead(endless())
     assert next(iter(ahead.rows(0))) == 0
+    time.sleep(0.3)  # Long enough to make millions of rows, were there no bound.
+    assert len(made) <= (AHEAD_BUFFERED + 2) * AHEAD_CHUNK
     closing = threading.Thread(target=ahead.close)
     closing.start()
     closing.join(5)

@@ -7,6 +7,7 @@ text and JSON formatters below (chosen by ``--log-format``) print the same facts
 from __future__ import annotations
 
 import json
+import json.encoder
 import logging
 import sys
 import time
@@ -138,6 +139,36 @@ RESERVED = frozenset({"ts", "level", "event"})
 
 #: One encoder for every line: ``json.dumps(default=...)`` would build a new one per call.
 _ENCODE = json.JSONEncoder(default=_jsonable).encode
+#: The string encoder ``_ENCODE`` uses (``ensure_ascii``), in C.
+_QUOTE = json.encoder.encode_basestring_ascii
+
+
+def _encode_fields(fields: dict[str, Any]) -> str:
+    """``_ENCODE(fields)``, byte for byte, for the fields of a per-occurrence line.
+
+    Text, integers, booleans, None and lists of text are written here; anything else goes to
+    ``_ENCODE``. The encoder sets itself up again at every call, which was most of the cost
+    of 10,000 short lines.
+    """
+    parts = []
+    for key, value in fields.items():
+        kind = type(value)
+        if type(key) is not str:
+            return _ENCODE(fields)
+        if kind is str:
+            text = _QUOTE(value)
+        elif kind is bool:
+            text = "true" if value else "false"
+        elif value is None:
+            text = "null"
+        elif kind is int:
+            text = int.__repr__(value)
+        elif kind is list and all(type(item) is str for item in value):
+            text = "[" + ", ".join(map(_QUOTE, value)) + "]"
+        else:
+            return _ENCODE(fields)
+        parts.append(f"{_QUOTE(key)}: {text}")
+    return "{" + ", ".join(parts) + "}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -211,7 +242,7 @@ class _StdoutHandler(logging.StreamHandler):
             if not fields or RESERVED.intersection(fields):
                 yield fields
             elif json_lines:
-                yield _ENCODE(fields)[1:]
+                yield _encode_fields(fields)[1:]
             else:
                 yield "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
 

@@ -163,15 +163,15 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
         handle = JobHandle(noop, name="t.own", key=None, max_attempts=7, queue="reports")
     if kind == "outbox":
         handle.relay, handle.priority, handle.backend = "celery", 3, "other"
-    fields = {
+    fields: dict[str, Any] = {
         "key": "t:1:k", "task": "t", "occurrence": T0, "catch_up": True, "now": T0,
         "config": get_settings(),
     }  # fmt: skip
     data = {"label": "x", "n": 1}
     made = jobstore.scheduled_row(handle, data, **fields, at=instant_texts())
-    expected = jobstore.copy_row(
-        jobstore.job_fields(handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields),
-        instant_texts(),
+    row = jobstore.job_fields(
+        handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields
     )
+    expected = jobstore.copy_row(row, instant_texts())
     assert made == expected
     assert made[3] == ("outbox" if kind == "outbox" else "queued")

@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, ProgrammingError
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from ultimat3_jobs.errors import InvalidTimezoneError
 from ultimat3_jobs.logs import JsonFormatter, Lines, configure, emit, emit_many, failure_fields
@@ -174,3 +177,15 @@ def test_lines__through_another_handler_are_records_made_at_write(
         assert caplog.records == []
         lines.write()
     assert [r.fields for r in caplog.records] == rows  # type: ignore[attr-defined]
+
+
+_TEXT = st.text(max_size=12)
+_LEAF = st.none() | st.booleans() | st.integers() | _TEXT | st.lists(_TEXT, max_size=3)
+
+
+@examples(max_examples=400)
+@given(st.dictionaries(_TEXT, _LEAF | st.floats() | st.lists(st.integers(), max_size=2)))
+def test_encode_fields__writes_what_the_json_encoder_writes(fields: dict[str, Any]) -> None:
+    from ultimat3_jobs.logs import _ENCODE, _encode_fields
+
+    assert _encode_fields(fields) == _ENCODE(fields)

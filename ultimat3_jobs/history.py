@@ -139,6 +139,28 @@ def write(records: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> N
     Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in rows])
 
 
+def copy(rows: Iterable[tuple[Any, ...]], using: str = DEFAULT_DB_ALIAS) -> None:
+    """Records already made as COPY rows (``copy_row``, ``fired_copy_row``), on PostgreSQL,
+    in the caller's transaction: one COPY."""
+    copy_rows(using, sql.COPY_OCCURRENCES, rows)
+
+
+def fired_copy_row(
+    task: str,
+    occurrence: datetime,
+    catch_up: bool,
+    jobs: list[dict[str, Any]],
+    *,
+    at: datetime,
+    node: str,
+    text: Callable[[datetime | None], str | None],
+) -> tuple[Any, ...]:
+    """``copy_row(fired(...), text)`` from jobs already in the shape of ``Occurrence.jobs``
+    (``job``, ``key``, ``created``), made without the dict: a round makes thousands."""
+    when = text(occurrence)
+    return (task, _FIRED, when, when, 1, catch_up, dumps(jobs), text(at), node, "", "")
+
+
 def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
     """A record as a row of ``sql.COPY_OCCURRENCES``; ``at`` formats instants."""
     return (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]), r["count"],

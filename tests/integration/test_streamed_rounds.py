@@ -77,12 +77,18 @@ def _reset() -> None:
 
 
 def _round(
-    tasks: list[TaskHandle], monkeypatch: pytest.MonkeyPatch, *, stream: bool
+    tasks: list[TaskHandle], monkeypatch: pytest.MonkeyPatch, *, stream: bool, late: bool = False
 ) -> tuple[list[scheduler_module.Dispatched], list[bool]]:
+    """One all-due round over ``tasks``, streamed or not; ``late``: two minutes late, with a
+    tenth of the tasks paused meanwhile, so it also records dropped and paused occurrences."""
     with monkeypatch.context() as patch:
         if not stream:
             patch.setattr(scheduler_module, "STREAM_FROM", 10**9)
-        scheduler = _armed(tasks, FrozenClock(T0))
+        clock = FrozenClock(T0)
+        scheduler = _armed(tasks, clock)
+        if late:
+            clock.advance(120)
+            Task.objects.filter(name__in=[t.name for t in tasks[::10]]).update(paused=True)
         seen = _streams(scheduler, patch)
         return scheduler.tick(), seen
 
@@ -107,23 +113,31 @@ def _shaped(shape: str) -> list[TaskHandle]:
     return tasks
 
 
-@pytest.mark.parametrize("shape", ["one job each", "fan-out"])
+@pytest.mark.parametrize("shape", ["one job each", "fan-out", "late, some paused"])
 def test_streamed_round__writes_what_a_round_written_after_planning_writes(
     shape: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tasks = _shaped(shape)
-    fired, seen = _round(tasks, monkeypatch, stream=True)
+    late = shape.startswith("late")
+    fired, seen = _round(tasks, monkeypatch, stream=True, late=late)
     assert seen == [True]
     streamed = _written()
     ids = dict(Job.objects.values_list("key", "id"))
     assert {job.result.key: job.result.job_id for d in fired for job in d.jobs} == ids
     assert all(job.result.created for d in fired for job in d.jobs)
     _reset()
-    again, seen = _round(tasks, monkeypatch, stream=False)
+    again, seen = _round(tasks, monkeypatch, stream=False, late=late)
     assert seen == [False]
     assert _written() == streamed
-    assert len(streamed[0]) == (COUNT if shape == "one job each" else COUNT + 30 * 2 - 10)
-    assert set(streamed[2].values()) == {OCCURRENCE + timedelta(milliseconds=200)}
+    jobs, records, watermarks = streamed
+    if shape == "late, some paused":
+        outcomes = sorted(outcome for _, outcome, *_ in records)
+        paused = len(tasks[::10])
+        assert outcomes.count("paused") == paused
+        assert outcomes.count("dropped") == outcomes.count("fired") == COUNT - paused
+    else:
+        assert len(jobs) == (COUNT if shape == "one job each" else COUNT + 30 * 2 - 10)
+        assert set(watermarks.values()) == {OCCURRENCE + timedelta(milliseconds=200)}
     assert [(d.task, d.occurrence, d.catch_up) for d in again] == [
         (d.task, d.occurrence, d.catch_up) for d in fired
     ]

@@ -321,6 +321,29 @@ def run_big(n: int) -> dict[str, Any]:
     }
 
 
+# -- a scheduler process's memory -----------------------------------------------------------------
+
+
+def run_fresh(n: int) -> dict[str, Any]:
+    """Peak RSS of a process that does what ``run_scheduler --once`` does for N tasks, on a
+    migrated database: Django set up, the tasks declared, armed (first start), one all-due
+    round. The timing process's own peak also holds its repeats, floors and counting pass."""
+    from ultimat3_jobs.clock import FrozenClock
+
+    from .setup import peak_rss_mb
+
+    base = peak_rss_mb()
+    tasks = _tasks(n)
+    _reset()
+    clock = FrozenClock(T0)
+    scheduler = _armed(n, clock, tasks)
+    scheduler.tick()  # first start: every row written, every task armed
+    armed = peak_rss_mb()
+    clock.set(T0 + timedelta(seconds=30))
+    assert len(scheduler.tick()) == n
+    return {"n": n, "base_mb": base, "armed_mb": armed, "rss_mb": peak_rss_mb()}
+
+
 # -- the table ------------------------------------------------------------------------------------
 
 
@@ -345,15 +368,21 @@ def main(argv: list[str] | None = None) -> None:
         "--repeats", type=int, help="timed rounds per size (default: 9 up to 1,000 tasks, else 5)"
     )
     parser.add_argument("--big", type=int, default=BIG_SIZE)
-    parser.add_argument("--child", choices=("round", "loop", "big"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=("round", "fresh", "loop", "big"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         from .setup import django_ready
 
-        django_ready()
+        # The fresh process runs on the schema the children before it migrated, as a
+        # scheduler does: loading every migration would be memory of the benchmark's.
+        django_ready(migrate=args.child != "fresh")
         _json_logs_to_devnull()
-        if args.child == "round":
+        if args.child == "fresh":
+            _print_result(run_fresh(args.n))
+        elif args.child == "round":
             _print_result(run_round(args.n, args.repeats or _repeats(args.n)))
         elif args.child == "loop":
             _print_result(run_loop(args.n))
@@ -367,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         _child("--child", "round", "--n", str(n), "--repeats", str(args.repeats or _repeats(n)))
         for n in args.sizes
     ]
+    fresh = [_child("--child", "fresh", "--n", str(n)) for n in args.sizes]
     other = procrastinate_periodic.measure(PROCRASTINATE_SIZE)
     loop = _child("--child", "loop", "--n", str(LOOP_SIZE))
     big = _child("--child", "big", "--n", str(args.big))
@@ -390,7 +420,9 @@ def main(argv: list[str] | None = None) -> None:
     line("statements in that round", [str(r["due_queries"]) for r in rounds])
     line("round with nothing due", [_ms(r["idle_s"]) for r in rounds])
     line("statements in it", [str(r["idle_queries"]) for r in rounds])
-    line("peak RSS (process)", [f"{r['rss_mb']:.0f} MB" for r in rounds])
+    line("peak RSS (this timing process)", [f"{r['rss_mb']:.0f} MB" for r in rounds])
+    line("peak RSS, a process arming + one round", [f"{r['rss_mb']:.0f} MB" for r in fresh])
+    line("  of which Django and the app, set up", [f"{r['base_mb']:.0f} MB" for r in fresh])
     by_n = {r["n"]: r for r in rounds}
     if other is None:
         print("procrastinate: not installed (pip install -e '.[bench]')")

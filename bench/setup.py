@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 
-def django_ready() -> None:
+def django_ready(*, migrate: bool = True) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     # As in production: with DEBUG, Django keeps every statement rendered with its parameters.
     os.environ.setdefault("DEBUG", "False")
@@ -13,7 +13,8 @@ def django_ready() -> None:
     from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
+    if migrate:
+        call_command("migrate", verbosity=0, interactive=False)
 
 
 def peak_rss_mb() -> float:

@@ -323,19 +323,17 @@ class DatabaseState:
 
     def _compare_and_set(self, watermarks: dict[str, tuple[datetime | None, datetime]]) -> None:
         """Check every watermark of the round and write the new ones, locking their rows."""
-        names = list(watermarks)
         if connections[self.using].vendor == "postgresql":
-            rows = [
-                {"name": name, "expected": old, "watermark": new}
-                for name, (old, new) in watermarks.items()
-            ]
+            text = instant_texts()
+            rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
             with connections[self.using].cursor() as cursor:
                 cursor.execute(sql.SWAP_WATERMARKS, [dumps(rows)])
-                swapped = {name for (name,) in cursor.fetchall()}
-            if len(swapped) != len(names):
+                moved = cursor.fetchone()
+            if moved is not None:
                 # The transaction rolls back: no watermark moves, no job is written.
-                raise WatermarkMoved(next(name for name in names if name not in swapped))
+                raise WatermarkMoved(moved[0])
             return
+        names = list(watermarks)
         tasks = Task.objects.using(self.using)
         locked = list(
             tasks.select_for_update().filter(name__in=names).only("pk", "name", "last_fired_at")

@@ -7,6 +7,7 @@ planning (the path of small rounds) writes, or checks a failure leaves what that
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -218,9 +219,12 @@ def test_streamed_round__a_key_already_there_is_reported_and_the_rest_written(
     assert record.jobs == [{"job": "demo.ping", "key": key, "created": False}]
 
 
-def test_streamed_round__a_watermark_moved_meanwhile_writes_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("stream", [True, False])
+def test_round__a_watermark_moved_meanwhile_writes_nothing_and_names_its_task(
+    stream: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    if not stream:
+        monkeypatch.setattr(scheduler_module, "STREAM_FROM", 10**9)
     tasks = make_tasks(COUNT)
     scheduler = _armed(tasks, FrozenClock(T0))
     seen = _streams(scheduler, monkeypatch)
@@ -233,8 +237,13 @@ def test_streamed_round__a_watermark_moved_meanwhile_writes_nothing(
         return states
 
     monkeypatch.setattr(scheduler.state, "load", load_then_another_node_fires)
-    assert scheduler.tick() == []
-    assert seen == [True]
+    with caplog.at_level(logging.WARNING, logger="ultimat3_jobs"):
+        assert scheduler.tick() == []
+    assert seen == [stream]
+    [moved] = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.watermark-moved"
+    ]
+    assert moved.fields == {"task": tasks[-1].name}  # type: ignore[attr-defined]
     jobs, records, watermarks = _written()
     assert (jobs, records) == (before[0], before[1]) == (set(), set())
     assert watermarks == {**before[2], tasks[-1].name: OCCURRENCE}

@@ -1,4 +1,5 @@
-"""Connections the app owns beside Django's, and the database clock."""
+"""Connections the app owns beside Django's, the database clock, and rows made in a thread
+ahead of the statement that takes them (``Ahead``)."""
 
 from __future__ import annotations
 

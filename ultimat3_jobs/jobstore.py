@@ -259,13 +259,12 @@ def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
         enqueued = insert_many(jobs, using=using)
     else:
         at = instant_texts()
-        try:
-            with transaction.atomic(using=using):
-                enqueued = _copy_jobs(len(rows), (copy_row(row, at) for row in rows), wakes, using)
-        except psycopg.errors.UniqueViolation:
-            listed = list(rows)
-            wakes.update(wake_payload(row["queue"], row.get("relay", "")) for row in listed)
-            enqueued = _insert_jobs(listed, using)
+        copied = insert_new((copy_row(row, at) for row in rows), len(rows), using)
+        if copied is not None:
+            return copied
+        listed = list(rows)
+        wakes.update(wake_payload(row["queue"], row.get("relay", "")) for row in listed)
+        enqueued = _insert_jobs(listed, using)
     notify(wakes, using=using)
     return enqueued
 
@@ -274,13 +273,13 @@ def insert_new(
     copied: Iterable[tuple[Any, ...]], expected: int, using: str = DEFAULT_DB_ALIAS
 ) -> Enqueued | None:
     """Jobs none of whose keys exists (``copy_row`` tuples), on PostgreSQL, in the caller's
-    transaction, taking each row as it comes: for a caller that does not know how many rows
-    there will be, only how many to ``expected``.
+    transaction, each row taken as it comes, ``expected`` of them (a streamed round knows how
+    many occurrences it fires, not how many jobs their tasks return).
 
     One COPY writes the first ``expected`` rows with ids reserved before it; the rows past
     them, if any, wait for a second reservation and COPY. None when a key exists: the COPY is
     rolled back to its savepoint and nothing is written; the caller writes the rows again with
-    ``insert_round``, which reports the existing jobs.
+    ``insert_round``, which then reports the existing jobs. Workers are notified at commit.
     """
     enqueued: Enqueued = {}
     wakes: set[str] = set()
@@ -352,22 +351,6 @@ def scheduled_row(
 
 #: Where a key, a queue and a relay sit in a ``copy_row``.
 _KEY, _QUEUE, _RELAY = 1, 4, 17
-
-
-def _copy_jobs(
-    count: int, copied: Iterable[tuple[Any, ...]], wakes: set[str], using: str
-) -> Enqueued:
-    ids = _reserve_ids(count, using)
-    enqueued: Enqueued = {}
-
-    def with_ids() -> Iterator[tuple[Any, ...]]:
-        for pk, row in zip(ids, copied, strict=True):
-            enqueued[row[_KEY]] = (pk, True)
-            wakes.add(wake_payload(row[_QUEUE], row[_RELAY]))
-            yield (pk, *row)
-
-    copy_rows(using, sql.COPY_JOBS, with_ids())
-    return enqueued
 
 
 def _insert_jobs(rows: list[dict[str, Any]], using: str) -> Enqueued:

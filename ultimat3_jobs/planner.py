@@ -76,6 +76,31 @@ class TaskStep:
     failed: tuple[datetime | None, Exception] | None = None
 
 
+@dataclass(slots=True)
+class Streamed:
+    """A round whose occurrences are planned while it is written (``commit_streamed``).
+
+    ``watermarks`` are the plan's once every task is decided, as if every occurrence fires.
+    ``fired`` yields the occurrences as they are planned (each already in the plan) and ends
+    once the plan is complete: its watermarks final, a failed task's included. ``occurrences``
+    is how many were decided to fire.
+    """
+
+    watermarks: dict[str, tuple[datetime | None, datetime]]
+    fired: Iterator[PlannedOccurrence]
+    occurrences: int
+
+
+@dataclass(slots=True)
+class Deferred:
+    """A task decided to fire whose entries are still to be made (``fire_task``)."""
+
+    handle: TaskHandle
+    watermark: datetime
+    decision: Decision
+    step: TaskStep
+
+
 def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
     """``<task>:<occurrence_ms>:<job key>``: equal from every node for the same entry."""
     ms = int(occurrence.timestamp() * 1000)
@@ -104,31 +129,6 @@ def plan_jobs(
             key = occurrence_key(task, occurrence, f"{part}#{seen[key]}")
         planned.append(PlannedJob(job, data, key))
     return planned
-
-
-@dataclass(slots=True)
-class Streamed:
-    """A round whose occurrences are planned while it is written (``commit_streamed``).
-
-    ``watermarks`` are the plan's once every task is decided, as if every occurrence fires.
-    ``fired`` yields the occurrences as they are planned (each already in the plan) and ends
-    once the plan is complete: its watermarks final, a failed task's included. ``occurrences``
-    is how many were decided to fire.
-    """
-
-    watermarks: dict[str, tuple[datetime | None, datetime]]
-    fired: Iterator[PlannedOccurrence]
-    occurrences: int
-
-
-@dataclass(slots=True)
-class Deferred:
-    """A task decided to fire whose entries are still to be made (``fire_task``)."""
-
-    handle: TaskHandle
-    watermark: datetime
-    decision: Decision
-    step: TaskStep
 
 
 def plan_task(

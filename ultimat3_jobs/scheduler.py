@@ -296,20 +296,12 @@ class Scheduler:
         planned = time.perf_counter()
         # The lines saying what fired are made while the round commits (after skip_overlaps,
         # which may take occurrences out of it) and written once it has.
-        lines = None
+        streamed, lines = None, None
         if deferred:
-            lines = self._dispatched_lines(plan.fired, ahead=False)
-            watermarks = dict(plan.watermarks)
-            planner: Ahead[Any] = Ahead(self._fire(deferred, plan), lines.tails or ())
-            lines.made_by(planner, 1)
-            occurrences = sum(len(task.decision.fire) for task in deferred)
-            streamed: Streamed | None = Streamed(watermarks, planner.rows(0), occurrences)
-        else:
-            streamed = None
-            if not plan.skip_overlap:
-                lines = self._dispatched_lines(
-                    plan.fired, ahead=len(plan.fired) >= LINES_AHEAD_FROM
-                )
+            streamed, lines = self._stream(plan, deferred)
+        elif not plan.skip_overlap:
+            ahead = len(plan.fired) >= LINES_AHEAD_FROM
+            lines = self._dispatched_lines(plan.fired, ahead=ahead)
         enqueued: Enqueued | None = None
         try:
             enqueued = self._commit(plan, streamed)
@@ -370,6 +362,16 @@ class Scheduler:
             and can_stream()
             and not any(handles[name].overlap == "skip" for name in names)
         )
+
+    def _stream(self, plan: RoundPlan, deferred: list[Deferred]) -> tuple[Streamed, Lines]:
+        """Start firing ``deferred`` in a thread: the round to write as it comes, and its
+        lines, which that thread makes once every task has fired."""
+        lines = self._dispatched_lines(plan.fired, ahead=False)
+        watermarks = dict(plan.watermarks)  # Before the thread changes a failed task's.
+        planner: Ahead[Any] = Ahead(self._fire(deferred, plan), lines.tails or ())
+        lines.made_by(planner, 1)
+        occurrences = sum(len(task.decision.fire) for task in deferred)
+        return Streamed(watermarks, planner.rows(0), occurrences), lines
 
     def _fire(self, deferred: list[Deferred], plan: RoundPlan) -> Iterator[PlannedOccurrence]:
         """The occurrences of the tasks ``deferred``, as each task's entries are made.

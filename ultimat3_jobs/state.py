@@ -32,7 +32,6 @@ logger = logging.getLogger("ultimat3_jobs.scheduler")
 #: New task rows written per statement at start.
 SYNC_SLICE = 1000
 
-
 #: A clock that stays skewed is warned about again this often.
 SKEW_WARNING_EVERY = timedelta(minutes=1)
 
@@ -249,7 +248,7 @@ class DatabaseState:
             # Made after skip_overlaps: the rows are those of the occurrences still fired.
             jobs = _RoundJobs(plan, config)
             enqueued = jobstore.insert_round(jobs, using=self.using)
-            history.write(self._records(plan, enqueued), using=self.using)
+            self._write_records(plan, enqueued)
         self._announce(plan, jobs, enqueued)
         return enqueued
 
@@ -284,7 +283,9 @@ class DatabaseState:
             # Ids for one job per occurrence; a round whose tasks return more takes more.
             enqueued = jobstore.insert_new(rows, streamed.occurrences, using=self.using)
             for _ in streamed.fired:
-                pass  # A key existed: the rest of the round is planned before it is written.
+                # Read to its end already, unless a key existed: then the rest of the round is
+                # planned here, before the whole round is written again.
+                pass
             jobs = _RoundJobs(plan, config)
             if enqueued is None:
                 enqueued = jobstore.insert_round(jobs, using=self.using)
@@ -296,9 +297,15 @@ class DatabaseState:
             if moved:
                 with connections[self.using].cursor() as cursor:
                     cursor.execute(sql.SET_WATERMARKS, [dumps(moved)])
-            history.copy(self._record_rows(plan, enqueued), using=self.using)
+            self._write_records(plan, enqueued)
         self._announce(plan, jobs, enqueued)
         return enqueued
+
+    def _write_records(self, plan: RoundPlan, enqueued: Enqueued) -> None:
+        if connections[self.using].vendor == "postgresql":
+            history.copy(self._record_rows(plan, enqueued), using=self.using)
+        else:
+            history.write(self._records(plan, enqueued), using=self.using)
 
     def _record_rows(self, plan: RoundPlan, enqueued: Enqueued) -> Iterator[tuple[Any, ...]]:
         """``_records`` as COPY rows, a fired occurrence's made without its dict."""

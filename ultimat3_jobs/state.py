@@ -335,10 +335,10 @@ class DatabaseState:
             rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
             with connections[self.using].cursor() as cursor:
                 cursor.execute(sql.SWAP_WATERMARKS, [dumps(rows)])
-                moved = cursor.fetchone()
-            if moved is not None:
+                swapped = {name for (name,) in cursor.fetchall()}
+            if len(swapped) != len(rows):
                 # The transaction rolls back: no watermark moves, no job is written.
-                raise WatermarkMoved(moved[0])
+                raise WatermarkMoved(next(name for name in watermarks if name not in swapped))
             return
         names = list(watermarks)
         tasks = Task.objects.using(self.using)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -276,3 +277,34 @@ def test_sync__a_changed_declaration_is_rewritten_and_keeps_its_watermark() -> N
         True,
         T0,
     )
+
+
+def _nested_loops(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan] if plan.get("Node Type") == "Nested Loop" else []
+    for child in plan.get("Plans", []):
+        found += _nested_loops(child)
+    return found
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_compare_and_set__looks_each_task_up_by_its_name_whatever_the_estimates() -> None:
+    """A join of the input with itself or with all of the task rows is quadratic: at 100,000
+    tasks, hours. Every nested loop of the plan must look a task up through an index."""
+    import json
+
+    from ultimat3_jobs import sql
+    from ultimat3_jobs.db import dumps
+
+    clock = FrozenClock(T0)
+    round_over(300, clock)
+    rows = [(name, None, T0.isoformat()) for name in Task.objects.values_list("name", flat=True)]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql.SWAP_WATERMARKS, [dumps(rows)])
+        [(explained,)] = cursor.fetchall()
+    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    # A hash join is linear too; a nested loop must look each task up by its name.
+    for loop in _nested_loops(plan):
+        inner = loop["Plans"][1]
+        assert inner["Node Type"] in ("Index Scan", "Index Only Scan"), loop
+        assert inner["Index Name"] == "u3j_task_name", loop

@@ -58,8 +58,15 @@ def always_fail(label: str) -> None:
 
 
 @job
-def slow_ping(label: str, seconds: float) -> None:
-    """Sleep, then leave a row: a job that is still in flight when a test signals its worker."""
+def slow_ping(label: str, seconds: float, started: str = "") -> None:
+    """Sleep, then leave a row: a job that is still in flight when a test signals its worker.
+
+    ``started``: a file made once the function runs. A job's row says "running" from its
+    claim on, and a worker claims ahead of its threads, so the row alone does not say that.
+    """
+    if started:
+        with open(started, "w"):
+            pass
     time.sleep(seconds)
     Ping.objects.create(label=label)
 

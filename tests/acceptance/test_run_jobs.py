@@ -73,12 +73,9 @@ def test_run_jobs__second_signal_exits_at_once_mid_drain(
     tmp_path: Path, processes: list[Process]
 ) -> None:
     process = start(tmp_path, processes)
-    job_id = slow_ping.enqueue({"label": "long", "seconds": 120}).job_id
-    wait_for(
-        lambda: Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).exists(),
-        30,
-        "the slow job to be running",
-    )
+    started = tmp_path / "started"
+    slow_ping.enqueue({"label": "long", "seconds": 120, "started": str(started)})
+    wait_for(started.exists, 30, "the slow job to be running")
     process.signal(signal.SIGTERM)
     wait_for(lambda: process.named("jobs.worker.draining"), 15, "the drain to begin")
     assert process.alive()  # draining: the slow job is still in flight

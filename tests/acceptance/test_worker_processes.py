@@ -117,8 +117,9 @@ def test_sigterm__drains_the_job_in_flight_and_exits_0(
 ) -> None:
     worker = start_worker(tmp_path, processes, "worker", WORKER_DRAIN_GRACE=20)
     node_of(worker)
-    made = slow_ping.enqueue({"label": "drained", "seconds": 1.0})
-    wait_for(lambda: job_row(made.job_id).status == JobStatus.RUNNING, 10, "the job to start")
+    started = tmp_path / "started"
+    made = slow_ping.enqueue({"label": "drained", "seconds": 1.0, "started": str(started)})
+    wait_for(started.exists, 10, "the job to start")
     worker.signal(signal.SIGTERM)
     wait_for(lambda: worker.named("jobs.worker.draining"), 5, "the drain to begin")
     late = ping.enqueue({"label": "after the signal"})
@@ -133,8 +134,9 @@ def test_sigterm__drains_the_job_in_flight_and_exits_0(
 def test_second_sigterm__exits_at_once(tmp_path: Path, processes: list[Process]) -> None:
     worker = start_worker(tmp_path, processes, "worker", WORKER_DRAIN_GRACE=60)
     node_of(worker)
-    made = slow_ping.enqueue({"label": "never", "seconds": 30})
-    wait_for(lambda: job_row(made.job_id).status == JobStatus.RUNNING, 10, "the job to start")
+    started = tmp_path / "started"
+    slow_ping.enqueue({"label": "never", "seconds": 30, "started": str(started)})
+    wait_for(started.exists, 10, "the job to start")
     worker.signal(signal.SIGTERM)
     wait_for(lambda: worker.named("jobs.worker.draining"), 5, "the drain to begin")
     worker.signal(signal.SIGTERM)

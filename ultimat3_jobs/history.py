@@ -8,17 +8,16 @@ the admin reads a task's recent history back with the ids of the jobs each recor
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS
 
 from . import sql
 from .catchup import Span
-from .db import copy_rows, dumps, instant_texts
+from .db import copy_rows, dumps
 from .jobstore import ids_of
 from .models import Occurrence, Outcome
 
@@ -124,19 +123,11 @@ def _row(
 
 
 def write(records: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Insert records in the caller's transaction: one COPY on PostgreSQL.
+    """Insert records in the caller's transaction, through the ORM.
 
-    ``records`` may be a generator: on PostgreSQL each row is made as the COPY takes it.
+    A round on PostgreSQL writes its records as COPY rows instead (``copy``).
     """
-    first = next(iter_records := iter(records), None)
-    if first is None:
-        return
-    rows = itertools.chain([first], iter_records)
-    if connections[using].vendor == "postgresql":
-        at = instant_texts()
-        copy_rows(using, sql.COPY_OCCURRENCES, (copy_row(r, at) for r in rows))
-        return
-    Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in rows])
+    Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in records])
 
 
 def copy(rows: Iterable[tuple[Any, ...]], using: str = DEFAULT_DB_ALIAS) -> None:

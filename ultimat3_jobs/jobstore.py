@@ -246,26 +246,25 @@ def insert_round(rows: Rows, using: str = DEFAULT_DB_ALIAS) -> Enqueued:
 
     On PostgreSQL one COPY writes every row, with ids reserved from the sequence first, inside
     a savepoint; a key that already exists (a watermark moved back by hand) rolls that back to
-    one ``INSERT ... ON CONFLICT DO NOTHING`` of the whole round, which reports the existing
-    jobs. Elsewhere ``insert_many``. Workers are notified at commit.
+    ``insert_reporting``. Elsewhere ``insert_many``. Workers are notified at commit.
     """
     if not len(rows):
         return {}
-    # NOTIFY payloads (``wake_payload``): the queues of new rows, or the relays'.
-    wakes: set[str] = set()
     if connections[using].vendor != "postgresql":
         jobs = [Job(**row) for row in rows]
-        wakes.update(wake_payload(job.queue, job.relay) for job in jobs)
         enqueued = insert_many(jobs, using=using)
-    else:
-        at = instant_texts()
-        copied = insert_new((copy_row(row, at) for row in rows), len(rows), using)
-        if copied is not None:
-            return copied
-        listed = list(rows)
-        wakes.update(wake_payload(row["queue"], row.get("relay", "")) for row in listed)
-        enqueued = _insert_jobs(listed, using)
-    notify(wakes, using=using)
+        notify({wake_payload(job.queue, job.relay) for job in jobs}, using=using)
+        return enqueued
+    at = instant_texts()
+    enqueued_new = insert_new((copy_row(row, at) for row in rows), len(rows), using)
+    return enqueued_new if enqueued_new is not None else insert_reporting(list(rows), using)
+
+
+def insert_reporting(rows: list[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> Enqueued:
+    """Jobs (``job_fields`` dicts) some of whose keys may exist, on PostgreSQL, in the caller's
+    transaction: one ``INSERT ... ON CONFLICT DO NOTHING``, which reports the existing jobs."""
+    enqueued = _insert_jobs(rows, using)
+    notify({wake_payload(row["queue"], row.get("relay", "")) for row in rows}, using=using)
     return enqueued
 
 

@@ -28,7 +28,6 @@ from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 
-
 #: New task rows written per statement at start.
 SYNC_SLICE = 1000
 
@@ -288,7 +287,8 @@ class DatabaseState:
                 pass
             jobs = _RoundJobs(plan, config)
             if enqueued is None:
-                enqueued = jobstore.insert_round(jobs, using=self.using)
+                # The COPY was rolled back: the whole round goes in again, reporting that key.
+                enqueued = jobstore.insert_reporting(list(jobs), using=self.using)
             moved = [
                 {"name": name, "watermark": new}
                 for name, (_, new) in plan.watermarks.items()

@@ -74,4 +74,3 @@ def test_ahead__a_reader_that_lags_holds_a_bounded_number_of_rows_and_close_stop
     closing.join(5)
     assert not closing.is_alive(), "close() waits on a thread that never stops"
     assert not ahead._thread.is_alive()
-    assert made

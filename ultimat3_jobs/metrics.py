@@ -44,7 +44,6 @@ from .logs import emit, failure_fields
 
 if TYPE_CHECKING:
     from .planner import PlannedRecord
-    from .registry import TaskJobResult
 
 logger = logging.getLogger("ultimat3_jobs.metrics")
 
@@ -224,19 +223,17 @@ def stepped_down(node: str) -> None:
     LEADER.labels(node=node).set(0)
 
 
-def dispatched(
-    fired: Iterable[tuple[str, datetime, Sequence[TaskJobResult]]], committed_at: datetime
-) -> None:
-    """A round committed these occurrences (task, instant, jobs) at ``committed_at``."""
+def dispatched(fired: Iterable[tuple[str, datetime, int, int]], committed_at: datetime) -> None:
+    """A round committed these occurrences at ``committed_at``: (task, instant, its jobs, of
+    which created)."""
     per_instant: dict[datetime, int] = {}
     with TASK_COUNTERS.lock:
-        for task, occurrence, jobs in fired:
-            created = sum(1 for job in jobs if job.result.created)
+        for task, occurrence, jobs, created in fired:
             TASK_COUNTERS.add_locked(_OCCURRENCES, (task,), 1)
             if created:
                 TASK_COUNTERS.add_locked(_JOBS, (task, "true"), created)
-            if len(jobs) - created:
-                TASK_COUNTERS.add_locked(_JOBS, (task, "false"), len(jobs) - created)
+            if jobs - created:
+                TASK_COUNTERS.add_locked(_JOBS, (task, "false"), jobs - created)
             per_instant[occurrence] = per_instant.get(occurrence, 0) + 1
     for occurrence, count in per_instant.items():
         LATENESS.observe(max(0.0, (committed_at - occurrence).total_seconds()), count)

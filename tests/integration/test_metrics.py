@@ -122,6 +122,29 @@ def test_jobs_collector__counts_outbox_rows_by_state_with_the_stuck_ones() -> No
 
 
 @pytest.mark.django_db
+def test_scheduler_round__counts_a_job_whose_key_existed_as_not_created() -> None:
+    clock_ = FrozenClock(T0)
+    scheduler = scheduler_over("mk", clock_)
+    scheduler.tick()  # arms both tasks at 00:01:00
+    armed = dict(Task.objects.values_list("name", "last_fired_at"))
+    clock_.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
+    assert len(scheduler.tick()) == 2
+    # The watermarks put back (a restored backup): the same occurrences fire again, on keys
+    # their jobs already hold.
+    for name, watermark in armed.items():
+        Task.objects.filter(name=name).update(last_fired_at=watermark)
+    again = scheduler_over("mk", clock_)
+    fired = again.tick()
+    assert [job.result.created for d in fired for job in d.jobs] == [False, False]
+    for task in ("mk.00000", "mk.00001"):
+        assert sample("ultimat3_jobs_scheduler_occurrences_dispatched_total", task=task) == 2
+        created = {"task": task, "created": "true"}
+        existed = {"task": task, "created": "false"}
+        assert sample("ultimat3_jobs_scheduler_jobs_dispatched_total", **created) == 1
+        assert sample("ultimat3_jobs_scheduler_jobs_dispatched_total", **existed) == 1
+
+
+@pytest.mark.django_db
 def test_scheduler_round__counts_rounds_dispatches_leadership_and_lateness() -> None:
     clock_ = FrozenClock(T0)
     scheduler = scheduler_over("mx", clock_)

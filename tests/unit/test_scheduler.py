@@ -75,6 +75,22 @@ def test_tick__fires_an_occurrence_on_time_with_its_occurrence_key() -> None:
     assert scheduler.tick() == []  # dealt with: never again
 
 
+def test_tick__reports_what_fired_as_a_sequence_equal_to_its_list() -> None:
+    scheduler, _, clock = build(hourly("t.report-a"), hourly("t.report-b"))
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    report = scheduler.tick()
+    fired = list(report)
+    assert [d.task for d in fired] == ["t.report-a", "t.report-b"]
+    assert len(report) == 2
+    assert report == fired and fired == report and report == tuple(fired)
+    assert report[1] == fired[1] and report[-1] == fired[1]
+    assert report[:1] == [fired[0]]
+    assert report != fired[:1] and report != [fired[1], fired[0]]
+    assert repr(report) == repr(fired)
+    assert report[0].jobs[0].result.created
+
+
 def test_tick__nothing_due_touches_no_task() -> None:
     handle = hourly("t.idle")
     scheduler, state, clock = build(handle)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -137,6 +139,41 @@ AHEAD_CHUNK = 500
 AHEAD_BUFFERED = 20
 
 
+#: The GIL's switch interval while rows are made ahead. At the default 5 ms, the thread making
+#: rows held the GIL for up to 5 ms each time the round's thread had a result to read, and a
+#: 1,000-task round took 119 ms; at 0.5 ms it took 98 (median of 9, both twice). It is set back
+#: once no rows are being made ahead.
+AHEAD_SWITCH_INTERVAL = 0.0005
+
+_switching = threading.Lock()
+_making = 0
+#: The interval to set back, and the one set (as read back), while any rows are made.
+_interval_before: float | None = None
+_interval_set = 0.0
+
+
+@contextmanager
+def _short_switches() -> Iterator[None]:
+    """``AHEAD_SWITCH_INTERVAL`` while any ``Ahead`` thread makes rows, unless it is shorter."""
+    global _making, _interval_before, _interval_set
+    with _switching:
+        if _making == 0 and sys.getswitchinterval() > AHEAD_SWITCH_INTERVAL:
+            _interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(AHEAD_SWITCH_INTERVAL)
+            _interval_set = sys.getswitchinterval()
+        _making += 1
+    try:
+        yield
+    finally:
+        with _switching:
+            _making -= 1
+            if _making == 0 and _interval_before is not None:
+                # Set back, unless somebody else set it meanwhile.
+                if sys.getswitchinterval() == _interval_set:
+                    sys.setswitchinterval(_interval_before)
+                _interval_before = None
+
+
 class _Failed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -166,6 +203,10 @@ class Ahead(Generic[T]):
         self._thread.start()
 
     def _make(self, sources: Sequence[Iterable[T]]) -> None:
+        with _short_switches():
+            self._make_each(sources)
+
+    def _make_each(self, sources: Sequence[Iterable[T]]) -> None:
         for index, source in enumerate(sources):
             chunk: list[T] = []
             try:

@@ -39,12 +39,14 @@ ON CONFLICT (name) DO NOTHING
 #: Compare-and-set every watermark of a round in one statement: a row moves only while it still
 #: holds the watermark the round planned from (re-checked after any concurrent update), and the
 #: names returned say which did. Run after the fence, inside the round's transaction. The rows
-#: come as one JSON array of ``[name, expected, watermark]`` (json, not jsonb: read once, never
-#: stored): psycopg builds arrays in Python, and 10,000 rows as objects were 2 MB of dicts.
-#: The function scan joins the task rows through their name index, whatever its row estimate.
+#: come as one JSON array of ``[name, expected, watermark]``: psycopg builds arrays in Python,
+#: and 10,000 rows as objects were 2 MB of dicts. As jsonb, parsed once: ``->>`` on json scans
+#: the element's text at each of its three reads (EXPLAIN ANALYZE: 24 against 20 ms at 1,000
+#: rows, 170 against 137 ms at 10,000). The function scan joins the task rows through their
+#: name index, whatever its row estimate.
 SWAP_WATERMARKS = f"""
 UPDATE {_TASK} AS t SET last_fired_at = (e->>2)::timestamptz
-FROM json_array_elements(%s::json) AS e
+FROM jsonb_array_elements(%s::jsonb) AS e
 WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>1)::timestamptz
 RETURNING t.name
 """

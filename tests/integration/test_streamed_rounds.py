@@ -79,7 +79,7 @@ def _reset() -> None:
 
 def _round(
     tasks: list[TaskHandle], monkeypatch: pytest.MonkeyPatch, *, stream: bool, late: bool = False
-) -> tuple[list[scheduler_module.Dispatched], list[bool]]:
+) -> tuple[scheduler_module.Report, list[bool]]:
     """One all-due round over ``tasks``, streamed or not; ``late``: two minutes late, with a
     tenth of the tasks paused meanwhile, so it also records dropped and paused occurrences."""
     with monkeypatch.context() as patch:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from ultimat3_jobs.db import AHEAD_BUFFERED, AHEAD_CHUNK, Ahead
+from ultimat3_jobs.db import AHEAD_BUFFERED, AHEAD_CHUNK, AHEAD_SWITCH_INTERVAL, Ahead
 
 
 def test_ahead__reads_each_source_whole_and_in_order() -> None:
@@ -74,3 +75,55 @@ def test_ahead__a_reader_that_lags_holds_a_bounded_number_of_rows_and_close_stop
     closing.join(5)
     assert not closing.is_alive(), "close() waits on a thread that never stops"
     assert not ahead._thread.is_alive()
+
+
+def test_ahead__switches_threads_often_while_rows_are_made_and_sets_it_back() -> None:
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    second_done = threading.Event()
+
+    def first() -> Iterator[int]:
+        seen.append(sys.getswitchinterval())
+        assert second_done.wait(5)
+        # The other one ended first: rows are still made here, so the interval stays short.
+        seen.append(sys.getswitchinterval())
+        yield 1
+
+    def second() -> Iterator[int]:
+        seen.append(sys.getswitchinterval())
+        yield 2
+
+    one: Ahead[int] = Ahead(first())
+    two: Ahead[int] = Ahead(second())
+    try:
+        assert list(two.rows(0)) == [2]
+        two.close()
+        second_done.set()
+        assert list(one.rows(0)) == [1]
+    finally:
+        one.close()
+        two.close()
+    assert seen == [AHEAD_SWITCH_INTERVAL] * 3
+    assert sys.getswitchinterval() == before
+
+
+def test_ahead__leaves_a_shorter_interval_alone() -> None:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(AHEAD_SWITCH_INTERVAL / 5)
+    try:
+        shorter = sys.getswitchinterval()
+        seen: list[float] = []
+
+        def rows() -> Iterator[int]:
+            seen.append(sys.getswitchinterval())
+            yield 1
+
+        ahead: Ahead[int] = Ahead(rows())
+        try:
+            assert list(ahead.rows(0)) == [1]
+        finally:
+            ahead.close()
+        assert seen == [shorter]
+        assert sys.getswitchinterval() == shorter
+    finally:
+        sys.setswitchinterval(before)

@@ -372,9 +372,13 @@ def main(argv: list[str] | None = None) -> None:
         "--child", choices=("round", "fresh", "loop", "big"), help=argparse.SUPPRESS
     )
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--without-celery", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        from .setup import django_ready
+        from .setup import django_ready, without_celery
+
+        if args.without_celery:
+            without_celery()
 
         # The fresh process runs on the schema the children before it migrated, as a
         # scheduler does: loading every migration would be memory of the benchmark's.
@@ -397,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in args.sizes
     ]
     fresh = [_child("--child", "fresh", "--n", str(n)) for n in args.sizes]
+    plain = [_child("--child", "fresh", "--n", str(n), "--without-celery") for n in args.sizes]
     other = procrastinate_periodic.measure(PROCRASTINATE_SIZE)
     loop = _child("--child", "loop", "--n", str(LOOP_SIZE))
     big = _child("--child", "big", "--n", str(args.big))
@@ -423,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     line("peak RSS (this timing process)", [f"{r['rss_mb']:.0f} MB" for r in rounds])
     line("peak RSS, a process arming + one round", [f"{r['rss_mb']:.0f} MB" for r in fresh])
     line("  of which Django and the app, set up", [f"{r['base_mb']:.0f} MB" for r in fresh])
+    line("the same, in a project without Celery", [f"{r['rss_mb']:.0f} MB" for r in plain])
+    line("  of which Django and the app, set up", [f"{r['base_mb']:.0f} MB" for r in plain])
     by_n = {r["n"]: r for r in rounds}
     if other is None:
         print("procrastinate: not installed (pip install -e '.[bench]')")

@@ -21,3 +21,18 @@ def peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def without_celery() -> None:
+    """Make Celery unimportable in this process, before Django is set up: the example project
+    then runs as a project without the celery extra (``testproject/__init__.py``), so a
+    measurement of its memory holds none of Celery's."""
+    import importlib.abc
+    import sys
+
+    class NoCelery(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            if name == "celery" or name.startswith("celery."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    sys.meta_path.insert(0, NoCelery())

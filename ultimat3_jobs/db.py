@@ -188,13 +188,22 @@ class Ahead(Generic[T]):
     the two cores work at once. ``sources`` are made in order, one after the other: the
     caller reads ``rows(0)`` first, then ``rows(1)``. At most ``AHEAD_BUFFERED`` chunks of
     ``AHEAD_CHUNK`` rows wait to be read, so a slow reader holds a bounded number of rows.
-    An error making them is raised by ``rows()``. ``close()`` stops the thread (within one
-    chunk) and waits for it.
+    ``chunk`` and ``buffered`` say otherwise for rows that are each a statement's worth. An
+    error making them is raised by ``rows()``. ``close()`` stops the thread (within one
+    chunk) and waits for it. Rows made by calling task functions may open database
+    connections, in that thread: ``closes_connections`` closes them when it ends.
     """
 
-    def __init__(self, *sources: Iterable[T]) -> None:
+    def __init__(
+        self,
+        *sources: Iterable[T],
+        chunk: int = AHEAD_CHUNK,
+        buffered: int = AHEAD_BUFFERED,
+        closes_connections: bool = False,
+    ) -> None:
+        self._chunk, self._closes_connections = chunk, closes_connections
         self._queues: list[queue.Queue[list[T] | _Failed | None]] = [
-            queue.Queue(AHEAD_BUFFERED) for _ in sources
+            queue.Queue(buffered) for _ in sources
         ]
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -203,8 +212,12 @@ class Ahead(Generic[T]):
         self._thread.start()
 
     def _make(self, sources: Sequence[Iterable[T]]) -> None:
-        with _short_switches():
-            self._make_each(sources)
+        try:
+            with _short_switches():
+                self._make_each(sources)
+        finally:
+            if self._closes_connections:
+                connections.close_all()  # This thread's alone: Django's are per thread.
 
     def _make_each(self, sources: Sequence[Iterable[T]]) -> None:
         for index, source in enumerate(sources):
@@ -212,7 +225,7 @@ class Ahead(Generic[T]):
             try:
                 for row in source:
                     chunk.append(row)
-                    if len(chunk) == AHEAD_CHUNK:
+                    if len(chunk) == self._chunk:
                         if not self._put(index, chunk):
                             return
                         chunk = []

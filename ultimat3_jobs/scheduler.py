@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
-
 from . import clock as default_clock
 from . import metrics, shutdown
 from .catchup import Decision
@@ -421,7 +419,9 @@ class Scheduler:
         lines, which that thread makes once every task has fired."""
         lines = self._dispatched_lines(plan.fired, ahead=False)
         watermarks = dict(plan.watermarks)  # Before the thread changes a failed task's.
-        planner: Ahead[Any] = Ahead(self._fire(deferred, plan), lines.tails or ())
+        planner: Ahead[Any] = Ahead(
+            self._fire(deferred, plan), lines.tails or (), closes_connections=True
+        )
         lines.made_by(planner, 1)
         occurrences = sum(len(task.decision.fire) for task in deferred)
         return Streamed(watermarks, planner.rows(0), occurrences), lines
@@ -430,20 +430,18 @@ class Scheduler:
         """The occurrences of the tasks ``deferred``, as each task's entries are made.
 
         Runs in a thread of its own (``db.Ahead``) while the round is written, so the task
-        functions use a database connection of that thread. A stop between two tasks keeps
-        the occurrences not reached for the next round, as a failure does.
+        functions use a database connection of that thread, closed when it ends. A stop
+        between two tasks keeps the occurrences not reached for the next round, as a failure
+        does.
         """
-        try:
-            for index, task in enumerate(deferred):
-                if not self._dispatching():
-                    for rest in deferred[index:]:
-                        first = rest.decision.fire[0][0]
-                        plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
-                        rest.step.next_due = first
-                    return
-                yield from fire_task(task.handle, task.watermark, task.decision, task.step, plan)
-        finally:
-            connections.close_all()  # Only this thread's, opened by task functions if any.
+        for index, task in enumerate(deferred):
+            if not self._dispatching():
+                for rest in deferred[index:]:
+                    first = rest.decision.fire[0][0]
+                    plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
+                    rest.step.next_due = first
+                return
+            yield from fire_task(task.handle, task.watermark, task.decision, task.step, plan)
 
     def _commit(self, plan: RoundPlan, streamed: Streamed | None) -> Enqueued | None:
         """The round's writes; None when another node leads or moved a watermark meanwhile."""

@@ -18,7 +18,7 @@ from django.db import DataError, IntegrityError, close_old_connections, connecti
 from . import clock as default_clock
 from . import history, jobstore, nodes, sql
 from .conf import Settings, get_settings
-from .db import database_now, dumps, instant_texts, instants_from_microseconds
+from .db import Ahead, database_now, dumps, instant_texts, instants_from_microseconds
 from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
@@ -201,15 +201,17 @@ class DatabaseState:
                 ignore_conflicts=True,
             )
             return
-        with connections[self.using].cursor() as cursor:
-            # In slices: one statement for 100,000 new tasks held their rows and their JSON
-            # text at once, the scheduler's peak of memory for the life of the process.
-            for start in range(0, len(handles), SYNC_SLICE):
-                rows = [
-                    {"name": handle.name, **_declaration(handle), "jobs": _job_names(handle)}
-                    for handle in handles[start : start + SYNC_SLICE]
-                ]
-                cursor.execute(sql.INSERT_TASKS, [dumps(rows)])
+        # In slices: one statement for 100,000 new tasks held their rows and their JSON text at
+        # once, the scheduler's peak of memory for the life of the process. Each slice is made
+        # in a thread (calling every task's function for its job names) while PostgreSQL
+        # inserts the one before: 100,000 new tasks took 4.0 s one after the other, 2.6 s so.
+        slices = Ahead(_new_task_slices(handles), chunk=1, buffered=2, closes_connections=True)
+        try:
+            with connections[self.using].cursor() as cursor:
+                for text in slices.rows(0):
+                    cursor.execute(sql.INSERT_TASKS, [text])
+        finally:
+            slices.close()
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         # A long IN list costs more to build and plan than reading every row does.
@@ -477,6 +479,16 @@ def _declared(handle: TaskHandle) -> tuple[str, str, str, int, str]:
 
 def _declaration(handle: TaskHandle) -> dict[str, Any]:
     return dict(zip(DECLARED, _declared(handle), strict=True))
+
+
+def _new_task_slices(handles: Sequence[TaskHandle]) -> Iterator[str]:
+    """``INSERT_TASKS``' rows for ``handles``, ``SYNC_SLICE`` to a statement, as JSON text."""
+    for start in range(0, len(handles), SYNC_SLICE):
+        rows = [
+            {"name": handle.name, **_declaration(handle), "jobs": _job_names(handle)}
+            for handle in handles[start : start + SYNC_SLICE]
+        ]
+        yield dumps(rows)
 
 
 def _job_names(handle: TaskHandle) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from ultimat3_jobs import state as state_module
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
@@ -193,6 +195,41 @@ def test_sync__records_declarations_marks_removed_and_spares_unchanged_functions
     assert not Task.objects.get(name="gone.task").declared
     state.sync([handle])  # a restart with the same declarations
     assert len(calls) == 1
+
+
+def _backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_sync__new_tasks_go_in_slice_by_slice_made_in_a_thread_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(state_module, "SYNC_SLICE", 3)
+    tasks = make_tasks(7, prefix="slice")
+    original = tasks[5].func
+    made_in: list[str] = []
+
+    def reading(occurrence: datetime) -> object:
+        made_in.append(threading.current_thread().name)
+        Job.objects.count()  # The database, from the thread making the rows.
+        return original(occurrence)
+
+    tasks[5].func = reading  # type: ignore[assignment]
+    backends = _backends()
+    with CaptureQueriesContext(connection) as queries:
+        DatabaseState(node_id="n", leader="sole").sync(tasks)
+    inserts = [q["sql"] for q in queries.captured_queries if "json_to_recordset" in q["sql"]]
+    assert len(inserts) == 3  # 3 + 3 + 1
+    stored = dict(Task.objects.filter(name__startswith="slice.").values_list("name", "jobs"))
+    assert stored == {task.name: ["demo.ping"] for task in tasks}
+    assert made_in == ["ultimat3-rows-ahead"]
+    # The connection the function opened in that thread was closed with it.
+    assert _backends() == backends
 
 
 @pytest.mark.django_db

@@ -202,16 +202,22 @@ class DatabaseState:
             )
             return
         # In slices: one statement for 100,000 new tasks held their rows and their JSON text at
-        # once, the scheduler's peak of memory for the life of the process. Each slice is made
-        # in a thread (calling every task's function for its job names) while PostgreSQL
-        # inserts the one before: 100,000 new tasks took 4.0 s one after the other, 2.6 s so.
-        slices = Ahead(_new_task_slices(handles), chunk=1, buffered=2, closes_connections=True)
+        # once, the scheduler's peak of memory for the life of the process. With more than one
+        # slice, each is made in a thread (calling every task's function for its job names)
+        # while PostgreSQL inserts the one before: 100,000 new tasks took 4.0 s one slice after
+        # the other, 2.6 s so.
+        texts: Iterable[str] = _new_task_slices(handles)
+        ahead = None
+        if len(handles) > SYNC_SLICE:
+            ahead = Ahead(texts, chunk=1, buffered=2, closes_connections=True)
+            texts = ahead.rows(0)
         try:
             with connections[self.using].cursor() as cursor:
-                for text in slices.rows(0):
+                for text in texts:
                     cursor.execute(sql.INSERT_TASKS, [text])
         finally:
-            slices.close()
+            if ahead is not None:
+                ahead.close()
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         # A long IN list costs more to build and plan than reading every row does.

@@ -8,7 +8,7 @@ RUN_STAMP := $(if $(wildcard $(STAMP)),$(STAMP),$(VENV)/.installed-run)
 # Tests run against $DATABASE_URL when set, else against a throwaway PostgreSQL cluster.
 WITH_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --)
 
-.PHONY: install run worker test lint unit soak bench clean
+.PHONY: install run worker test lint unit soak bench screenshot clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ test: lint
 
 soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
+
+# The README's screenshot of the tasks list, taken again by the quickstart's browser test.
+screenshot: $(STAMP)
+	ULTIMAT3_UPDATE_DOCS=1 $(WITH_PG) $(PY) -m pytest -q tests/browser/test_quickstart_browser.py
 
 bench: $(VENV)/.bench-installed
 	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)

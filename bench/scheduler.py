@@ -8,7 +8,9 @@
 - running loop: ``--tick-interval 0.1`` at N tasks due at one instant, from that instant until
   the round holding all N jobs has committed;
 - 100,000 tasks: start (first and warm) until the loop dispatches, an idle round, an all-due
-  round.
+  round;
+- memory: the peak RSS of a fresh process that arms N tasks and runs one all-due round, as
+  ``run_scheduler --once`` does, in the example project and again without Celery.
 
 Each measurement runs in its own process so peak RSS belongs to it. Run: ``python -m bench``.
 """

@@ -278,7 +278,7 @@ def insert_new(
     One COPY writes the first ``expected`` rows with ids reserved before it; the rows past
     them, if any, wait for a second reservation and COPY. None when a key exists: the COPY is
     rolled back to its savepoint and nothing is written; the caller writes the rows again with
-    ``insert_round``, which then reports the existing jobs. Workers are notified at commit.
+    ``insert_reporting``, which then reports the existing jobs. Workers are notified at commit.
     """
     enqueued: Enqueued = {}
     wakes: set[str] = set()

@@ -231,9 +231,6 @@ class _StdoutHandler(logging.StreamHandler):
 
     formatter: JsonFormatter | TextFormatter
 
-    def write_batch(self, level: str, event: str, rows: Iterable[dict[str, Any]]) -> None:
-        self.write_tails(level, event, self.tails(rows))
-
     def tails(self, rows: Iterable[dict[str, Any]]) -> Iterator[str | dict[str, Any]]:
         """Each line's own part, its fields encoded: all of a line but its ts, level and
         event. Fields that take the place of those stay a dict, for a line of their own."""

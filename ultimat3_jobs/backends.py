@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +203,7 @@ def announce(backend: JobsBackend, task: Task, job_id: int) -> None:
         task_enqueued.send(type(backend), task_result=result_of(job, task, backend.alias))
 
 
-def announce_round(rows: list[dict[str, Any]], enqueued: dict[str, tuple[int, bool]]) -> None:
+def announce_round(rows: list[dict[str, Any]], enqueued: Mapping[str, tuple[int, bool]]) -> None:
     """``task_enqueued`` for the Django Task rows a committed scheduler round created."""
     from .models import Job
 

@@ -69,7 +69,14 @@ def dumps(value: Any) -> str:
     try:
         return orjson.dumps(value).decode()
     except TypeError:
-        return json.dumps(value, default=datetime.isoformat)
+        return json.dumps(value, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, orjson.Fragment):
+        # A job's input already made JSON text (``planner.input_texts``).
+        return json.loads(orjson.dumps(value))
+    return datetime.isoformat(value)
 
 
 def json_rows(rows: Sequence[dict[str, Any]]) -> str:
@@ -132,6 +139,27 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
         connection.queries_log.append(
             {"sql": " ".join(statement.split()), "time": f"{time.monotonic() - start:.3f}"}
         )
+
+
+def execute_bound(using: str, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """One statement and its rows, its parameters sent apart from its text (psycopg's
+    server-side binding), on Django's connection, in the caller's transaction.
+
+    Django's cursors bind on the client: a parameter is escaped into the statement's text,
+    which at a round's 10,000 watermarks was 1.3 MB more at the round's peak, made again in
+    the text, its bytes and the message. Logged as ``copy_rows`` logs.
+    """
+    connection = connections[using]
+    connection.ensure_connection()
+    start = time.monotonic()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(statement, params)
+        rows = cursor.fetchall()
+    if connection.queries_logged:
+        connection.queries_log.append(
+            {"sql": " ".join(statement.split()), "time": f"{time.monotonic() - start:.3f}"}
+        )
+    return rows
 
 
 #: Rows ``Ahead`` hands over at a time, and chunks it makes before they are read.

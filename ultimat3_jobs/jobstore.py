@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import (
@@ -41,11 +42,30 @@ if TYPE_CHECKING:
     from .registry import JobHandle
 
 #: key -> (job id, created)
-Enqueued = dict[str, tuple[int, bool]]
+Enqueued = Mapping[str, tuple[int, bool]]
 
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 #: Orphaned jobs recovered per pass; the rest wait for the next pass.
 RECOVER_BATCH = 1000
+
+
+class Copied(Mapping[str, tuple[int, bool]]):
+    """The jobs one COPY created, ``Enqueued`` without a tuple per job until one is read: at
+    10,000 jobs, half a megabyte less for the rest of the round."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> tuple[int, bool]:
+        return self.ids[key], True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(slots=True)
@@ -71,7 +91,7 @@ class Recovered:
 
 def job_fields(
     handle: JobHandle,
-    data: dict[str, Any],
+    data: dict[str, Any] | orjson.Fragment,
     *,
     key: str,
     run_at: datetime | None,
@@ -280,7 +300,8 @@ def insert_new(
     rolled back to its savepoint and nothing is written; the caller writes the rows again with
     ``insert_reporting``, which then reports the existing jobs. Workers are notified at commit.
     """
-    enqueued: Enqueued = {}
+    enqueued = Copied()
+    created = enqueued.ids
     wakes: set[str] = set()
     beyond: list[tuple[Any, ...]] = []
 
@@ -291,7 +312,7 @@ def insert_new(
             if pk is None:
                 beyond.append(row)
                 continue
-            enqueued[row[_KEY]] = (pk, True)
+            created[row[_KEY]] = pk
             wakes.add(wake_payload(row[_QUEUE], row[_RELAY]))
             yield (pk, *row)
 
@@ -329,7 +350,7 @@ def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> 
 
 def scheduled_row(
     handle: JobHandle,
-    data: dict[str, Any],
+    data: dict[str, Any] | orjson.Fragment,
     *,
     key: str,
     task: str,

@@ -441,7 +441,9 @@ class Scheduler:
                     plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
                     rest.step.next_due = first
                 return
-            yield from fire_task(task.handle, task.watermark, task.decision, task.step, plan)
+            yield from fire_task(
+                task.handle, task.watermark, task.decision, task.step, plan, as_text=True
+            )
 
     def _commit(self, plan: RoundPlan, streamed: Streamed | None) -> Enqueued | None:
         """The round's writes; None when another node leads or moved a watermark meanwhile."""

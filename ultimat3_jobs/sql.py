@@ -38,17 +38,32 @@ ON CONFLICT (name) DO NOTHING
 
 #: Compare-and-set every watermark of a round in one statement: a row moves only while it still
 #: holds the watermark the round planned from (re-checked after any concurrent update), and the
-#: names returned say which did. Run after the fence, inside the round's transaction. The rows
-#: come as one JSON array of ``[name, expected, watermark]``: psycopg builds arrays in Python,
-#: and 10,000 rows as objects were 2 MB of dicts. As jsonb, parsed once: ``->>`` on json scans
-#: the element's text at each of its three reads (EXPLAIN ANALYZE: 24 against 20 ms at 1,000
-#: rows, 170 against 137 ms at 10,000). The function scan joins the task rows through their
-#: name index, whatever its row estimate.
+#: count returned says whether every row did. Run after the fence, inside the round's
+#: transaction. The rows come as one JSON array of ``[name, expected, watermark]``: psycopg
+#: builds arrays in Python, and 10,000 rows as objects were 2 MB of dicts. As jsonb, parsed
+#: once: ``->>`` on json scans the element's text at each of its three reads (EXPLAIN ANALYZE:
+#: 24 against 20 ms at 1,000 rows, 170 against 137 ms at 10,000). The function scan joins the
+#: task rows through their name index, whatever its row estimate. A count rather than the
+#: names: at 10,000 rows those were 1.7 MB of tuples and strings read back for nothing.
 SWAP_WATERMARKS = f"""
-UPDATE {_TASK} AS t SET last_fired_at = (e->>2)::timestamptz
-FROM jsonb_array_elements(%s::jsonb) AS e
-WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>1)::timestamptz
-RETURNING t.name
+WITH swapped AS (
+    UPDATE {_TASK} AS t SET last_fired_at = (e->>2)::timestamptz
+    FROM jsonb_array_elements(%s::jsonb) AS e
+    WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>1)::timestamptz
+    RETURNING 1
+)
+SELECT count(*) FROM swapped
+"""
+
+#: After a ``SWAP_WATERMARKS`` that did not move every row, in its transaction: a task of its
+#: rows that does not hold the new watermark, to name in the log.
+UNSWAPPED_WATERMARK = f"""
+SELECT e->>0 FROM jsonb_array_elements(%s::jsonb) AS e
+WHERE NOT EXISTS (
+    SELECT FROM {_TASK} AS t
+    WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>2)::timestamptz
+)
+LIMIT 1
 """
 
 #: Watermarks set without a comparison, on rows the round's compare-and-set has locked.

@@ -13,12 +13,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+import orjson
 from django.db import DataError, IntegrityError, close_old_connections, connections, transaction
+from psycopg.types.json import Jsonb
 
 from . import clock as default_clock
 from . import history, jobstore, nodes, sql
 from .conf import Settings, get_settings
-from .db import Ahead, database_now, dumps, instant_texts, instants_from_microseconds
+from .db import (
+    Ahead,
+    database_now,
+    dumps,
+    execute_bound,
+    instant_texts,
+    instants_from_microseconds,
+)
 from .errors import TaskSyncError
 from .jobstore import Enqueued
 from .logs import emit
@@ -341,12 +350,15 @@ class DatabaseState:
         if connections[self.using].vendor == "postgresql":
             text = instant_texts()
             rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(sql.SWAP_WATERMARKS, [dumps(rows)])
-                swapped = {name for (name,) in cursor.fetchall()}
-            if len(swapped) != len(rows):
+            [(swapped,)] = execute_bound(
+                self.using, sql.SWAP_WATERMARKS, [Jsonb(rows, orjson.dumps)]
+            )
+            if swapped != len(rows):
                 # The transaction rolls back: no watermark moves, no job is written.
-                raise WatermarkMoved(next(name for name in watermarks if name not in swapped))
+                with connections[self.using].cursor() as cursor:
+                    cursor.execute(sql.UNSWAPPED_WATERMARK, [dumps(rows)])
+                    found = cursor.fetchone()
+                raise WatermarkMoved(found[0] if found else next(iter(watermarks)))
             return
         names = list(watermarks)
         tasks = Task.objects.using(self.using)

@@ -49,7 +49,7 @@ class MemoryState:
                     raise WatermarkMoved(name)
             if plan.skip_overlap:
                 skip_overlaps(plan, self._busy(plan.skip_overlap))
-            enqueued: Enqueued = {}
+            enqueued: dict[str, tuple[int, bool]] = {}
             for fired in plan.fired:
                 for planned in fired.jobs:
                     created = planned.key not in self.jobs

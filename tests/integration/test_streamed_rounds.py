@@ -215,6 +215,8 @@ def test_streamed_round__a_key_already_there_is_reported_and_the_rest_written(
     assert (results[tasks[3].name].created, results[tasks[3].name].job_id) == (False, existing.pk)
     assert sum(result.created for result in results.values()) == COUNT - 1
     assert Job.objects.count() == COUNT
+    # Written again from the inputs the round kept as text.
+    assert all(value == data for value in Job.objects.values_list("input", flat=True))
     record = Occurrence.objects.get(task=tasks[3].name)
     assert record.jobs == [{"job": "demo.ping", "key": key, "created": False}]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,7 +11,7 @@ from ultimat3_jobs import Entry, job, task
 from ultimat3_jobs.clock import ONE_MS
 from ultimat3_jobs.cron import next_occurrence
 from ultimat3_jobs.planner import RoundPlan, TaskStep, plan_task
-from ultimat3_jobs.registry import TaskHandle
+from ultimat3_jobs.registry import JobHandle, TaskHandle
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -77,3 +78,41 @@ def test_plan_task__failing_entries_keep_the_occurrence_for_the_next_round() -> 
     assert step.next_due == T0
     assert result.fired == []
     assert result.watermarks["p.fails"] == (watermark, T0 - ONE_MS)
+
+
+def test_input_texts__inputs_become_their_json_text_but_a_tasks_backends_keep_their_dict() -> None:
+    import orjson
+
+    from ultimat3_jobs.db import dumps
+    from ultimat3_jobs.planner import PlannedJob, input_texts
+
+    own = PlannedJob(record, {"label": "x", "n": 2**70}, "k1")
+    tasks_backend = PlannedJob(record, {"label": "y"}, "k2")
+    tasks_backend.job = JobHandle(record.func, name="p.other", key=None, max_attempts=1, queue="q")
+    tasks_backend.job.backend = "other"
+    input_texts([own, tasks_backend])
+    assert isinstance(own.data, orjson.Fragment)
+    # Past orjson's 64-bit integers too, embedded as JSON rather than as a string, whichever
+    # encoder writes the rest.
+    for rest in ("text", 2**70):
+        written = json.loads(dumps({"input": own.data, "rest": rest}))
+        assert written == {"input": {"label": "x", "n": 2**70}, "rest": rest}
+    assert tasks_backend.data == {"label": "y"}
+
+
+def test_fire_task__as_text_keeps_each_input_as_the_text_of_what_the_function_returned() -> None:
+    from ultimat3_jobs.catchup import decide
+    from ultimat3_jobs.db import dumps
+    from ultimat3_jobs.planner import fire_task
+
+    handle = hourly("planner.as-text")
+    watermark = T0 - timedelta(minutes=30)
+    decision = decide(
+        handle.next_after, policy="skip", max_catch_up=10, watermark=watermark, now=T0,
+        misfire_grace=GRACE,
+    )  # fmt: skip
+    result = RoundPlan(now=T0)
+    [fired] = fire_task(handle, watermark, decision, TaskStep(T0), result, as_text=True)
+    [planned] = fired.jobs
+    assert dumps(planned.data) == dumps({"label": T0.isoformat()})
+    assert result.fired == [fired]

@@ -294,8 +294,9 @@ class Scheduler:
         started = time.perf_counter()
         states = self.state.load(names)
         plan = RoundPlan(now=now, database=getattr(self.state, "using", None))
-        reschedule: dict[str, datetime] = {}
-        steps: list[tuple[TaskHandle, TaskStep]] = []
+        # Per name of ``names``, what planning it did; None for a task not reached, due again
+        # now. A list beside the names: a tuple per task was 0.6 MB at 10,000 tasks.
+        steps: list[TaskStep | None] = []
         missing = False
         renew_every = getattr(self.leader, "renew_every", None)
         renewed = time.monotonic()
@@ -315,7 +316,7 @@ class Scheduler:
             # Re-read per task: a stop between two tasks means stop now. A task not reached
             # keeps its watermark and fires next time.
             if not self._dispatching() or stored is None:
-                reschedule[name] = now
+                steps.append(None)
                 missing = missing or stored is None
                 continue
             handle = handles[name]
@@ -335,7 +336,7 @@ class Scheduler:
                 # Planning writes to the plan only once its decision stands, so a task whose
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
                 step = TaskStep(now, failed=(None, error))
-            steps.append((handle, step))
+            steps.append(step)
         planned = time.perf_counter()
         # The lines saying what fired are made while the round commits (after skip_overlaps,
         # which may take occurrences out of it) and written once it has.
@@ -358,11 +359,9 @@ class Scheduler:
             return NOTHING
         committed = time.perf_counter()
         metrics.recorded(plan.records)
-        for name, at in reschedule.items():
-            self._set_due(name, at)
-        for handle, step in steps:
-            self._set_due(handle.name, step.next_due)
-        self._log_steps(steps)
+        for name, planned_step in zip(names, steps, strict=True):
+            self._set_due(name, now if planned_step is None else planned_step.next_due)
+        self._log_steps(handles, names, steps)
         for record in plan.records:
             if record.outcome == "overlap":
                 emit(
@@ -474,30 +473,34 @@ class Scheduler:
         )
         return Lines(per_task, "jobs.scheduler.dispatched", rows, ahead=ahead)
 
-    def _log_steps(self, steps: list[tuple[TaskHandle, TaskStep]]) -> None:
+    def _log_steps(
+        self, handles: dict[str, TaskHandle], names: list[str], steps: list[TaskStep | None]
+    ) -> None:
         iso = instant_texts()
         emit_many(
             per_task,
             "jobs.scheduler.armed",
             (
-                {"task": handle.name, "next": iso(step.next_due)}
-                for handle, step in steps
-                if step.armed
+                {"task": name, "next": iso(step.next_due)}
+                for name, step in zip(names, steps, strict=True)
+                if step is not None and step.armed
             ),
         )
-        for handle, step in steps:
+        for name, step in zip(names, steps, strict=True):
+            if step is None:
+                continue
             if step.dropped is not None:
                 emit(
                     logger,
                     "jobs.scheduler.dropped",
-                    task=handle.name,
+                    task=name,
                     first=step.dropped.first,
                     last=step.dropped.last,
                     count=step.dropped.count,
-                    catch_up=handle.catch_up,
+                    catch_up=handles[name].catch_up,
                 )
             if step.failed is not None:
-                self._task_failed(handle.name, *step.failed)
+                self._task_failed(name, *step.failed)
 
     def _task_failed(self, name: str, occurrence: datetime | None, error: Exception) -> None:
         fields = failure_fields(error)

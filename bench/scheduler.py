@@ -4,7 +4,8 @@
 - ours: the round ``run_scheduler --once`` runs with all N tasks due (after arming), timed
   inside the process with the JSON log lines written (to /dev/null), its statements counted;
 - procrastinate: its periodic deferrer deferring one minute of N periodic tasks (procrastinate
-  3.x, psycopg connector), on the same cluster in a database of its own;
+  3.x, psycopg connector), on the same cluster in a database of its own, the median of five
+  minutes in a row;
 - running loop: ``--tick-interval 0.1`` at N tasks due at one instant, from that instant until
   the round holding all N jobs has committed;
 - 100,000 tasks: start (first and warm) until the loop dispatches, an idle round, an all-due
@@ -439,9 +440,11 @@ def main(argv: list[str] | None = None) -> None:
         ours = by_n.get(other["n"])
         versus = f"; ours {ours['due_s'] / other['s'] * 100:.1f}% of it, " if ours else ""
         speedup = f"{other['s'] / ours['due_s']:.0f}x faster" if ours else ""
+        spread = f"{_ms(min(other['runs']))}-{_ms(max(other['runs']))}"
         print(
             f"procrastinate {other['version']} periodic deferrer, one minute of "
-            f"N={other['n']:,} periodic tasks: {_ms(other['s'])}{versus}{speedup}"
+            f"N={other['n']:,} periodic tasks: {_ms(other['s'])} (median of "
+            f"{len(other['runs'])} minutes, {spread}){versus}{speedup}"
         )
     print(
         f"running loop (--tick-interval {TICK}), N={loop['n']:,} due at one instant: "

@@ -119,6 +119,17 @@ class Report(Sequence[Dispatched]):
 NOTHING = Report([], {})
 
 
+def _counted(
+    fired: list[PlannedOccurrence], enqueued: Enqueued
+) -> Iterator[tuple[str, datetime, int, int]]:
+    """Each occurrence as ``metrics.dispatched`` counts it: task, instant, jobs, created."""
+    for f in fired:
+        if len(f.jobs) == 1:
+            yield f.task, f.occurrence, 1, enqueued[f.jobs[0].key][1]
+        else:
+            yield f.task, f.occurrence, len(f.jobs), sum(enqueued[p.key][1] for p in f.jobs)
+
+
 class Scheduler:
     """Rounds, leadership, drain. State, clock, leader and task list are injected.
 
@@ -159,15 +170,19 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._release_hook: Callable[[], None] | None = None
-        # Next due instant per task, and a heap over it: a round with nothing due pops nothing
-        # and touches no task. None until built from the watermarks on taking leadership.
+        # Next due instant per task, the tasks due at each instant, and a heap of those
+        # instants: a round with nothing due pops nothing and touches no task, and tasks that
+        # share a schedule share one instant (at 10,000 tasks, one heap entry rather than
+        # 10,000 tuples, each popped through comparisons of their names). None until built
+        # from the watermarks on taking leadership.
         self._due: dict[str, datetime] | None = None
         #: The instant the last leader round dispatched up to.
         self._round_at: datetime | None = None
         self._due_for: dict[str, TaskHandle] | None = None
         self._synced_for: dict[str, TaskHandle] | None = None
         self._refused: dict[str, Exception] = {}
-        self._heap: list[tuple[datetime, str]] = []
+        self._heap: list[datetime] = []
+        self._due_at: dict[datetime, list[str]] = {}
         self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
         self._stopped = threading.Event()
 
@@ -190,7 +205,12 @@ class Scheduler:
     def _set_due(self, name: str, at: datetime) -> None:
         assert self._due is not None
         self._due[name] = at
-        heapq.heappush(self._heap, (at, name))
+        names = self._due_at.get(at)
+        if names is None:
+            self._due_at[at] = [name]
+            heapq.heappush(self._heap, at)
+        else:
+            names.append(name)
 
     def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
         """Every task's next due instant from the stored watermarks: one read.
@@ -220,17 +240,22 @@ class Scheduler:
                 # Planning it fails it alone, logged, like any task-specific error.
                 due[name] = now
         self._due, self._due_for = due, handles
-        self._heap = [(at, name) for name, at in due.items()]
+        self._due_at = {}
+        for name, at in due.items():
+            self._due_at.setdefault(at, []).append(name)
+        self._heap = list(self._due_at)
         heapq.heapify(self._heap)
 
     def _pop_due(self, now: datetime) -> list[str]:
         assert self._due is not None
         names: list[str] = []
-        while self._heap and self._heap[0][0] <= now:
-            at, name = heapq.heappop(self._heap)
-            if self._due.get(name) == at:
-                del self._due[name]
-                names.append(name)
+        while self._heap and self._heap[0] <= now:
+            at = heapq.heappop(self._heap)
+            for name in self._due_at.pop(at):
+                # A task moved to another instant since (or listed twice) is not due here.
+                if self._due.get(name) == at:
+                    del self._due[name]
+                    names.append(name)
         return names
 
     # -- one round ------------------------------------------------------------------------------
@@ -373,13 +398,7 @@ class Scheduler:
                     count=record.span.count,
                     detail=record.detail,
                 )
-        metrics.dispatched(
-            (
-                (f.task, f.occurrence, len(f.jobs), sum(enqueued[p.key][1] for p in f.jobs))
-                for f in plan.fired
-            ),
-            self.clock(),
-        )
+        metrics.dispatched(_counted(plan.fired, enqueued), self.clock())
         # One line per occurrence, written after the commit so it never delays the jobs.
         (lines or self._dispatched_lines(plan.fired, ahead=False)).write()
         if missing:
@@ -609,7 +628,7 @@ class Scheduler:
         """
         if not self.is_leader or self._due is None or not self._heap:
             return float("inf")
-        at = self._heap[0][0]
+        at = self._heap[0]
         if self._round_at is not None and at <= self._round_at:
             return float("inf")  # Due again at once: a retry, which waits out the gap.
         return max((at - self.clock()).total_seconds(), 0.0) + WAKE_MARGIN

@@ -635,3 +635,25 @@ def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() 
         assert len(scheduler.tick()) == count
         assert set(seen) == {not paused}
         assert gc.isenabled()
+
+
+def test_tick__tasks_due_at_one_instant_share_one_heap_entry_and_fire_in_declared_order() -> None:
+    names = [f"t.shared-{i}" for i in (3, 1, 2)]
+    handles = [hourly(name) for name in names]
+    scheduler, _, clock = build(*handles)
+    scheduler.tick()  # arms all three at 01:00
+    assert scheduler._heap == [datetime(2026, 6, 1, 1, tzinfo=UTC)]
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    assert [d.task for d in scheduler.tick()] == names
+    assert scheduler._heap == [datetime(2026, 6, 1, 2, tzinfo=UTC)]
+
+
+def test_tick__a_task_moved_to_another_instant_is_not_due_at_its_old_one() -> None:
+    early, moved = hourly("t.early"), hourly("t.moved")
+    scheduler, _, clock = build(early, moved)
+    scheduler.tick()
+    later = datetime(2026, 6, 1, 1, 30, tzinfo=UTC)
+    scheduler._set_due("t.moved", later)  # as a round that reschedules it does
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    assert [d.task for d in scheduler.tick()] == ["t.early"]
+    assert scheduler._due is not None and scheduler._due["t.moved"] == later

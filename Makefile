@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(if $(wildcard $(STAMP)),$(STAMP),$(VENV)/.installed-run)
 # Tests run against $DATABASE_URL when set, else against a throwaway PostgreSQL cluster.
 WITH_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --)
+# The benchmarks time commits: their cluster flushes each one to disk, as production does.
+WITH_DURABLE_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --durable --)
 
 .PHONY: install run worker test lint unit soak bench screenshot clean
 
@@ -55,7 +57,7 @@ screenshot: $(STAMP)
 	ULTIMAT3_UPDATE_DOCS=1 $(WITH_PG) $(PY) -m pytest -q tests/browser/test_quickstart_browser.py
 
 bench: $(VENV)/.bench-installed
-	$(WITH_PG) $(PY) -m bench $(BENCH_ARGS)
+	$(WITH_DURABLE_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3 .test-sqlite.db .pytest_cache .mypy_cache .ruff_cache

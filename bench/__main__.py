@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from . import scheduler
+from . import scheduler, setup
 
 
 def main() -> None:
+    print(setup.server_line())
     scheduler.main(sys.argv[1:] or None)
     try:
         from . import worker

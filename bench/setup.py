@@ -17,6 +17,19 @@ def django_ready(*, migrate: bool = True) -> None:
         call_command("migrate", verbosity=0, interactive=False)
 
 
+def server_line() -> str:
+    """The server the benchmarks run on, with the settings that decide what a commit costs."""
+    import psycopg
+
+    url = os.environ["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(url) as conn:
+        version, fsync, synchronous = conn.execute(
+            "SELECT current_setting('server_version'), current_setting('fsync'), "
+            "current_setting('synchronous_commit')"
+        ).fetchone() or ("?", "?", "?")
+    return f"PostgreSQL {version}, fsync={fsync}, synchronous_commit={synchronous}"
+
+
 def peak_rss_mb() -> float:
     import resource
 

@@ -1,11 +1,15 @@
 """Run a command against a throwaway PostgreSQL cluster.
 
-    python scripts/throwaway_postgres.py -- COMMAND [ARGS...]
+    python scripts/throwaway_postgres.py [--durable] -- COMMAND [ARGS...]
 
 
 The cluster lives in a temporary directory, listens on a free loopback port with trust auth, and
 is stopped and deleted when the command ends. ``DATABASE_URL`` is exported to the command. As
 root, the server runs as the ``postgres`` user, because PostgreSQL refuses to run as root.
+
+It runs with ``fsync=off``, which the tests can afford, unless ``--durable``: then with
+PostgreSQL's default, every commit flushed to disk, as in production. The benchmarks time
+commits, so they use it.
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ def _chown_to_server_user(path: str) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    if "--" not in argv:
-        print("usage: throwaway_postgres.py -- COMMAND [ARGS...]", file=sys.stderr)
+    if "--" not in argv or set(argv[: argv.index("--")]) - {"--durable"}:
+        print("usage: throwaway_postgres.py [--durable] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
+    durable = "--durable" in argv[: argv.index("--")]
     command = list(argv[argv.index("--") + 1 :])
     for tool in ("initdb", "pg_ctl"):
         if shutil.which(tool) is None:
@@ -61,9 +66,9 @@ def main(argv: Sequence[str]) -> int:
         check=True,
         **quiet,  # type: ignore[arg-type]
     )
-    options = (
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
-    )
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    if not durable:
+        options += " -c fsync=off"
     log = os.path.join(root, "server.log")
     subprocess.run(
         _as_server_user(["pg_ctl", "-D", data, "-l", log, "-o", options, "-w", "start"]),

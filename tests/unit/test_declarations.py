@@ -288,3 +288,13 @@ def test_task__dst_options_are_checked_at_declaration_and_drive_its_runs() -> No
         "2026-11-02T06:30:00+00:00",
     ]
     assert both.describe()["dst_repeat"] == "both"
+
+
+def test_task__its_doc_is_its_functions_and_the_class_keeps_its_own() -> None:
+    @task(cron="0 3 * * *", tz="UTC", name="t.documented")
+    def nightly(occurrence: datetime) -> list[Entry]:
+        """Mail the nightly digest."""
+        return []
+
+    assert nightly.__doc__ == "Mail the nightly digest."
+    assert TaskHandle.__doc__ is not None and TaskHandle.__doc__.startswith("A named cron")

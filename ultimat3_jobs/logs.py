@@ -134,6 +134,9 @@ def _jsonable(value: Any) -> Any:
 #: Lines per write of a batch: few writes, and never a round's worth of text held at once.
 BATCH_LINES = 1000
 
+#: Lines whose own parts ``_StdoutHandler.tails`` joins into one text.
+TAILS_JOINED = 100
+
 #: Keys every JSON line starts with; a field of the same name takes their place.
 RESERVED = frozenset({"ts", "level", "event"})
 
@@ -233,15 +236,30 @@ class _StdoutHandler(logging.StreamHandler):
 
     def tails(self, rows: Iterable[dict[str, Any]]) -> Iterator[str | dict[str, Any]]:
         """Each line's own part, its fields encoded: all of a line but its ts, level and
-        event. Fields that take the place of those stay a dict, for a line of their own."""
+        event. The parts of up to ``TAILS_JOINED`` lines come as one text, joined by newlines,
+        which no part holds (values are written as JSON): at 10,000 lines made ahead, 0.5 MB
+        less than a text each. Fields that take the place of those stay a dict, for a line of
+        their own, as do fields whose part would hold a newline."""
         json_lines = isinstance(self.formatter, JsonFormatter)
+        run: list[str] = []
         for fields in rows:
-            if not fields or RESERVED.intersection(fields):
+            part = None
+            if fields and not RESERVED.intersection(fields):
+                if json_lines:
+                    part = _encode_fields(fields)[1:]
+                else:
+                    part = "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
+            if part is not None and "\n" not in part:
+                run.append(part)
+                if len(run) < TAILS_JOINED:
+                    continue
+            if run:
+                yield "\n".join(run)
+                run = []
+            if part is None or "\n" in part:
                 yield fields
-            elif json_lines:
-                yield _encode_fields(fields)[1:]
-            else:
-                yield "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
+        if run:
+            yield "\n".join(run)
 
     def write_tails(self, level: str, event: str, tails: Iterable[str | dict[str, Any]]) -> None:
         # The lines of a batch are written at one instant and share their ts, level and event:
@@ -250,14 +268,19 @@ class _StdoutHandler(logging.StreamHandler):
         head = line(time.time(), level, event, {})
         if isinstance(self.formatter, JsonFormatter):
             head = head[:-1] + ", "
-        parts = []
+        parts: list[str] = []
+        lines = 0
         for tail in tails:
             if isinstance(tail, str):
-                parts.append(head + tail)
+                # The parts of several lines, each given the head.
+                parts.append(head + tail.replace("\n", "\n" + head))
+                lines += tail.count("\n") + 1
             else:
                 parts.append(line(time.time(), level, event, tail))
-            if len(parts) == BATCH_LINES:
+                lines += 1
+            if lines >= BATCH_LINES:
                 self._write(parts)
+                lines = 0
         self._write(parts)
 
     def _write(self, parts: list[str]) -> None:

@@ -92,6 +92,8 @@ def test_emit_many__writes_the_lines_emit_would(
         {"task": "t.a", "occurrence": occurrence, "jobs": ["a"], "catch_up": False},
         {},
         {"ts": "a field named like a key of the line", "n": 1},
+        {"task": "t.b", "detail": "two\nlines"},
+        {"task": "t.c"},
     ]
     for fields in rows:
         emit(logger, "jobs.scheduler.dispatched", **fields)
@@ -100,15 +102,15 @@ def test_emit_many__writes_the_lines_emit_would(
     assert len(lines) == 2 * len(rows)
     if fmt == "json":
         payloads = [json.loads(line) for line in lines]
-        one, batch = payloads[:3], payloads[3:]
+        one, batch = payloads[: len(rows)], payloads[len(rows) :]
         for payload in payloads:
             if payload["ts"] != rows[2]["ts"]:
                 payload.pop("ts")
         assert batch == one
         assert batch[0]["occurrence"] == "2026-03-08T07:00:00+00:00"
     else:
-        assert [line.split(" ", 1)[1] for line in lines[3:]] == [
-            line.split(" ", 1)[1] for line in lines[:3]
+        assert [line.split(" ", 1)[1] for line in lines[len(rows) :]] == [
+            line.split(" ", 1)[1] for line in lines[: len(rows)]
         ]
 
 
@@ -150,6 +152,7 @@ def test_lines__made_ahead_are_the_lines_emit_many_writes(
         {"task": f"t.{n}", "occurrence": "2026-03-08T07:00:00+00:00", "jobs": ["a"]}
         for n in range(1200)  # More than a batch, and more than a chunk made ahead.
     ] + [{}, {"level": "a field named like a key of the line"}]
+    rows.insert(150, {"event": "a line of its own amid lines joined"})
     emit_many(logger, "jobs.scheduler.dispatched", rows)
     lines = Lines(logger, "jobs.scheduler.dispatched", iter(rows), ahead=True)
     assert lines._ahead is not None

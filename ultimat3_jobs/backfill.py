@@ -185,7 +185,7 @@ def run(
     rows = [
         jobstore.job_fields(
             job.job,
-            job.data,
+            job.row_input(),
             key=job.key,
             run_at=None,
             queue=None,

@@ -73,7 +73,7 @@ def dumps(value: Any) -> str:
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, orjson.Fragment):
-        # A job's input already made JSON text (``planner.input_texts``).
+        # A job's input kept as its JSON text (``PlannedJob.row_input``).
         return json.loads(orjson.dumps(value))
     return datetime.isoformat(value)
 

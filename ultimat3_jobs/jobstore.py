@@ -350,7 +350,7 @@ def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> 
 
 def scheduled_row(
     handle: JobHandle,
-    data: dict[str, Any] | orjson.Fragment,
+    data: dict[str, Any] | str,
     *,
     key: str,
     task: str,
@@ -364,7 +364,8 @@ def scheduled_row(
     round makes them by the ten thousand): the same defaults, the same columns."""
     queue, max_attempts, status = _defaults(handle, None, config)
     when = at(now)
-    return (handle.name, key, dumps(data), status, queue, 0, max_attempts, when, when, "", task,
+    text = data if isinstance(data, str) else dumps(data)
+    return (handle.name, key, text, status, queue, 0, max_attempts, when, when, "", task,
             at(occurrence), catch_up, "scheduler", "", handle.priority, handle.backend,
             handle.relay)  # fmt: skip
 

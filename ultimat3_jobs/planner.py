@@ -28,8 +28,12 @@ from .registry import KEY_LIMIT, JobHandle, TaskHandle, check_columns
 class PlannedJob:
     job: JobHandle
     #: The input, or its JSON text (``input_texts``).
-    data: dict[str, Any] | orjson.Fragment
+    data: dict[str, Any] | str
     key: str
+
+    def row_input(self) -> dict[str, Any] | orjson.Fragment:
+        """The input as a job row's fields take it: kept as text, it goes in as that JSON."""
+        return orjson.Fragment(self.data) if isinstance(self.data, str) else self.data
 
 
 @dataclass(slots=True)
@@ -211,7 +215,7 @@ def input_texts(planned: Sequence[PlannedJob]) -> None:
     that backend is handed after commit."""
     for p in planned:
         if not p.job.backend:
-            p.data = orjson.Fragment(dumps(p.data))
+            p.data = dumps(p.data)
 
 
 def fire_task(

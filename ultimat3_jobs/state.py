@@ -474,7 +474,7 @@ def _job_row(
 ) -> dict[str, Any]:
     return jobstore.job_fields(
         planned.job,
-        planned.data,
+        planned.row_input(),
         key=planned.key,
         run_at=None,
         queue=None,

@@ -11,7 +11,8 @@
 - 100,000 tasks: start (first and warm) until the loop dispatches, an idle round, an all-due
   round;
 - memory: the peak RSS of a fresh process that arms N tasks and runs one all-due round, as
-  ``run_scheduler --once`` does, in the example project and again without Celery.
+  ``run_scheduler --once`` does, in the example project, again without Celery, and again with
+  the tasks declared with ``@task``, a function each.
 
 Each measurement runs in its own process so peak RSS belongs to it. Run: ``python -m bench``.
 """
@@ -60,6 +61,25 @@ def _tasks(n: int, cron: str = "* * * * *", tz: str = "Europe/Paris") -> list[An
         )
         for i in range(n)
     ]
+
+
+def _declared(n: int) -> list[Any]:
+    """``_tasks(n)`` as a project declares them: ``@task`` on a function of its own each, in a
+    loop, so the registry and the functions are in the process too."""
+    from ultimat3_jobs import task
+    from ultimat3_jobs.registry import registry
+
+    ping = registry.get_job("demo.ping")
+
+    def declare(i: int) -> Any:
+        def entries(occurrence: datetime) -> list[Any]:
+            return [(ping, {"label": occurrence.isoformat()})]
+
+        return task(cron="* * * * *", tz="Europe/Paris", name=f"bench.{i:06d}", max_catch_up=10)(
+            entries
+        )
+
+    return [declare(i) for i in range(n)]
 
 
 def _reset() -> None:
@@ -327,16 +347,17 @@ def run_big(n: int) -> dict[str, Any]:
 # -- a scheduler process's memory -----------------------------------------------------------------
 
 
-def run_fresh(n: int) -> dict[str, Any]:
+def run_fresh(n: int, declared: bool = False) -> dict[str, Any]:
     """Peak RSS of a process that does what ``run_scheduler --once`` does for N tasks, on a
     migrated database: Django set up, the tasks declared, armed (first start), one all-due
-    round. The timing process's own peak also holds its repeats, floors and counting pass."""
+    round. The timing process's own peak also holds its repeats, floors and counting pass.
+    ``declared``: the tasks declared with ``@task``, a function each (``_declared``)."""
     from ultimat3_jobs.clock import FrozenClock
 
     from .setup import peak_rss_mb
 
     base = peak_rss_mb()
-    tasks = _tasks(n)
+    tasks = _declared(n) if declared else _tasks(n)
     _reset()
     clock = FrozenClock(T0)
     scheduler = _armed(n, clock, tasks)
@@ -376,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--without-celery", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--declared", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         from .setup import django_ready, without_celery
@@ -388,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         django_ready(migrate=args.child != "fresh")
         _json_logs_to_devnull()
         if args.child == "fresh":
-            _print_result(run_fresh(args.n))
+            _print_result(run_fresh(args.n, args.declared))
         elif args.child == "round":
             _print_result(run_round(args.n, args.repeats or _repeats(args.n)))
         elif args.child == "loop":
@@ -405,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     fresh = [_child("--child", "fresh", "--n", str(n)) for n in args.sizes]
     plain = [_child("--child", "fresh", "--n", str(n), "--without-celery") for n in args.sizes]
+    declared = [_child("--child", "fresh", "--n", str(n), "--declared") for n in args.sizes]
     other = procrastinate_periodic.measure(PROCRASTINATE_SIZE)
     loop = _child("--child", "loop", "--n", str(LOOP_SIZE))
     big = _child("--child", "big", "--n", str(args.big))
@@ -433,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     line("  of which Django and the app, set up", [f"{r['base_mb']:.0f} MB" for r in fresh])
     line("the same, in a project without Celery", [f"{r['rss_mb']:.0f} MB" for r in plain])
     line("  of which Django and the app, set up", [f"{r['base_mb']:.0f} MB" for r in plain])
+    line("the same, a @task function per task", [f"{r['rss_mb']:.0f} MB" for r in declared])
     by_n = {r["n"]: r for r in rounds}
     if other is None:
         print("procrastinate: not installed (pip install -e '.[bench]')")

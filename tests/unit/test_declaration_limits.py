@@ -250,6 +250,40 @@ def test_registry__a_module_imported_twice_is_still_one_registration() -> None:
         registry.register(build(_reimport(_nothing), "othermod.nightly"))
 
 
+def test_registry__a_site_forgets_a_declaration_once_unregistered() -> None:
+    registry = Registry()
+
+    def build(func: Callable[..., Any], name: str) -> TaskHandle:
+        from ultimat3_jobs.cron import parse
+        from ultimat3_jobs.registry import resolve_zone
+
+        return TaskHandle(
+            func,
+            name=name,
+            schedule=parse("0 3 * * *"),
+            zone=resolve_zone("UTC", name),
+            catch_up="skip",
+            max_catch_up=10,
+        )
+
+    first = build(_nothing, "mod.nightly")
+    registry.register(first)
+    registry.unregister(first)
+    # Nothing is left of it: another import of the module may name the site anew.
+    other = _reimport(_nothing)
+    registry.register(build(other, "othermod.nightly"))
+    assert [t.name for t in registry.tasks()] == ["othermod.nightly"]
+    # A second name at that site from the same module instance (a factory), then another
+    # import of the module: it may take those names again, and only those.
+    assert isinstance(other, FunctionType)
+    twin = FunctionType(other.__code__, other.__globals__, other.__name__)
+    registry.register(build(twin, "othermod.second"))
+    with pytest.raises(JobNameTakenError):
+        registry.register(build(_reimport(_nothing), "thirdmod.nightly"))
+    registry.register(build(_reimport(_nothing), "othermod.second"))
+    assert [t.name for t in registry.tasks()] == ["othermod.nightly", "othermod.second"]
+
+
 # -- item 4: zones of the IANA database only ------------------------------------------------------
 
 

@@ -225,62 +225,51 @@ def _reimport(func: Callable[..., Any]) -> Callable[..., Any]:
     return FunctionType(func.__code__, dict(func.__globals__), func.__name__, func.__defaults__)
 
 
+def _nightly(func: Callable[..., Any], name: str) -> TaskHandle:
+    """A handle for ``Registry.register`` directly, past the module-wide registry."""
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.registry import resolve_zone
+
+    return TaskHandle(
+        func,
+        name=name,
+        schedule=parse("0 3 * * *"),
+        zone=resolve_zone("UTC", name),
+        catch_up="skip",
+        max_catch_up=10,
+    )
+
+
 def test_registry__a_module_imported_twice_is_still_one_registration() -> None:
     registry = Registry()
 
-    def build(func: Callable[..., Any], name: str) -> TaskHandle:
-        from ultimat3_jobs.cron import parse
-        from ultimat3_jobs.registry import resolve_zone
-
-        return TaskHandle(
-            func,
-            name=name,
-            schedule=parse("0 3 * * *"),
-            zone=resolve_zone("UTC", name),
-            catch_up="skip",
-            max_catch_up=10,
-        )
-
-    registry.register(build(_nothing, "mod.nightly"))
+    registry.register(_nightly(_nothing, "mod.nightly"))
     again = _reimport(_nothing)
-    registry.register(build(again, "mod.nightly"))  # the second import, same name
+    registry.register(_nightly(again, "mod.nightly"))  # the second import, same name
     assert [t.func for t in registry.tasks()] == [again]
     # The second import under another module name would derive another name: refused.
     with pytest.raises(JobNameTakenError):
-        registry.register(build(_reimport(_nothing), "othermod.nightly"))
+        registry.register(_nightly(_reimport(_nothing), "othermod.nightly"))
 
 
 def test_registry__a_site_forgets_a_declaration_once_unregistered() -> None:
     registry = Registry()
 
-    def build(func: Callable[..., Any], name: str) -> TaskHandle:
-        from ultimat3_jobs.cron import parse
-        from ultimat3_jobs.registry import resolve_zone
-
-        return TaskHandle(
-            func,
-            name=name,
-            schedule=parse("0 3 * * *"),
-            zone=resolve_zone("UTC", name),
-            catch_up="skip",
-            max_catch_up=10,
-        )
-
-    first = build(_nothing, "mod.nightly")
+    first = _nightly(_nothing, "mod.nightly")
     registry.register(first)
     registry.unregister(first)
     # Nothing is left of it: another import of the module may name the site anew.
     other = _reimport(_nothing)
-    registry.register(build(other, "othermod.nightly"))
+    registry.register(_nightly(other, "othermod.nightly"))
     assert [t.name for t in registry.tasks()] == ["othermod.nightly"]
     # A second name at that site from the same module instance (a factory), then another
     # import of the module: it may take those names again, and only those.
     assert isinstance(other, FunctionType)
     twin = FunctionType(other.__code__, other.__globals__, other.__name__)
-    registry.register(build(twin, "othermod.second"))
+    registry.register(_nightly(twin, "othermod.second"))
     with pytest.raises(JobNameTakenError):
-        registry.register(build(_reimport(_nothing), "thirdmod.nightly"))
-    registry.register(build(_reimport(_nothing), "othermod.second"))
+        registry.register(_nightly(_reimport(_nothing), "thirdmod.nightly"))
+    registry.register(_nightly(_reimport(_nothing), "othermod.second"))
     assert [t.name for t in registry.tasks()] == ["othermod.nightly", "othermod.second"]
 
 

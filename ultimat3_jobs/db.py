@@ -134,10 +134,7 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for row in rows:
             copy.write_row(row)
-    if connection.queries_logged:
-        connection.queries_log.append(
-            {"sql": " ".join(statement.split()), "time": f"{time.monotonic() - start:.3f}"}
-        )
+    _logged(connection, statement, start)
 
 
 def execute_bound(using: str, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -155,11 +152,16 @@ def execute_bound(using: str, statement: str, params: Sequence[Any]) -> list[tup
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(statement, params)
         rows = cursor.fetchall()
+    _logged(connection, statement, start)
+    return rows
+
+
+def _logged(connection: Any, statement: str, start: float) -> None:
+    """Record a statement run past Django's cursor where Django records statements."""
     if connection.queries_logged:
         connection.queries_log.append(
             {"sql": " ".join(statement.split()), "time": f"{time.monotonic() - start:.3f}"}
         )
-    return rows
 
 
 #: Rows ``Ahead`` hands over at a time, and chunks it makes before they are read.

@@ -243,23 +243,29 @@ class _StdoutHandler(logging.StreamHandler):
         json_lines = isinstance(self.formatter, JsonFormatter)
         run: list[str] = []
         for fields in rows:
-            part = None
-            if fields and not RESERVED.intersection(fields):
-                if json_lines:
-                    part = _encode_fields(fields)[1:]
-                else:
-                    part = "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
-            if part is not None and "\n" not in part:
+            part = self._part(fields, json_lines)
+            if part is not None:
                 run.append(part)
                 if len(run) < TAILS_JOINED:
                     continue
             if run:
                 yield "\n".join(run)
                 run = []
-            if part is None or "\n" in part:
+            if part is None:
                 yield fields
         if run:
             yield "\n".join(run)
+
+    @staticmethod
+    def _part(fields: dict[str, Any], json_lines: bool) -> str | None:
+        """A line's own part, or None for a line ``tails`` leaves to stand alone."""
+        if not fields or RESERVED.intersection(fields):
+            return None
+        if json_lines:
+            part = _encode_fields(fields)[1:]
+        else:
+            part = "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
+        return None if "\n" in part else part
 
     def write_tails(self, level: str, event: str, tails: Iterable[str | dict[str, Any]]) -> None:
         # The lines of a batch are written at one instant and share their ts, level and event:

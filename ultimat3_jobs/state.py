@@ -350,15 +350,12 @@ class DatabaseState:
         if connections[self.using].vendor == "postgresql":
             text = instant_texts()
             rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
-            [(swapped,)] = execute_bound(
-                self.using, sql.SWAP_WATERMARKS, [Jsonb(rows, orjson.dumps)]
-            )
+            param = Jsonb(rows, orjson.dumps)
+            [(swapped,)] = execute_bound(self.using, sql.SWAP_WATERMARKS, [param])
             if swapped != len(rows):
                 # The transaction rolls back: no watermark moves, no job is written.
-                with connections[self.using].cursor() as cursor:
-                    cursor.execute(sql.UNSWAPPED_WATERMARK, [dumps(rows)])
-                    found = cursor.fetchone()
-                raise WatermarkMoved(found[0] if found else next(iter(watermarks)))
+                found = execute_bound(self.using, sql.UNSWAPPED_WATERMARK, [param])
+                raise WatermarkMoved(found[0][0] if found else next(iter(watermarks)))
             return
         names = list(watermarks)
         tasks = Task.objects.using(self.using)

@@ -40,7 +40,9 @@ T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
 
 def _tasks(n: int, cron: str = "* * * * *", tz: str = "Europe/Paris") -> list[Any]:
     from ultimat3_jobs.cron import parse
-    from ultimat3_jobs.registry import JobHandle, TaskHandle, registry, resolve_zone
+    from ultimat3_jobs.handles import JobHandle, TaskHandle
+    from ultimat3_jobs.registry import registry
+    from ultimat3_jobs.zones import resolve_zone
 
     ping = registry.get_job("demo.ping")
     assert ping is not None

@@ -5,7 +5,9 @@
 ``ultimat3_jobs.cron`` is importable without Django settings.
 """
 
+from .declarations import job, task
 from .errors import JobNameTakenError, UltimateError
-from .registry import Entry, job, registry, task
+from .handles import Entry
+from .registry import registry
 
 __all__ = ["Entry", "JobNameTakenError", "UltimateError", "job", "registry", "task"]

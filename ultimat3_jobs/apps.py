@@ -12,7 +12,21 @@ class Ultimat3JobsConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks, relay_checks  # noqa: F401  (registers the system checks)
+        from . import (  # noqa: F401  (registers the system checks)
+            checks,
+            handles,
+            jobstore,
+            outbox,
+            relay_checks,
+            tasks_compat,
+        )
+
+        # Handles reach the store through this, never by importing it: they sit below it.
+        handles.connect_store(jobstore.enqueue)
+        if tasks_compat.AVAILABLE:
+            # The Django Tasks' entry adapter, where the framework is installed (the `tasks`
+            # extra, or Django 6): without it, backends.py cannot be imported.
+            from . import backends  # noqa: F401
 
         # Every installed app's tasks.py, as the admin discovers admin.py: a bad declaration
         # fails here, at startup, rather than at the first round.

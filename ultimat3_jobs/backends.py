@@ -8,21 +8,30 @@ Configured the framework's way::
 run (the framework has no retries), its JSON return value or ``TaskError`` kept on the row.
 The framework builds the backend when a task is declared, during ``ready()``, so this module
 touches no database and imports no models at import time; ``jobstore`` is imported on use.
+
+A Django Task a ``@task`` returns becomes an entry here too: a ``DjangoTaskHandle`` when its
+backend is a ``JobsBackend``, else a ``RelayedTaskHandle``, an outbox row ``run_relay`` hands to
+that backend. Importing this module registers that adapter (``handles.add_entry_adapter``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
 from .errors import TaskBackendError
+from .handles import EnqueueResult, JobHandle, add_entry_adapter
+from .inputs import NAME_LIMIT, QUEUE_LIMIT
+from .outbox import TASKS
 from .retries import format_error
 from .tasks_compat import (
     BaseTaskBackend,
@@ -34,6 +43,7 @@ from .tasks_compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
     get_exception_traceback,
+    is_django_task,
     normalize_json,
     task_backends,
     task_enqueued,
@@ -58,9 +68,6 @@ STATUSES = {
 #: The largest id a bigint primary key holds; a larger "id" is malformed, not a query.
 MAX_ID = 2**63 - 1
 ID_PATTERN = re.compile(r"[1-9][0-9]{0,18}")
-#: The widths of ``Job.name`` (a task's module path) and ``Job.queue``.
-NAME_LIMIT = 200
-QUEUE_LIMIT = 100
 
 
 class JobsBackend(BaseTaskBackend):
@@ -95,7 +102,6 @@ class JobsBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """One job row in the caller's transaction, due at ``task.run_after`` (else now)."""
         from . import jobstore
-        from .registry import django_task_handle
 
         self.validate_task(task)
         job = jobstore.enqueue_task(
@@ -221,6 +227,152 @@ def announce_round(rows: list[dict[str, Any]], enqueued: Mapping[str, tuple[int,
         task_enqueued.send(type(backend), task_result=result_of(job, task, row["backend"]))
 
 
+# -- Django Tasks as scheduler entries -------------------------------------------------------------
+
+
+class DjangoTaskHandle(JobHandle):
+    """A Django Task (the framework's ``@task``) as a scheduler entry: enqueued like a @job.
+
+    Its rows carry the task's priority, queue and backend alias and run once: the framework
+    has no retries. Only a ``JobsBackend`` on the round's database can take it in the round's
+    transaction; ``check_backend`` refuses any other.
+    """
+
+    def __init__(self, task: Any) -> None:
+        super().__init__(
+            task.func, name=task.module_path, key=None, max_attempts=1, queue=task.queue_name
+        )
+        self.task = task
+        self.priority = task.priority
+        self.backend = task.backend
+        if task.takes_context:
+            # The worker passes the context first; entries name the other arguments.
+            params = list(self.signature.parameters.values())[1:]
+            self.signature = self.signature.replace(parameters=params)
+
+    def __repr__(self) -> str:
+        return f"<django task {self.name}>"
+
+    def check_backend(self, database: str | None) -> None:
+        require_jobs_backend(self.task, owner=self.name, database=database)
+
+    def enqueue(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        enqueued_by: str = "code",
+        task: str = "",
+    ) -> EnqueueResult:
+        """A manual run ("Run now"): the task's row on its backend's database."""
+        from . import jobstore
+
+        backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
+        data = self.check_input(input)
+        result = jobstore.enqueue(
+            self,
+            data,
+            key=key or self.plain_key(data),
+            run_at=run_at or self.task.run_after,
+            queue=queue,
+            enqueued_by=enqueued_by,
+            task=task,
+            using=backend.database,
+        )
+        if result.created:
+            announce(backend, self.task, result.job_id)
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "django-task",
+            "name": self.name,
+            "queue": self.queue,
+            "priority": self.priority,
+            "backend": self.backend,
+        }
+
+
+class RelayedTaskHandle(DjangoTaskHandle):
+    """A Django Task on a backend other than ``JobsBackend``: an outbox row ``run_relay``
+    enqueues through that backend's ``enqueue()``, once per occurrence."""
+
+    def __init__(self, task: Any) -> None:
+        super().__init__(task)
+        self.relay = TASKS
+
+    def __repr__(self) -> str:
+        return f"<relayed django task {self.name} on {self.backend}>"
+
+    def check_backend(self, database: str | None) -> None:
+        backend_of(self.task, owner=self.name)
+
+    def enqueue(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        enqueued_by: str = "code",
+        task: str = "",
+    ) -> EnqueueResult:
+        """A manual run ("Run now"): an outbox row, which the relay sends like a round's."""
+        return JobHandle.enqueue(
+            self,
+            input,
+            key=key,
+            run_at=run_at or self.task.run_after,
+            queue=queue,
+            enqueued_by=enqueued_by,
+            task=task,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "kind": "relayed-django-task", "relay": self.relay}
+
+
+@functools.lru_cache(maxsize=1024)
+def django_task_handle(task: Any) -> DjangoTaskHandle:
+    """The entry handle of a Django Task, built once per task (its signature is read once)."""
+    return DjangoTaskHandle(task)
+
+
+def backend_of(task: Any, *, owner: str) -> Any:
+    """The backend a Django Task is declared on, or a ``TaskBackendError`` naming the alias."""
+    try:
+        return task_backends[task.backend]
+    except Exception as error:
+        raise TaskBackendError(
+            f'"{owner}" enqueues {task.module_path}, whose backend "{task.backend}" is not in '
+            "TASKS",
+            fix=f'add TASKS["{task.backend}"] to the settings, or declare the task with '
+            "backend= an alias that is there",
+            cause=error,
+        ) from error
+
+
+def _on_jobs_backend(task: Any) -> bool:
+    try:
+        return isinstance(backend_of(task, owner=task.module_path), JobsBackend)
+    except TaskBackendError:
+        return True  # DjangoTaskHandle.check_backend reports the missing alias.
+
+
+def entry_handle(value: object) -> JobHandle | None:
+    """The handle of a Django Task entry, or None when ``value`` is not one."""
+    if not is_django_task(value):
+        return None
+    if _on_jobs_backend(value):
+        return django_task_handle(value)
+    return RelayedTaskHandle(value)
+
+
+add_entry_adapter(entry_handle)
+
+
 # -- the worker's side ----------------------------------------------------------------------------
 
 
@@ -282,4 +434,14 @@ def finished(run: TaskRun, *, now: Any) -> None:
     task_finished.send(run.backend, task_result=result_of(job, run.task, job.backend))
 
 
-__all__ = ["JobsBackend", "TaskRun", "finished", "load_task", "result_of", "run_task"]
+__all__ = [
+    "DjangoTaskHandle",
+    "JobsBackend",
+    "RelayedTaskHandle",
+    "TaskRun",
+    "django_task_handle",
+    "finished",
+    "load_task",
+    "result_of",
+    "run_task",
+]

@@ -20,10 +20,11 @@ from . import clock, history, jobstore
 from .catchup import Span
 from .cron import between
 from .errors import BackfillRangeError, BackfillTooLargeError, UnknownTaskError
+from .handles import TaskHandle
 from .jobstore import Enqueued
 from .models import Occurrence
 from .planner import PlannedOccurrence, plan_jobs
-from .registry import TaskHandle, registry
+from .registry import registry
 
 #: The most occurrences one backfill enqueues unless told otherwise.
 DEFAULT_LIMIT = 1000

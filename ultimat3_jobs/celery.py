@@ -30,8 +30,8 @@ from celery.signals import task_failure, task_success
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import clock, jobstore
+from .inputs import json_value
 from .logs import emit
-from .outbox import json_value
 from .retries import format_error
 
 logger = logging.getLogger("ultimat3_jobs.relay")

@@ -161,6 +161,13 @@ class UnknownDatabaseError(UltimateError):
     code = "jobs.database-unknown"
 
 
+class AppNotReadyError(UltimateError):
+    """A job was enqueued before the app connected its store: ``ultimat3_jobs`` is not in
+    ``INSTALLED_APPS``, or ``django.setup()`` has not run."""
+
+    code = "jobs.app.not-ready"
+
+
 def readable(value: object) -> str:
     """``str(value)``, or a placeholder when even that raises: reporting a failure never fails."""
     try:

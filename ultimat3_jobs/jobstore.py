@@ -35,11 +35,13 @@ from django.db.models.functions import Concat, Now
 from . import clock, sql
 from .conf import Settings, get_settings
 from .db import copy_rows, dumps, instant_texts, instants_from_microseconds, json_rows
+from .handles import EnqueueResult
+from .inputs import check_key, check_run_at
 from .listener import NOTIFY_CHANNEL, RELAY_PAYLOAD, notify
 from .models import Job, JobStatus, Node
 
 if TYPE_CHECKING:
-    from .registry import JobHandle
+    from .handles import JobHandle
 
 #: key -> (job id, created)
 Enqueued = Mapping[str, tuple[int, bool]]
@@ -66,15 +68,6 @@ class Copied(Mapping[str, tuple[int, bool]]):
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-@dataclass(slots=True)
-class EnqueueResult:
-    """``created`` is False when a job with this key already existed; ``job_id`` is that job."""
-
-    created: bool
-    job_id: int
-    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +150,6 @@ def enqueue(
     The key and ``run_at`` are checked here too, so no caller reaches the table with a value
     it refuses (``InvalidJobKeyError``, ``InvalidRunAtError``).
     """
-    from .registry import check_key, check_run_at
-
     check_key(handle.name, key)
     check_run_at(handle.name, run_at)
     job = build_job(

@@ -11,9 +11,9 @@ from django.db import transaction
 
 from . import clock, history
 from .errors import UltimateError
+from .handles import TaskHandle, TaskJobResult
 from .jobstore import ids_of
 from .models import Occurrence
-from .registry import TaskHandle, TaskJobResult
 
 
 @dataclass(frozen=True)

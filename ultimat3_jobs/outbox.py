@@ -2,25 +2,20 @@
 
 A round writes them to the job table as outbox rows (status ``outbox``) under the occurrence
 key, in its own transaction, like any entry; ``run_relay`` (``relay.py``) then hands each one to
-its engine. Nothing here touches the database or imports Celery: a project without it never
-loads it, and a Celery task is recognised only once the project has imported Celery itself.
+its engine. The relay kinds and the Celery task's handle are here (importing this module
+registers its entry adapter); a Django Task's is in ``backends.py``, beside the backend. Nothing
+here touches the database or imports Celery: a project without it never loads it, and a Celery
+task is recognised only once the project has imported Celery itself.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 import threading
-from collections.abc import Mapping
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import TaskBackendError
-from .registry import DjangoTaskHandle, JobHandle
-
-if TYPE_CHECKING:
-    from .jobstore import EnqueueResult
+from .handles import JobHandle, add_entry_adapter
 
 #: Relay kinds, the job row's ``relay`` column. Only "celery-once" rows are ever sent again.
 CELERY = "celery"
@@ -80,79 +75,6 @@ class CeleryTaskHandle(JobHandle):
         return {"kind": "celery-task", "name": self.name, "queue": self.queue, "relay": self.relay}
 
 
-class RelayedTaskHandle(DjangoTaskHandle):
-    """A Django Task on a backend other than ``JobsBackend``: an outbox row ``run_relay``
-    enqueues through that backend's ``enqueue()``, once per occurrence."""
-
-    def __init__(self, task: Any) -> None:
-        super().__init__(task)
-        self.relay = TASKS
-
-    def __repr__(self) -> str:
-        return f"<relayed django task {self.name} on {self.backend}>"
-
-    def check_backend(self, database: str | None) -> None:
-        backend_of(self.task, owner=self.name)
-
-    def enqueue(
-        self,
-        input: Mapping[str, Any] | None = None,
-        *,
-        key: str | None = None,
-        run_at: datetime | None = None,
-        queue: str | None = None,
-        enqueued_by: str = "code",
-        task: str = "",
-    ) -> EnqueueResult:
-        """A manual run ("Run now"): an outbox row, which the relay sends like a round's."""
-        return JobHandle.enqueue(
-            self,
-            input,
-            key=key,
-            run_at=run_at or self.task.run_after,
-            queue=queue,
-            enqueued_by=enqueued_by,
-            task=task,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "kind": "relayed-django-task", "relay": self.relay}
-
-
-def json_value(value: Any) -> Any:
-    """``value`` if the row's JSON column can keep it, else None."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return None
-    return value
-
-
-def backend_of(task: Any, *, owner: str) -> Any:
-    """The backend a Django Task is declared on, or a ``TaskBackendError`` naming the alias."""
-    from .tasks_compat import task_backends
-
-    try:
-        return task_backends[task.backend]
-    except Exception as error:
-        raise TaskBackendError(
-            f'"{owner}" enqueues {task.module_path}, whose backend "{task.backend}" is not in '
-            "TASKS",
-            fix=f'add TASKS["{task.backend}"] to the settings, or declare the task with '
-            "backend= an alias that is there",
-            cause=error,
-        ) from error
-
-
-def _on_jobs_backend(task: Any) -> bool:
-    from .backends import JobsBackend
-
-    try:
-        return isinstance(backend_of(task, owner=task.module_path), JobsBackend)
-    except TaskBackendError:
-        return True  # DjangoTaskHandle.check_backend reports the missing alias.
-
-
 def celery_task_handle(task: Any) -> CeleryTaskHandle:
     """The entry handle of a Celery task, built once per task name."""
     with _lock:
@@ -163,14 +85,11 @@ def celery_task_handle(task: Any) -> CeleryTaskHandle:
 
 
 def entry_handle(value: object) -> JobHandle | None:
-    """The handle of an entry another engine runs, or None when ``value`` is not one."""
-    if is_celery_task(value):
-        return celery_task_handle(value)
-    from .tasks_compat import is_django_task
+    """The handle of a Celery task entry, or None when ``value`` is not one."""
+    return celery_task_handle(value) if is_celery_task(value) else None
 
-    if is_django_task(value) and not _on_jobs_backend(value):
-        return RelayedTaskHandle(value)
-    return None
+
+add_entry_adapter(entry_handle)
 
 
 __all__ = [
@@ -179,7 +98,6 @@ __all__ = [
     "RESENDABLE",
     "TASKS",
     "CeleryTaskHandle",
-    "RelayedTaskHandle",
     "entry_handle",
     "is_celery_task",
 ]

@@ -19,7 +19,8 @@ import orjson
 from .catchup import Decision, NextAfter, Span, decide, span_between
 from .clock import ONE_MS
 from .db import dumps
-from .registry import KEY_LIMIT, JobHandle, TaskHandle, check_columns
+from .handles import JobHandle, TaskHandle
+from .inputs import KEY_LIMIT, check_columns
 
 
 # Not frozen: a frozen dataclass's __init__ costs about four times a plain one's, and a round

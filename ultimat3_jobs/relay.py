@@ -41,11 +41,12 @@ from . import clock as default_clock
 from . import jobstore, metrics, nodes, shutdown
 from .conf import get_settings
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
+from .inputs import json_value
 from .listener import RELAY_PAYLOAD, Listener
 from .logs import emit, failure_fields
 from .models import Job
 from .nodes import RunStatus, new_node_id
-from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS, json_value
+from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS
 from .retries import format_error, loop_backoff
 
 logger = logging.getLogger("ultimat3_jobs.relay")

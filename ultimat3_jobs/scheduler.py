@@ -25,7 +25,8 @@ from . import metrics, shutdown
 from .catchup import Decision
 from .clock import ONE_MS
 from .db import Ahead, instant_texts
-from .jobstore import Enqueued, EnqueueResult
+from .handles import EnqueueResult, TaskHandle, TaskJobResult
+from .jobstore import Enqueued
 from .leaders import LeaderElection, SoleLeader
 from .logs import Lines, emit, emit_many, failure_fields
 from .nodes import RunStatus
@@ -38,7 +39,7 @@ from .planner import (
     fire_task,
     plan_task,
 )
-from .registry import TaskHandle, TaskJobResult, registry
+from .registry import registry
 from .retries import loop_backoff
 from .state import FencingLost, SchedulerState, WatermarkMoved
 

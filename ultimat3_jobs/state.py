@@ -29,11 +29,11 @@ from .db import (
     instants_from_microseconds,
 )
 from .errors import TaskSyncError
+from .handles import TaskHandle
 from .jobstore import Enqueued
 from .logs import emit
 from .models import Task
 from .planner import PlannedJob, PlannedOccurrence, RoundPlan, Streamed, skip_overlaps
-from .registry import TaskHandle
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 

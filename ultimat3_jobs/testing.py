@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from .handles import TaskHandle
 from .jobstore import Enqueued
 from .planner import RoundPlan, skip_overlaps
-from .registry import TaskHandle
 from .state import Fence, FencingLost, TaskState, WatermarkMoved
 
 

@@ -6,7 +6,9 @@ from datetime import datetime
 from typing import Any
 
 from ultimat3_jobs.cron import parse
-from ultimat3_jobs.registry import JobHandle, TaskHandle, registry, resolve_zone
+from ultimat3_jobs.handles import JobHandle, TaskHandle
+from ultimat3_jobs.registry import registry
+from ultimat3_jobs.zones import resolve_zone
 
 
 def demo_ping() -> JobHandle:

@@ -17,9 +17,10 @@ from django.utils.html import strip_tags
 
 from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.declarations import job, task
 from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence, Task
-from ultimat3_jobs.registry import Registry, job, task
+from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
 

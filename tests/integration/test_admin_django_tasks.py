@@ -13,9 +13,10 @@ from django.urls import reverse
 from django_tasks import TaskResultStatus
 
 from testproject.demo import background
+from ultimat3_jobs.declarations import task
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.models import Task as TaskRow
-from ultimat3_jobs.registry import Registry, task
+from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.state import DatabaseState
 
 from .admin_support import JOBS_URL, logged_in, staff_user

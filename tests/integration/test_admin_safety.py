@@ -15,8 +15,9 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from ultimat3_jobs import clock, job, task
+from ultimat3_jobs.handles import JobHandle
 from ultimat3_jobs.models import Job, JobStatus, Occurrence, RunToken, Task
-from ultimat3_jobs.registry import JobHandle, registry
+from ultimat3_jobs.registry import registry
 from ultimat3_jobs.state import DatabaseState
 
 from .admin_support import DIGEST, JOBS_URL, frozen, logged_in, mirror_demo_tasks, staff_user

@@ -17,9 +17,9 @@ from ultimat3_jobs.errors import (
     TaskEntriesError,
     UnknownTaskError,
 )
+from ultimat3_jobs.handles import Entry, TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Job, Occurrence
-from ultimat3_jobs.registry import Entry, TaskHandle
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 

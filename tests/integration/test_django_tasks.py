@@ -23,13 +23,15 @@ from ultimat3_jobs import jobstore
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError
+from ultimat3_jobs.handles import TaskHandle
+from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.manual import run_now
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import RoundPlan, occurrence_key, plan_task
-from ultimat3_jobs.registry import TaskHandle, input_digest, resolve_zone
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.zones import resolve_zone
 
 
 def burst() -> None:

@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.handles import TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Job, JobStatus, Occurrence, Task
-from ultimat3_jobs.registry import TaskHandle
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 

@@ -21,9 +21,9 @@ from testproject.demo.models import Ping
 from ultimat3_jobs import jobstore
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
 from ultimat3_jobs.errors import BrokerUnavailableError
+from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import occurrence_key
-from ultimat3_jobs.registry import input_digest
 from ultimat3_jobs.relay import Relay, celery_task_id, send
 
 from ..redis_server import RedisServer, point_celery_at

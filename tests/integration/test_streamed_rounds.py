@@ -18,10 +18,10 @@ from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs import scheduler as scheduler_module
 from ultimat3_jobs.clock import ONE_MS, FrozenClock
+from ultimat3_jobs.handles import JobHandle, TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.planner import occurrence_key
-from ultimat3_jobs.registry import JobHandle, TaskHandle
 from ultimat3_jobs.scheduler import STREAM_FROM, Scheduler
 from ultimat3_jobs.state import DatabaseState
 

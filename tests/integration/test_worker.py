@@ -19,9 +19,10 @@ from testproject.demo.models import Ping
 from testproject.demo.tasks import always_fail, ping, slow_ping
 from ultimat3_jobs import clock
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
-from ultimat3_jobs.registry import Registry, job, registry
+from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.retention import prune
 from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Worker
 

@@ -16,16 +16,10 @@ from ultimat3_jobs.errors import (
     InvalidJobKeyError,
     InvalidTimezoneError,
 )
-from ultimat3_jobs.registry import (
-    CRON_LIMIT,
-    INT_LIMIT,
-    KEY_LIMIT,
-    NAME_LIMIT,
-    NOT_ZONES,
-    QUEUE_LIMIT,
-    Registry,
-    TaskHandle,
-)
+from ultimat3_jobs.handles import TaskHandle
+from ultimat3_jobs.inputs import CRON_LIMIT, INT_LIMIT, KEY_LIMIT, NAME_LIMIT, QUEUE_LIMIT
+from ultimat3_jobs.registry import Registry
+from ultimat3_jobs.zones import NOT_ZONES
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -228,7 +222,7 @@ def _reimport(func: Callable[..., Any]) -> Callable[..., Any]:
 def _nightly(func: Callable[..., Any], name: str) -> TaskHandle:
     """A handle for ``Registry.register`` directly, past the module-wide registry."""
     from ultimat3_jobs.cron import parse
-    from ultimat3_jobs.registry import resolve_zone
+    from ultimat3_jobs.zones import resolve_zone
 
     return TaskHandle(
         func,

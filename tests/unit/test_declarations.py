@@ -16,7 +16,8 @@ from ultimat3_jobs.errors import (
     MissingTimezoneError,
     TaskEntriesError,
 )
-from ultimat3_jobs.registry import Registry, TaskHandle
+from ultimat3_jobs.handles import TaskHandle
+from ultimat3_jobs.registry import Registry
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -125,7 +126,7 @@ def test_registry__same_declaration_twice_is_one_registration() -> None:
         return []
 
     from ultimat3_jobs.cron import parse
-    from ultimat3_jobs.registry import resolve_zone
+    from ultimat3_jobs.zones import resolve_zone
 
     def build() -> TaskHandle:
         return TaskHandle(

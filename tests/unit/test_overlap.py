@@ -8,8 +8,8 @@ import pytest
 
 from ultimat3_jobs import Entry, job, task
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.handles import TaskHandle
 from ultimat3_jobs.planner import PlannedOccurrence, RoundPlan, plan_jobs, skip_overlaps
-from ultimat3_jobs.registry import TaskHandle
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.testing import MemoryState
 

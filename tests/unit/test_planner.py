@@ -10,8 +10,8 @@ import pytest
 from ultimat3_jobs import Entry, job, task
 from ultimat3_jobs.clock import ONE_MS
 from ultimat3_jobs.cron import next_occurrence
+from ultimat3_jobs.handles import JobHandle, TaskHandle
 from ultimat3_jobs.planner import RoundPlan, TaskStep, plan_task
-from ultimat3_jobs.registry import JobHandle, TaskHandle
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 

@@ -15,8 +15,8 @@ import pytest
 from ultimat3_jobs import Entry, job, shutdown, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import DstGap, DstRepeat
+from ultimat3_jobs.handles import CatchUp, TaskHandle
 from ultimat3_jobs.planner import occurrence_key
-from ultimat3_jobs.registry import CatchUp, TaskHandle
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import TaskState
 from ultimat3_jobs.testing import MemoryState
@@ -518,7 +518,7 @@ def test_cached_next_occurrence__answers_as_next_occurrence_across_cache_resets(
 ) -> None:
     from ultimat3_jobs import scheduler as module
     from ultimat3_jobs.cron import next_occurrence, parse
-    from ultimat3_jobs.registry import resolve_zone
+    from ultimat3_jobs.zones import resolve_zone
 
     monkeypatch.setattr(module, "RESOLVE_CACHE_SIZE", 4)
     resolve = module._cached_next_occurrence()
@@ -606,7 +606,7 @@ def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() 
 
     from ultimat3_jobs import scheduler as module
     from ultimat3_jobs.cron import parse
-    from ultimat3_jobs.registry import resolve_zone
+    from ultimat3_jobs.zones import resolve_zone
 
     seen: list[bool] = []
 

@@ -47,10 +47,11 @@ from ..cron import (
     parse,
 )
 from ..errors import UltimateError, readable
+from ..handles import TaskHandle
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
 from ..manual import ManualRun, preview, run_now
 from ..models import RunToken, Task
-from ..registry import TaskHandle, registry
+from ..registry import registry
 from ..status import scheduler_status
 from .backfill import BackfillAdmin
 from .display import UTC_ZONE, both_zones, fields_of, job_link, last_round, stamp, utc_column

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ultimat3_jobs.registry import canonical_input, input_digest
+from ultimat3_jobs.inputs import canonical_input, input_digest
 
 # What every release so far digested: json with sorted keys and no spaces.
 _REFERENCE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode

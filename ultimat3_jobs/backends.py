@@ -227,7 +227,7 @@ def announce_round(rows: list[dict[str, Any]], enqueued: Mapping[str, tuple[int,
         task_enqueued.send(type(backend), task_result=result_of(job, task, row["backend"]))
 
 
-# -- Django Tasks as scheduler entries -------------------------------------------------------------
+# -- Django Tasks as scheduler entries ------------------------------------------------------------
 
 
 class DjangoTaskHandle(JobHandle):

@@ -358,7 +358,10 @@ class Relay:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0."""
+        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0.
+
+        One ``run()`` at a time: a second while the first runs is a ``RuntimeError``.
+        """
         if not self.life.begin():
             raise RuntimeError(f"relay {self.node_id} is already running")
         self.life.hook(self.stop)
@@ -439,7 +442,8 @@ class Relay:
 
     def stop(self, reason: str = "stop") -> None:
         """Finish the row in hand, commit, and return from ``run()``."""
-        if self.life.drain(reason):
+        # A relay that is not running has nothing to drain.
+        if self.life.status == "running" and self.life.drain(reason):
             emit(logger, "jobs.relay.draining", reason=reason)
 
     def _heartbeat(self) -> None:

@@ -133,6 +133,12 @@ class MetricsPortError(UltimateError):
     code = "jobs.metrics.port-unavailable"
 
 
+class MetricsAddressError(UltimateError):
+    """``--metrics-addr`` names an address this host cannot listen on, or that does not resolve."""
+
+    code = "jobs.metrics.address-invalid"
+
+
 class InvalidJobKeyError(UltimateError):
     """A job key that cannot be stored: too long, not text, holding NUL, or not buildable.
 

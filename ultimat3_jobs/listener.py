@@ -1,7 +1,8 @@
-"""LISTEN/NOTIFY, both sides: enqueues notify a channel, idle workers listen on it.
+"""LISTEN/NOTIFY, both sides: enqueues notify a channel, idle workers and relays listen on it.
 
-PostgreSQL only; elsewhere ``notify`` does nothing and workers poll. Polling stays the fallback
-everywhere: a lost LISTEN connection is logged and retried, never fatal.
+PostgreSQL only (``supported``); elsewhere ``notify`` does nothing and workers and relays poll.
+Polling stays the fallback everywhere: a lost LISTEN connection is logged and retried, never
+fatal.
 """
 
 from __future__ import annotations
@@ -19,27 +20,33 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from .db import dedicated_connection
 from .logs import emit, failure_fields
 
-logger = logging.getLogger("ultimat3_jobs.worker")
-
 #: The channel workers LISTEN on; the payload is the queue name.
 NOTIFY_CHANNEL = "ultimat3_jobs"
 #: The payload that wakes relays (an outbox row); no queue of ours is named so.
 RELAY_PAYLOAD = ":relay"
 
 
+def supported(using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether the database ``using`` can LISTEN and NOTIFY (PostgreSQL)."""
+    return connections[using].vendor == "postgresql"
+
+
 def notify(queues: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> None:
     """Wake LISTENing workers; inside a transaction PostgreSQL delivers it at commit."""
-    connection = connections[using]
     names = sorted(set(queues))
-    if connection.vendor != "postgresql" or not names:
+    if not names or not supported(using):
         return
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         for queue in names:
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
 
 
 class Listener:
-    """LISTEN for enqueues on a connection of its own; call ``wake`` for one of our queues."""
+    """LISTEN for enqueues on a connection of its own; call ``wake`` for one of our queues.
+
+    ``role`` names what listens (a worker, a relay) in its log lines (``jobs.<role>.listening``,
+    ``jobs.<role>.listen-lost``) and its connection's ``application_name``.
+    """
 
     #: Seconds of silence after which the connection is checked with a query.
     CHECK_AFTER = 30.0
@@ -47,11 +54,13 @@ class Listener:
     def __init__(
         self,
         *,
+        role: str,
         using: str,
         queues: frozenset[str] | None,
         wake: Callable[[], None],
         retry_after: float,
     ) -> None:
+        self.role = role
         self.using = using
         self.queues = queues
         self.wake = wake
@@ -61,10 +70,11 @@ class Listener:
         # Written to on stop, so the select() below returns at once instead of at a timeout.
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
+        self._logger = logging.getLogger(f"ultimat3_jobs.{role}")
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self._run, name="ultimat3-worker-listen", daemon=True
+            target=self._run, name=f"ultimat3-{self.role}-listen", daemon=True
         )
         self._thread.start()
 
@@ -77,7 +87,7 @@ class Listener:
         os.close(self._stop_w)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return dedicated_connection(self.using, "ultimat3_jobs worker listen")
+        return dedicated_connection(self.using, f"ultimat3_jobs {self.role} listen")
 
     def _run(self) -> None:
         lost = False
@@ -87,7 +97,7 @@ class Listener:
                 conn = self._connect()
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 self.listening.set()
-                emit(logger, "jobs.worker.listening", regained=lost)
+                emit(self._logger, f"jobs.{self.role}.listening", regained=lost)
                 # Whatever was enqueued while we were not listening is due now.
                 self.wake()
                 self._listen(conn)
@@ -96,7 +106,12 @@ class Listener:
                 if self._stop.is_set():
                     break
                 lost = True
-                emit(logger, "jobs.worker.listen-lost", logging.WARNING, **failure_fields(error))
+                emit(
+                    self._logger,
+                    f"jobs.{self.role}.listen-lost",
+                    logging.WARNING,
+                    **failure_fields(error),
+                )
                 self._stop.wait(self.retry_after)
             finally:
                 self.listening.clear()

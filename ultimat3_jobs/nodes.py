@@ -1,4 +1,4 @@
-"""The node table: one heartbeat writer for schedulers and workers, on the database clock.
+"""The node table: one heartbeat writer for schedulers, workers and relays, on the database clock.
 
 A worker's jobs are recovered when its heartbeat goes stale and the admin judges a scheduler
 by its last round; both compare against the database clock, so every heartbeat is written
@@ -7,19 +7,28 @@ with it (``Now()``) rather than with whichever clock the writing node keeps.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 import uuid
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from django.db.models.functions import Now
 
+from . import clock as default_clock
+from .db import database_now
+from .logs import emit
 from .models import Node
 
 Role = Literal["scheduler", "worker", "relay"]
-#: Where a scheduler or a worker is in its life: running, draining, stopped.
+#: Where a scheduler, a worker or a relay is in its life: running, draining, stopped.
 RunStatus = Literal["idle", "running", "draining", "stopped"]
+
+#: A clock that stays skewed is warned about again this often.
+SKEW_WARNING_EVERY = timedelta(minutes=1)
 
 
 def new_node_id() -> str:
@@ -49,3 +58,87 @@ def heartbeat(*, using: str, node_id: str, role: Role, started_at: datetime, **f
 def stopped(*, using: str, node_id: str, **fields: Any) -> None:
     """Mark ``node_id`` stopped: its row stays for the admin, never counted live again."""
     Node.objects.using(using).filter(node_id=node_id).update(stopped_at=Now(), **fields)
+
+
+class Heartbeat:
+    """One node's row, kept fresh by the role that runs it: who it is, held once, and when it
+    is due to say it is alive again (every ``every``).
+
+    ``skew_warning``: for a role that plans from its own clock (the scheduler computes
+    occurrences from it), ``compare_clocks`` measures that clock against the database's, which
+    judges leases and staleness, and warns past the threshold.
+    """
+
+    def __init__(
+        self,
+        *,
+        using: str,
+        node_id: str,
+        role: Role,
+        every: timedelta,
+        clock: Callable[[], datetime] | None = None,
+        skew_warning: timedelta | None = None,
+    ) -> None:
+        self.using = using
+        self.node_id = node_id
+        self.role: Role = role
+        self.every = every
+        self.clock = clock or default_clock.now
+        self.skew_warning = skew_warning
+        self.started_at = self.clock()
+        self._next = 0.0
+        self._skew_warned: float | None = None
+        self._logger = logging.getLogger(f"ultimat3_jobs.{role}")
+
+    def due(self) -> bool:
+        """Whether ``every`` has passed since the last heartbeat written (or none was)."""
+        return time.monotonic() >= self._next
+
+    def until_due(self) -> float:
+        """Seconds until the next heartbeat is due; 0 when it is."""
+        return max(0.0, self._next - time.monotonic())
+
+    def beat(self, **fields: Any) -> None:
+        """Write the heartbeat now, with ``fields``; the next is due ``every`` from now.
+
+        Due again ``every`` from now even when the write fails (it raises): a database that is
+        down is asked once an interval, not on every pass of a loop that keeps failing.
+        """
+        self._next = time.monotonic() + self.every.total_seconds()
+        heartbeat(
+            using=self.using,
+            node_id=self.node_id,
+            role=self.role,
+            started_at=self.started_at,
+            **fields,
+        )
+
+    def compare_clocks(self) -> int:
+        """This node's clock minus the database's, in milliseconds.
+
+        Past ``skew_warning`` it is warned about when it first goes past the threshold, then at
+        most once every ``SKEW_WARNING_EVERY``.
+        """
+        skew = self.clock() - database_now(self.using)
+        threshold = self.skew_warning
+        if threshold is not None and abs(skew) > threshold:
+            moment = time.monotonic()
+            warned = self._skew_warned
+            if warned is None or moment - warned >= SKEW_WARNING_EVERY.total_seconds():
+                emit(
+                    self._logger,
+                    f"jobs.{self.role}.clock-skew",
+                    logging.WARNING,
+                    node=self.node_id,
+                    skew_ms=int(skew.total_seconds() * 1000),
+                    fix="run NTP (chrony, systemd-timesyncd) on this host and the database "
+                    "host; occurrences are computed from this node's clock",
+                )
+                self._skew_warned = moment
+        else:
+            self._skew_warned = None
+        return int(skew.total_seconds() * 1000)
+
+    def stopped(self, **fields: Any) -> None:
+        """Mark this node stopped, with ``fields``."""
+        stopped(using=self.using, node_id=self.node_id, **fields)

@@ -11,15 +11,14 @@ at least once, and ``ExactlyOnceTask`` (``celery.py``) makes the effect exactly 
 Rows of an ``ExactlyOnceTask`` handed over more than ``RELAY_RESEND_AFTER`` ago and still not
 done are sent again: a worker can lose a message between taking it and recording it unacked.
 A broker that is down is retried with backoff, logged (``jobs.relay.broker-down``) and counted.
-Wake-ups come from LISTEN/NOTIFY with polling as the fallback; the first SIGTERM finishes the
-row in hand, commits and exits.
+Wake-ups come from LISTEN/NOTIFY where the database has it (PostgreSQL), with polling as the
+fallback; the first SIGTERM finishes the row in hand, commits and exits (``lifecycle``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -29,25 +28,23 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import (
-    DEFAULT_DB_ALIAS,
-    DatabaseError,
-    InterfaceError,
-    close_old_connections,
-    transaction,
-)
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
 from . import clock as default_clock
-from . import jobstore, metrics, nodes, shutdown
+from . import instruments, jobstore, nodes, tasks_compat
 from .conf import get_settings
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .inputs import json_value
+from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, listen
 from .listener import RELAY_PAYLOAD, Listener
 from .logs import emit, failure_fields
 from .models import Job
 from .nodes import RunStatus, new_node_id
 from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS
-from .retries import format_error, loop_backoff
+from .retries import format_error
+
+#: The TASKS backend whose rows are this app's own jobs, run by its workers and never relayed.
+JOBS_BACKEND = "ultimat3_jobs.backends.JobsBackend"
 
 logger = logging.getLogger("ultimat3_jobs.relay")
 
@@ -218,7 +215,6 @@ class Relay:
         self.poll_interval = poll_interval or config.worker_poll_interval
         self.resend_after = resend_after or config.relay_resend_after
         self.stuck_after = config.relay_stuck_after
-        self.heartbeat_interval = config.heartbeat_interval
         self.stats_interval = stats_interval
         self.results_interval = results_interval
         self.listen = listen
@@ -226,13 +222,27 @@ class Relay:
         self.clock = clock or default_clock.now
         self.sender = sender
         self.stats = RelayStats()
-        self.status: RunStatus = "idle"
-        self.failures = 0
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        self.life = Lifecycle("jobs.relay")
+        self.node = nodes.Heartbeat(
+            using=using,
+            node_id=self.node_id,
+            role="relay",
+            every=config.heartbeat_interval,
+            clock=self.clock,
+        )
+        self.backoff = Backoff(self.poll_interval)
         self._listener: Listener | None = None
         self._results_after = 0
-        self._started_at = self.clock()
+
+    @property
+    def status(self) -> RunStatus:
+        """Where the relay is in its life: idle, running, draining, stopped."""
+        return self.life.status
+
+    @property
+    def failures(self) -> int:
+        """Passes that failed in a row, now."""
+        return self.backoff.failures
 
     # -- one pass -------------------------------------------------------------------------------
 
@@ -254,7 +264,7 @@ class Relay:
                 resend_before=now - self.resend_after,
             )
             for job in rows:
-                if self._stopping.is_set():
+                if self.life.draining.is_set():
                     break  # Drain: what is recorded commits; the rest waits for the next relay.
                 try:
                     # A backend that runs the task inside enqueue() writes in our transaction:
@@ -282,16 +292,11 @@ class Relay:
     def check_results(self) -> int:
         """Ask the backends of relayed Django Tasks that can tell (``supports_get_result``)
         whether they finished; mark those done. How many were."""
-        from .tasks_compat import TaskResultStatus, task_backends
-
-        finished = 0
-        aliases = []
-        for alias in getattr(settings, "TASKS", None) or {}:
-            with contextlib.suppress(Exception):
-                if task_backends[alias].supports_get_result:
-                    aliases.append(alias)
+        aliases = _reporting_backends()
         if not aliases:
             return 0
+        done = (tasks_compat.TaskResultStatus.SUCCESSFUL, tasks_compat.TaskResultStatus.FAILED)
+        finished = 0
         with transaction.atomic(using=self.using):
             rows = jobstore.relayed_tasks(
                 using=self.using, backends=aliases, after=self._results_after, limit=self.batch
@@ -300,12 +305,12 @@ class Relay:
             self._results_after = rows[-1].pk if len(rows) == self.batch else 0
             for job in rows:
                 try:
-                    result = task_backends[job.backend].get_result(job.engine_id)
+                    result = tasks_compat.task_backends[job.backend].get_result(job.engine_id)
                 except Exception:
                     continue  # Unknown to it (yet): asked again next time.
-                if result.status not in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+                if result.status not in done:
                     continue
-                ok = result.status == TaskResultStatus.SUCCESSFUL
+                ok = result.status == tasks_compat.TaskResultStatus.SUCCESSFUL
                 errors = getattr(result, "errors", None) or []
                 jobstore.relayed_done(
                     using=self.using,
@@ -354,113 +359,99 @@ class Relay:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0."""
-        unregister = shutdown.on_shutdown("relay", self.stop)
-        self.status = "running"
-        self._stopping.clear()
+        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0.
+
+        One ``run()`` at a time: a second while the first runs is a ``RuntimeError``.
+        """
+        if not self.life.begin():
+            raise RuntimeError(f"relay {self.node_id} is already running")
+        self.life.hook(self.stop)
         if self.listen:
-            self._listener = Listener(
+            self._listener = listen(
+                "relay",
                 using=self.using,
                 queues=frozenset({RELAY_PAYLOAD}),
-                wake=self._wake.set,
+                wake=self.life.wake.set,
                 retry_after=self.poll_interval.total_seconds(),
             )
-            self._listener.start()
-        emit(logger, "jobs.relay.started", node=self.node_id, batch=self.batch, burst=self.burst)
-        last_beat = last_stats = last_results = 0.0
+        emit(
+            logger,
+            "jobs.relay.started",
+            node=self.node_id,
+            batch=self.batch,
+            burst=self.burst,
+            listen=self._listener is not None,
+        )
+        last_stats = last_results = 0.0
         try:
-            while not self._stopping.is_set():
-                if time.monotonic() - last_beat >= self.heartbeat_interval.total_seconds():
+            while not self.life.draining.is_set():
+                if self.node.due():
                     self._heartbeat()
-                    last_beat = time.monotonic()
-                wait = self.poll_interval
-                self._wake.clear()  # A NOTIFY during the pass below starts the next at once.
-                try:
-                    handed = self.relay_once()
-                    metrics.relayed(handed)
-                    if self.failures:
-                        emit(logger, "jobs.relay.recovered", failures=self.failures)
-                    self.failures = 0
-                    if handed >= self.batch:
-                        continue  # More may be waiting: no pause between full batches.
-                    if self.burst:
-                        break
-                except BrokerUnavailableError as error:
-                    self.failures += 1
-                    self.stats.broker_errors += 1
-                    metrics.broker_unavailable()
-                    wait = loop_backoff(self.poll_interval, self.failures)
-                    emit(
-                        logger,
-                        "jobs.relay.broker-down",
-                        logging.WARNING,
-                        failures=self.failures,
-                        retry_in=wait.total_seconds(),
-                        broker_errors=self.stats.broker_errors,
-                        **error.as_fields(),
-                    )
-                except (DatabaseError, InterfaceError) as error:
-                    self.failures += 1
-                    wait = loop_backoff(self.poll_interval, self.failures)
-                    emit(
-                        logger,
-                        "jobs.relay.database-error",
-                        logging.WARNING,
-                        failures=self.failures,
-                        retry_in=wait.total_seconds(),
-                        **failure_fields(error),
-                    )
-                    close_old_connections()
-                except Exception as error:
-                    # A bug or an engine's surprise must not stop the relay: the batch rolled
-                    # back, its rows wait in the outbox, and the next pass tries again.
-                    self.failures += 1
-                    wait = loop_backoff(self.poll_interval, self.failures)
-                    emit(
-                        logger,
-                        "jobs.relay.loop-failed",
-                        logging.ERROR,
-                        failures=self.failures,
-                        retry_in=wait.total_seconds(),
-                        **failure_fields(error),
-                    )
+                self.life.wake.clear()  # A NOTIFY during the pass below starts the next at once.
+                if self._pass():
+                    continue  # A full batch: more may be waiting, no pause between them.
+                if self.burst and not self.backoff.failures:
+                    break
                 if time.monotonic() - last_results >= self.results_interval.total_seconds():
-                    with contextlib.suppress(DatabaseError, InterfaceError):
+                    with contextlib.suppress(*DATABASE_ERRORS):
                         self.check_results()
                     last_results = time.monotonic()
                 if time.monotonic() - last_stats >= self.stats_interval.total_seconds():
                     self.log_stats()
                     last_stats = time.monotonic()
-                self._wake.wait(wait.total_seconds())
+                self.life.rest(self.backoff.rest())
         finally:
-            self.status = "stopped"
             if self._listener is not None:
                 self._listener.stop()
+                self._listener = None
             self.log_stats()
-            with contextlib.suppress(DatabaseError, InterfaceError):
-                nodes.stopped(using=self.using, node_id=self.node_id)
-            unregister()
+            with contextlib.suppress(*DATABASE_ERRORS):
+                self.node.stopped()
             emit(logger, "jobs.relay.stopped", node=self.node_id, sent=self.stats.sent)
+            self.life.end()
         return 0
+
+    def _pass(self) -> bool:
+        """One batch, its failure counted and logged; whether it was full (more may wait)."""
+        try:
+            handed = self.relay_once()
+        except BrokerUnavailableError as error:
+            self.stats.broker_errors += 1
+            instruments.broker_unavailable()
+            fields = self.backoff.failed(error)
+            emit(
+                logger,
+                "jobs.relay.broker-down",
+                logging.WARNING,
+                broker_errors=self.stats.broker_errors,
+                **fields,
+            )
+            return False
+        except DATABASE_ERRORS as error:
+            emit(logger, "jobs.relay.database-error", logging.WARNING, **self.backoff.failed(error))
+            return False
+        except Exception as error:
+            # A bug or an engine's surprise must not stop the relay: the batch rolled back, its
+            # rows wait in the outbox, and the next pass tries again.
+            emit(logger, "jobs.relay.loop-failed", logging.ERROR, **self.backoff.failed(error))
+            return False
+        instruments.relayed(handed)
+        failures = self.backoff.succeeded()
+        if failures:
+            emit(logger, "jobs.relay.recovered", failures=failures)
+        return handed >= self.batch
 
     def stop(self, reason: str = "stop") -> None:
         """Finish the row in hand, commit, and return from ``run()``."""
-        if not self._stopping.is_set():
-            self.status = "draining"
+        # A relay that is not running has nothing to drain.
+        if self.life.status == "running" and self.life.drain(reason):
             emit(logger, "jobs.relay.draining", reason=reason)
-        self._stopping.set()
-        self._wake.set()
 
     def _heartbeat(self) -> None:
+        failures = self.backoff.failures
         try:
-            nodes.heartbeat(
-                using=self.using,
-                node_id=self.node_id,
-                role="relay",
-                started_at=self._started_at,
-                last_error="" if not self.failures else f"{self.failures} failed passes",
-            )
-        except (DatabaseError, InterfaceError) as error:
+            self.node.beat(last_error=f"{failures} failed passes" if failures else "")
+        except DATABASE_ERRORS as error:
             emit(logger, "jobs.relay.heartbeat-failed", logging.WARNING, **failure_fields(error))
 
     def counts(self) -> dict[str, int]:
@@ -471,7 +462,7 @@ class Relay:
         """``jobs.relay.stats``: this relay's counters and the outbox's rows by state."""
         try:
             counts = self.counts()
-        except (DatabaseError, InterfaceError) as error:
+        except DATABASE_ERRORS as error:
             counts = {"error": 1}
             emit(logger, "jobs.relay.stats-failed", logging.WARNING, error=format_error(error))
         emit(
@@ -484,6 +475,28 @@ class Relay:
             by_relay=self.stats.by_relay,
             **{f"rows_{name}": value for name, value in counts.items()},
         )
+
+
+def _reporting_backends() -> list[str]:
+    """The ``TASKS`` aliases whose backend can say whether a relayed task finished.
+
+    ``TASKS`` is read first: a project without other Django Tasks backends (with only the
+    ``celery`` extra installed, say) never touches the Django Tasks framework here.
+    """
+    configured = getattr(settings, "TASKS", None) or {}
+    others = [
+        alias
+        for alias, options in configured.items()
+        if (options or {}).get("BACKEND") != JOBS_BACKEND
+    ]
+    if not others or not tasks_compat.AVAILABLE:
+        return []
+    aliases = []
+    for alias in others:
+        with contextlib.suppress(Exception):
+            if tasks_compat.task_backends[alias].supports_get_result:
+                aliases.append(alias)
+    return aliases
 
 
 __all__ = ["Relay", "RelayStats", "Sent", "celery_task_id", "send"]

@@ -21,13 +21,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import clock as default_clock
-from . import metrics, shutdown
+from . import instruments
 from .catchup import Decision
 from .clock import ONE_MS
 from .db import Ahead, instant_texts
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
 from .jobstore import Enqueued
 from .leaders import LeaderElection, SoleLeader
+from .lifecycle import Backoff, Lifecycle
 from .logs import Lines, emit, emit_many, failure_fields
 from .nodes import RunStatus
 from .planner import (
@@ -40,7 +41,6 @@ from .planner import (
     plan_task,
 )
 from .registry import registry
-from .retries import loop_backoff
 from .state import FencingLost, SchedulerState, WatermarkMoved
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
@@ -76,7 +76,7 @@ class Dispatched:
 
 class Report(Sequence[Dispatched]):
     """What a round fired, as ``Dispatched`` made when read: the loop and ``--once`` read
-    none of it, and at 10,000 occurrences the four objects each would be 2.7 MB more at the
+    none of it, and made up front the four objects of each occurrence would all be held at the
     round's peak. Equal to a list of the same ``Dispatched``."""
 
     __slots__ = ("_enqueued", "_fired")
@@ -123,7 +123,7 @@ NOTHING = Report([], {})
 def _counted(
     fired: list[PlannedOccurrence], enqueued: Enqueued
 ) -> Iterator[tuple[str, datetime, int, int]]:
-    """Each occurrence as ``metrics.dispatched`` counts it: task, instant, jobs, created."""
+    """Each occurrence as ``instruments.dispatched`` counts it: task, instant, jobs, created."""
     for f in fired:
         if len(f.jobs) == 1:
             yield f.task, f.occurrence, 1, enqueued[f.jobs[0].key][1]
@@ -155,7 +155,6 @@ class Scheduler:
         self.clock = clock or default_clock.now
         self.tick_interval = tick_interval
         self.misfire_grace = misfire_grace
-        self.drain_on_shutdown = drain_on_shutdown
         self._fixed_tasks = list(tasks) if tasks is not None else None
         # The default is ``TaskHandle.next_after``, its answers remembered.
         self._resolve = resolver or _cached_next_occurrence()
@@ -163,19 +162,17 @@ class Scheduler:
         # tasks that share them share one catch-up decision per round.
         self._share_decisions = resolver is None
         self.is_leader = False
-        self.status: RunStatus = "idle"
+        self.life = Lifecycle("jobs.scheduler", drain_on_shutdown=drain_on_shutdown)
         self.last_error = ""
         self._lock = threading.Lock()
         self._round: Future[Report] | None = None
         self._stopping: Future[None] | None = None
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
-        self._release_hook: Callable[[], None] | None = None
         # Next due instant per task, the tasks due at each instant, and a heap of those
         # instants: a round with nothing due pops nothing and touches no task, and tasks that
-        # share a schedule share one instant (at 10,000 tasks, one heap entry rather than
-        # 10,000 tuples, each popped through comparisons of their names). None until built
-        # from the watermarks on taking leadership.
+        # share a schedule share one instant (one heap entry rather than a tuple per task, each
+        # popped through comparisons of their names). None until built from the watermarks on
+        # taking leadership.
         self._due: dict[str, datetime] | None = None
         #: The instant the last leader round dispatched up to.
         self._round_at: datetime | None = None
@@ -185,7 +182,11 @@ class Scheduler:
         self._heap: list[datetime] = []
         self._due_at: dict[datetime, list[str]] = {}
         self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
-        self._stopped = threading.Event()
+
+    @property
+    def status(self) -> RunStatus:
+        """Where the scheduler is in its life: idle, running, draining, stopped."""
+        return self.life.status
 
     # -- tasks and schedule -------------------------------------------------------------------
 
@@ -199,9 +200,6 @@ class Scheduler:
             tasks = self._fixed_tasks if self._fixed_tasks is not None else registry.tasks()
             self._handles_cache = (version, {handle.name: handle for handle in tasks})
         return self._handles_cache[1]
-
-    def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
-        return self._resolve(handle, after or self.clock())
 
     def _set_due(self, name: str, at: datetime) -> None:
         assert self._due is not None
@@ -321,7 +319,7 @@ class Scheduler:
         states = self.state.load(names)
         plan = RoundPlan(now=now, database=getattr(self.state, "using", None))
         # Per name of ``names``, what planning it did; None for a task not reached, due again
-        # now. A list beside the names: a tuple per task was 0.6 MB at 10,000 tasks.
+        # now. A list beside the names, rather than a tuple per task.
         steps: list[TaskStep | None] = []
         missing = False
         renew_every = getattr(self.leader, "renew_every", None)
@@ -372,19 +370,19 @@ class Scheduler:
         elif not plan.skip_overlap:
             ahead = len(plan.fired) >= LINES_AHEAD_FROM
             lines = self._dispatched_lines(plan.fired, ahead=ahead)
-        # Read and decided: at 10,000 tasks 2 MB the rest of the round need not hold.
+        # Read and decided: what the rest of the round need not hold.
         del states, deferred
         enqueued: Enqueued | None = None
         try:
             enqueued = self._commit(plan, streamed)
-            streamed = None  # Its watermarks, as planned: another 10,000 entries.
+            streamed = None  # Its watermarks, as planned: another entry per task.
         finally:
             if lines is not None and enqueued is None:
                 lines.close()
         if enqueued is None:
             return NOTHING
         committed = time.perf_counter()
-        metrics.recorded(plan.records)
+        instruments.recorded(plan.records)
         for name, planned_step in zip(names, steps, strict=True):
             self._set_due(name, now if planned_step is None else planned_step.next_due)
         self._log_steps(handles, names, steps)
@@ -399,7 +397,7 @@ class Scheduler:
                     count=record.span.count,
                     detail=record.detail,
                 )
-        metrics.dispatched(_counted(plan.fired, enqueued), self.clock())
+        instruments.dispatched(_counted(plan.fired, enqueued), self.clock())
         # One line per occurrence, written after the commit so it never delays the jobs.
         (lines or self._dispatched_lines(plan.fired, ahead=False)).write()
         if missing:
@@ -557,7 +555,7 @@ class Scheduler:
                 self._round = None
             node = getattr(self.state, "node_id", "local")
             failed = current.exception() is not None
-            metrics.observe_round(
+            instruments.observe_round(
                 time.monotonic() - started, leader=self.is_leader, node=node, failed=failed
             )
 
@@ -565,14 +563,9 @@ class Scheduler:
 
     def start(self) -> None:
         """Start the loop in a thread; only from a standstill."""
-        with self._lock:
-            if self.status not in ("idle", "stopped"):
-                return
-            self.status = "running"
-            self._wake.clear()
-            self._stopped.clear()
-        if self.drain_on_shutdown:
-            self._release_hook = shutdown.on_shutdown("jobs.scheduler", self.stop)
+        if not self.life.begin():
+            return
+        self.life.hook(self.stop)
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         self._thread = threading.Thread(target=self._loop, name="ultimat3-scheduler", daemon=True)
         self._thread.start()
@@ -586,24 +579,17 @@ class Scheduler:
             self.stop("once")
 
     def _loop(self) -> None:
-        failures = 0
-        while self.status == "running":
+        backoff = Backoff(self.tick_interval)
+        while self.life.status == "running":
             began = time.monotonic()
             try:
                 self.tick()
-                failures = 0
+                backoff.succeeded()
                 self.last_error = ""
             except Exception as error:
-                failures += 1
-                fields = failure_fields(error)
+                fields = backoff.failed(error)
                 self.last_error = str(fields["error"])
-                emit(
-                    logger,
-                    "jobs.scheduler.tick-failed",
-                    logging.ERROR,
-                    failures=failures,
-                    **fields,
-                )
+                emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **fields)
                 logger.debug(
                     "traceback", exc_info=error, extra={"event": "jobs.scheduler.traceback"}
                 )
@@ -613,13 +599,13 @@ class Scheduler:
                 emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
             # The GAP between rounds, never a fixed period; longer while the database is down,
             # shorter when an occurrence falls due before it ends.
-            gap = loop_backoff(self.tick_interval, failures).total_seconds()
-            if not failures:
+            gap = backoff.rest()
+            if not backoff.failures:
                 # Never less rest than the round took: rounds slower than the occurrences
                 # they serve must not run back to back.
                 rest = time.monotonic() - began
                 gap = min(gap, max(self._until_next_due(), rest))
-            self._wake.wait(gap)
+            self.life.rest(gap)
 
     def _until_next_due(self) -> float:
         """Seconds until the earliest occurrence this leader owes; a follower has none.
@@ -637,7 +623,7 @@ class Scheduler:
     def stop(self, reason: str = "stop") -> None:
         """Stop dispatching, wait out the round in flight, then hand leadership back."""
         with self._lock:
-            if self.status == "stopped":
+            if self.life.status == "stopped":
                 return
             stopping = self._stopping
             owner = stopping is None
@@ -654,11 +640,12 @@ class Scheduler:
             stopping.set_result(None)
 
     def _teardown(self, reason: str) -> None:
+        # Draining first: a round that starts from here dispatches nothing, and one already
+        # in flight is the one read below.
+        self.life.drain(reason)
         with self._lock:
-            self.status = "draining"
             in_flight = self._round
         emit(logger, "jobs.scheduler.draining", reason=reason, dispatching=in_flight is not None)
-        self._wake.set()
         try:
             # The round this stop races runs to the end first: releasing the lock under a live
             # dispatch would hand the next node an occurrence this one is still enqueueing.
@@ -671,30 +658,26 @@ class Scheduler:
                 self.leader.release()
         finally:
             self.is_leader = False
-            metrics.stepped_down(getattr(self.state, "node_id", "local"))
+            instruments.stepped_down(getattr(self.state, "node_id", "local"))
             self._due = None
-            self.status = "stopped"
             self._thread = None
             try:
                 self.state.stopped()
             except Exception as error:
                 emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
-            if self._release_hook is not None:
-                self._release_hook()
-                self._release_hook = None
             emit(logger, "jobs.scheduler.stopped", reason=reason)
-            self._stopped.set()
+            self.life.end()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until stopped; True if it is."""
-        return self._stopped.wait(timeout)
+        return self.life.wait(timeout)
 
 
 def _cached_next_occurrence() -> Callable[[TaskHandle, datetime], datetime]:
     """``TaskHandle.next_after``, remembered per (schedule, zone, DST options, instant).
 
     Tasks that share a cron, a zone and DST options ask the same questions in a round (and
-    again at the next), so 10,000 such tasks cost a handful of walks rather than three each.
+    again at the next), so many such tasks cost a handful of walks rather than three each.
     """
     cache: dict[tuple[object, ...], datetime] = {}
 

@@ -1,7 +1,8 @@
 """Process-wide drain on SIGTERM/SIGINT: the first signal drains, the second exits at once.
 
-The scheduler and the worker register a callback while they run and hand it back when they
-stop, so a stopped one never runs again on the next signal and start/stop/start holds one.
+Each role (scheduler, worker, relay) registers a callback while it runs and hands it back when
+it stops (``lifecycle.Lifecycle``), so a stopped one never runs again on the next signal and
+start/stop/start holds one.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ watermark re-checked inside it, so a crash can neither lose nor repeat an occurr
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,7 +21,6 @@ from . import history, jobstore, nodes, sql
 from .conf import Settings, get_settings
 from .db import (
     Ahead,
-    database_now,
     dumps,
     execute_bound,
     instant_texts,
@@ -31,17 +29,11 @@ from .db import (
 from .errors import TaskSyncError
 from .handles import TaskHandle
 from .jobstore import Enqueued
-from .logs import emit
 from .models import Task
 from .planner import PlannedJob, PlannedOccurrence, RoundPlan, Streamed, skip_overlaps
 
-logger = logging.getLogger("ultimat3_jobs.scheduler")
-
 #: New task rows written per statement at start.
 SYNC_SLICE = 1000
-
-#: A clock that stays skewed is warned about again this often.
-SKEW_WARNING_EVERY = timedelta(minutes=1)
 
 
 @dataclass(slots=True)
@@ -105,13 +97,16 @@ class DatabaseState:
         self.node_id = node_id
         self.leader = leader
         self.using = using
-        self.heartbeat_interval = heartbeat_interval
-        self.clock_skew_warning = clock_skew_warning
         self.clock = clock or default_clock.now
-        self._last_heartbeat: datetime | None = None
-        self._started_at = self.clock()
+        self.node = nodes.Heartbeat(
+            using=using,
+            node_id=node_id,
+            role="scheduler",
+            every=heartbeat_interval,
+            clock=self.clock,
+            skew_warning=clock_skew_warning,
+        )
         self._last_leader: bool | None = None
-        self._skew_warned: datetime | None = None
 
     def sync(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
         """Mirror the declarations; mark stored tasks no longer declared.
@@ -383,15 +378,10 @@ class DatabaseState:
             yield history.decided(r.task, r.outcome, r.span, detail=r.detail, at=at, node=node)
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
-        now = self.clock()
-        skew_ms = self._compare_clocks(now)
-        due = (
-            self._last_heartbeat is None
-            or now - self._last_heartbeat >= self.heartbeat_interval
-            or is_leader != self._last_leader
-            or bool(error)
-        )
-        if not due:
+        # Every round: occurrences are computed from this node's clock, so a skewed one fires
+        # early or late. The row itself is written when due, or at once when it has news.
+        skew_ms = self.node.compare_clocks()
+        if not (self.node.due() or is_leader != self._last_leader or error):
             return
         fields: dict[str, Any] = {
             "leader": self.leader,
@@ -401,44 +391,14 @@ class DatabaseState:
         }
         if round_at is not None:
             fields["last_round_at"] = round_at
-        nodes.heartbeat(
-            using=self.using,
-            node_id=self.node_id,
-            role="scheduler",
-            started_at=self._started_at,
-            **fields,
-        )
-        self._last_heartbeat = now
+        self.node.beat(**fields)
         self._last_leader = is_leader
-
-    def _compare_clocks(self, now: datetime) -> int:
-        """Every round: this node's clock against the database's, which judges leases.
-
-        Occurrences are computed from this node's clock, so a skewed one fires early or late.
-        Warned about when it first goes past the threshold, then at most once a minute.
-        """
-        skew = now - database_now(self.using)
-        if abs(skew) > self.clock_skew_warning:
-            if self._skew_warned is None or now - self._skew_warned >= SKEW_WARNING_EVERY:
-                emit(
-                    logger,
-                    "jobs.scheduler.clock-skew",
-                    logging.WARNING,
-                    node=self.node_id,
-                    skew_ms=int(skew.total_seconds() * 1000),
-                    fix="run NTP (chrony, systemd-timesyncd) on this host and the database "
-                    "host; occurrences are computed from this node's clock",
-                )
-                self._skew_warned = now
-        else:
-            self._skew_warned = None
-        return int(skew.total_seconds() * 1000)
 
     def between_rounds(self) -> None:
         close_old_connections()
 
     def stopped(self) -> None:
-        nodes.stopped(using=self.using, node_id=self.node_id, is_leader=False)
+        self.node.stopped(is_leader=False)
 
 
 def _compare(

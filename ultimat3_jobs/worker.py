@@ -1,7 +1,8 @@
 """The worker role: threads that run claimed jobs, the claiming loop, drain and stop.
 
-Job rows change only through ``jobstore``, retry timing comes from ``retries``, wake-ups
-from ``listener``, heartbeats go through ``nodes``: this module holds no SQL.
+Job rows change only through ``jobstore``, retry timing comes from ``retries``; the life it
+shares with the other roles (signals and drain, backoff while the database is down, LISTEN)
+from ``lifecycle``, its heartbeat from ``nodes``: this module holds no SQL.
 
 The thread that calls ``run()`` is the dispatcher: it claims jobs in batches sized to the idle
 job threads and hands them over. It alone heartbeats and recovers the jobs of dead workers, so
@@ -23,7 +24,6 @@ from typing import Any, Literal
 
 from django.db import (
     DEFAULT_DB_ALIAS,
-    DatabaseError,
     InterfaceError,
     OperationalError,
     close_old_connections,
@@ -31,15 +31,16 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import jobstore, metrics, nodes, shutdown
+from . import instruments, jobstore, nodes, shutdown
 from .conf import get_settings, stale_after_problem
 from .jobstore import ClaimedJob, Finish, Recovered
+from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
 from .logs import emit, failure_fields
 from .models import JobStatus
 from .nodes import RunStatus, new_node_id
 from .registry import registry
-from .retries import format_error, loop_backoff, retry_delay, storable
+from .retries import format_error, retry_delay, storable
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -51,8 +52,8 @@ _OUTCOMES: dict[str, Outcome] = {
     JobStatus.QUEUED: "retrying",
     JobStatus.FAILED: "failed",
 }
-# A success per job at INFO was a fifth of a busy worker's time; ``stopped`` counts them and
-# ``-v 2`` shows each.
+# A line per success at INFO would cost a busy worker much of its time; ``stopped`` counts
+# them and ``-v 2`` shows each.
 _LEVELS = {"succeeded": logging.DEBUG, "failed": logging.ERROR}
 
 
@@ -142,7 +143,6 @@ class Worker:
         self.node_id = node_id or new_node_id()
         self.clock = clock or default_clock.now
         self.rand = rand or random.random
-        self.drain_on_shutdown = drain_on_shutdown
         self._low_water = self.prefetch // 2
         # Jobs are claimed ahead only while the last ones ran short enough for the threads to
         # work through a batch in half a poll interval; past that, waiting jobs go back.
@@ -152,7 +152,14 @@ class Worker:
         problem = stale_after_problem(self.stale_after, self.heartbeat_interval)
         if problem is not None:
             raise problem
-        self.status: RunStatus = "idle"
+        self.life = Lifecycle("jobs.worker", drain_on_shutdown=drain_on_shutdown)
+        self.node = nodes.Heartbeat(
+            using=using,
+            node_id=self.node_id,
+            role="worker",
+            every=self.heartbeat_interval,
+            clock=self.clock,
+        )
         self.exit_code: int | None = None
         self.last_error = ""
         #: Jobs claimed since ``run()`` started, and how those that finished ended.
@@ -167,36 +174,21 @@ class Worker:
         # and notifies per job.
         self._inbox: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._wake = threading.Event()
-        self._draining = threading.Event()
         self._abandoned = threading.Event()
-        self._stopped = threading.Event()
-        self._stopped.set()
-        self._drain_started = 0.0
         self._handed_at = 0.0
         self._pending_since = 0.0
         self._short = True
         #: A claim failed: it may have committed with its answer lost (see release_unheld).
         self._unsure = False
-        self._drain_reason = ""
         self._gave_up = False
         self._listener: Listener | None = None
-        self._release_hook: Callable[[], None] | None = None
-        self._started_at = self.clock()
+
+    @property
+    def status(self) -> RunStatus:
+        """Where the worker is in its life: idle, running, draining, stopped."""
+        return self.life.status
 
     # -- the job table ----------------------------------------------------------------------
-
-    def claim(self, limit: int) -> list[ClaimedJob]:
-        """Mark up to ``limit`` due jobs running on this node, oldest ``run_at`` first."""
-        return jobstore.claim(
-            using=self.using, worker=self.node_id, limit=limit, now=self.clock(), queues=self.queues
-        )
-
-    def execute(self, job: ClaimedJob) -> Outcome:
-        """Run one claimed job and record how it ended, before returning."""
-        if job.backend:
-            return self._execute_django_task(job)
-        return self._record([self.attempt(job)])[0]
 
     def _execute_django_task(self, job: ClaimedJob) -> Outcome:
         """A Django Task's row: one run, no retry; its return value or ``TaskError`` kept.
@@ -294,7 +286,7 @@ class Worker:
         outcome = _OUTCOMES[ended.finish.status] if written else "lost"
         with self._lock:
             self.outcomes[outcome] += 1
-        metrics.job_finished(ended.job.name, ended.job.queue, outcome, ended.duration_ms / 1000)
+        instruments.job_finished(ended.job.name, ended.job.queue, outcome, ended.duration_ms / 1000)
         level = _LEVELS.get(outcome, logging.WARNING)
         if not logger.isEnabledFor(level):
             return outcome
@@ -348,13 +340,7 @@ class Worker:
 
     def heartbeat(self) -> None:
         """Record that this node is alive, by the database clock that judges staleness."""
-        nodes.heartbeat(
-            using=self.using,
-            node_id=self.node_id,
-            role="worker",
-            started_at=self._started_at,
-            last_error=self.last_error,
-        )
+        self.node.beat(last_error=self.last_error)
 
     def recover(self) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue."""
@@ -381,15 +367,15 @@ class Worker:
                     job = self._inbox.get(timeout=self.poll_interval.total_seconds())
                 except queue.Empty:
                     # Idle: let Django's rules (CONN_MAX_AGE) close the connection, as the end
-                    # of a request would. Closing it after every job instead cost a new
-                    # connection per job while busy, a third of the throughput.
+                    # of a request would. Closing it after every job instead would open a new
+                    # connection per job while busy.
                     close_old_connections()
                     continue
                 if job is None:
                     return
                 wake = False
                 try:
-                    _drop_broken_connections()
+                    drop_broken_connections()
                     if job.backend:
                         self._execute_django_task(job)  # writes its own outcome, with its result
                         wake = True
@@ -424,7 +410,7 @@ class Worker:
                     with self._lock:
                         self._in_flight.pop(job.id, None)
                     if wake:
-                        self._wake.set()
+                        self.life.wake.set()
         finally:
             connections.close_all()
 
@@ -465,27 +451,18 @@ class Worker:
 
     def _begin(self) -> None:
         with self._lock:
-            if self.status in ("running", "draining"):
+            if not self.life.begin():
                 raise RuntimeError(f"worker {self.node_id} is already running")
-            self.status = "running"
             self.exit_code = None
             self.claimed = 0
-            self._stopped.clear()
             self._abandoned.clear()
-            self._draining.clear()
-            self._drain_reason = ""
             self._gave_up = False
-            self._wake.clear()
 
     def stop(self, reason: str = "stop", *, wait: bool = True) -> None:
         """Stop claiming and let the jobs in flight finish, within the drain grace."""
         with self._lock:
-            first = self.status == "running" and not self._draining.is_set()
-            if first:
-                self.status = "draining"
-                self._drain_started = time.monotonic()
-                self._drain_reason = reason
-                self._draining.set()
+            # A worker that is not running has nothing to drain.
+            first = self.life.status == "running" and self.life.drain(reason)
             in_flight = len(self._in_flight)
         if first:
             emit(
@@ -495,13 +472,13 @@ class Worker:
                 in_flight=in_flight,
                 grace_s=self.drain_grace.total_seconds(),
             )
-        self._wake.set()
+        self.life.wake.set()
         if wait:
-            self._stopped.wait()
+            self.life.wait()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker has stopped; True if it has."""
-        return self._stopped.wait(timeout)
+        return self.life.wait(timeout)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the job threads to end (abandoned jobs may still be running); True if so."""
@@ -523,8 +500,7 @@ class Worker:
         return exit_code
 
     def _start_up(self) -> None:
-        if self.drain_on_shutdown:
-            self._release_hook = shutdown.on_shutdown("jobs.worker", self.stop)
+        self.life.hook(self.stop)
         self._threads = [
             threading.Thread(target=self._job_thread, name=f"ultimat3-job-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -532,15 +508,15 @@ class Worker:
         for thread in self._threads:
             thread.start()
         # A burst worker never sleeps waiting for new work, so it has nothing to LISTEN for.
-        if self.listen and not self.burst and connections[self.using].vendor == "postgresql":
-            self._listener = Listener(
+        if self.listen and not self.burst:
+            self._listener = listen(
+                "worker",
                 using=self.using,
                 queues=self.queues,
-                wake=self._wake.set,
+                wake=self.life.wake.set,
                 # Reconnect soon even when polling is slow: NOTIFY is what keeps latency low.
                 retry_after=min(self.poll_interval.total_seconds(), LISTEN_RETRY),
             )
-            self._listener.start()
         emit(
             logger,
             "jobs.worker.started",
@@ -554,22 +530,21 @@ class Worker:
 
     def _loop(self) -> None:
         """Claim while there is room; sleep until a job ends, a NOTIFY, or the poll interval."""
-        next_heartbeat = next_recovery = 0.0
-        failures = 0
-        while not self._draining.is_set():
+        next_recovery = 0.0
+        backoff = Backoff(self.poll_interval)
+        while not self.life.draining.is_set():
             idle_wait = self.poll_interval.total_seconds()
             try:
                 moment = time.monotonic()
-                if moment >= next_heartbeat:
+                if self.node.due():
                     self.heartbeat()
-                    next_heartbeat = moment + self.heartbeat_interval.total_seconds()
                 if moment >= next_recovery:
                     self.recover()
                     next_recovery = moment + self.heartbeat_interval.total_seconds()
                 if self._unsure:
                     self._release_unheld()
                 # Cleared before claiming, so a job ending during the claim still wakes us.
-                self._wake.clear()
+                self.life.wake.clear()
                 with self._lock:
                     running = len(self._in_flight)  # Claimed: running or waiting for a thread.
                 waiting = self._inbox.qsize()
@@ -587,7 +562,7 @@ class Worker:
                     room += self.prefetch
                 if self.max_jobs is not None:
                     room = min(room, self.max_jobs - self.claimed)
-                if self._draining.is_set():
+                if self.life.draining.is_set():
                     room = 0
                 with self._lock:
                     due = len(self._pending) >= FLUSH_BATCH or (
@@ -607,26 +582,24 @@ class Worker:
                         now=self.clock(),
                         queues=self.queues,
                     )
-                except DatabaseError as error:
+                except DATABASE_ERRORS as error:
                     self._keep_pending(ended, error)
                     self._unsure = self._unsure or room > 0
                     raise
                 self._report_all(ended, written)
                 self._hand_over(jobs)
-                failures = 0
+                backoff.succeeded()
                 self.last_error = ""
-            except DatabaseError as error:
-                failures += 1
-                fields = failure_fields(error)
+            except DATABASE_ERRORS as error:
+                fields = backoff.failed(error)
                 self.last_error = str(fields["error"])
-                emit(logger, "jobs.worker.loop-failed", logging.ERROR, failures=failures, **fields)
-                close_old_connections()
-                if self.burst and failures >= BURST_GIVE_UP_AFTER:
+                emit(logger, "jobs.worker.loop-failed", logging.ERROR, **fields)
+                if self.burst and backoff.failures >= BURST_GIVE_UP_AFTER:
                     self._gave_up = True
                     return
-                idle_wait = loop_backoff(self.poll_interval, failures).total_seconds()
-                self._wake.clear()
-                self._draining.wait(idle_wait)
+                self.life.wake.clear()
+                # Not cut short by a job ending or a NOTIFY: only a drain ends the backoff.
+                self.life.draining.wait(backoff.rest())
                 continue
             if self.max_jobs is not None and self.claimed >= self.max_jobs:
                 return
@@ -634,8 +607,7 @@ class Worker:
                 return
             if room > 0 and len(jobs) == room:
                 continue  # Every slot we asked for was filled: more may be due right away.
-            until_heartbeat = next_heartbeat - time.monotonic()
-            if not self._wake.wait(max(0.0, min(idle_wait, until_heartbeat, flush_in))):
+            if not self.life.rest(min(idle_wait, self.node.until_due(), flush_in)):
                 # A quiet spell: let Django drop a broken or expired connection.
                 close_old_connections()
 
@@ -683,7 +655,7 @@ class Worker:
             return
         try:
             released = jobstore.release(using=self.using, jobs=waiting, worker=self.node_id)
-        except DatabaseError as error:
+        except DATABASE_ERRORS as error:
             # Still claimed by us: our heartbeat stops with us and they are recovered.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
             released = 0
@@ -704,7 +676,7 @@ class Worker:
             written = jobstore.finish(
                 using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
             )
-        except DatabaseError as error:
+        except DATABASE_ERRORS as error:
             self._keep_pending(ended, error)
             close_old_connections()
             return
@@ -713,10 +685,9 @@ class Worker:
     def _settle(self) -> int:
         """Wait for the jobs in flight and write their outcomes; past the drain grace, hand the
         unfinished ones back to the queue."""
-        next_heartbeat = 0.0
         while True:
-            self._wake.clear()
-            if self._draining.is_set():
+            self.life.wake.clear()
+            if self.life.draining.is_set():
                 self._release_waiting()
             self._flush()
             with self._lock:
@@ -724,24 +695,22 @@ class Worker:
                 if not busy and not self._pending:
                     return CLEAN_EXIT
             deadline = None
-            if self._draining.is_set():
-                deadline = self._drain_started + self.drain_grace.total_seconds()
+            if self.life.draining.is_set():
+                deadline = self.life.drain_started + self.drain_grace.total_seconds()
                 if time.monotonic() >= deadline:
                     break
-            moment = time.monotonic()
-            if moment >= next_heartbeat:
+            if self.node.due():
                 # Jobs still run: keep them from looking orphaned to the other workers.
                 try:
                     self.heartbeat()
-                except DatabaseError as error:
+                except DATABASE_ERRORS as error:
                     emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
-                next_heartbeat = moment + self.heartbeat_interval.total_seconds()
-            timeout = next_heartbeat - moment
+            timeout = self.node.until_due()
             if deadline is not None:
-                timeout = min(timeout, deadline - moment)
+                timeout = min(timeout, deadline - time.monotonic())
             # Short waits, so a SIGTERM arriving now starts the grace clock promptly, and an
             # outcome that failed to be written is tried again.
-            self._wake.wait(max(0.0, min(timeout, 0.5)))
+            self.life.rest(min(timeout, 0.5))
         with self._lock:
             # From here a job that ends writes its own outcome (see _job_thread).
             self._abandoned.set()
@@ -761,7 +730,7 @@ class Worker:
             jobstore.give_back(
                 using=self.using, job_ids=left, worker=self.node_id, now=self.clock()
             )
-        except DatabaseError as error:
+        except DATABASE_ERRORS as error:
             # The heartbeat stops with us, so the other workers recover them instead.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
         return ABANDONED_EXIT
@@ -776,26 +745,22 @@ class Worker:
             self._listener.stop()
             self._listener = None
         try:
-            nodes.stopped(using=self.using, node_id=self.node_id)
-        except DatabaseError as error:
+            self.node.stopped()
+        except DATABASE_ERRORS as error:
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
-        if self._release_hook is not None:
-            self._release_hook()
-            self._release_hook = None
         with self._lock:
-            self.status = "stopped"
             self.exit_code = exit_code
             outcomes = {str(name): count for name, count in self.outcomes.items()}
         emit(
             logger,
             "jobs.worker.stopped",
-            reason=self._drain_reason
+            reason=self.life.reason
             or ("database-unavailable" if self._gave_up else "burst" if self.burst else "max-jobs"),
             exit_code=exit_code,
             claimed=self.claimed,
             **outcomes,
         )
-        self._stopped.set()
+        self.life.end()
 
 
 __all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Ended", "Worker"]
@@ -803,13 +768,3 @@ __all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Ended", "Worker"
 
 def _since(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
-
-
-def _drop_broken_connections() -> None:
-    """Close this thread's connections that errored and can no longer be used."""
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and connection.errors_occurred:
-            if not connection.is_usable():
-                connection.close()
-            else:
-                connection.errors_occurred = False

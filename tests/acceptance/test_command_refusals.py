@@ -117,3 +117,15 @@ def test_prune_jobs__refusals_reach_call_command_as_command_errors() -> None:
         call_command("prune_jobs", "--days", "1000000000")
     with pytest.raises(CommandError, match="there is no database 'nosuch'"):
         call_command("prune_jobs", "--database", "nosuch")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("command", ["run_jobs", "run_scheduler", "run_worker", "run_relay"])
+def test_long_running_commands__a_metrics_address_that_does_not_resolve_is_refused_with_the_fix(
+    command: str,
+) -> None:
+    result = run(command, "--metrics-port", "9", "--metrics-addr", "bogus.invalid")
+    assert result.returncode == 1, result.stderr
+    assert "cannot serve metrics on bogus.invalid:9: " in result.stderr
+    assert "fix: pass --metrics-addr an address of this host" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,15 +1,19 @@
-"""``run_scheduler`` as an operator runs it."""
+"""``run_scheduler`` and ``run_relay`` as an operator runs them."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, process_database_url
+from .helpers import ROOT, Process, process_database_url, processes, spawn, wait_for
+
+__all__ = ["processes"]
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -62,3 +66,24 @@ def test_long_running_commands__refuse_an_unmigrated_database_with_the_fix(
     result = run(command, DATABASE_URL=f"sqlite:///{tmp_path / 'empty.sqlite3'}")
     assert result.returncode != 0
     assert "fix: run: python manage.py migrate" in result.stderr
+
+
+def test_run_relay__on_sqlite_polls_without_trying_to_listen(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    database = f"sqlite:///{tmp_path / 'relay.sqlite3'}"
+    migrated = run("migrate", "--no-input", DATABASE_URL=database)
+    assert migrated.returncode == 0, migrated.stderr
+    relay = spawn(
+        tmp_path, "relay", "run_relay", "--poll-interval", "0.2", env={"DATABASE_URL": database}
+    )
+    processes.append(relay)
+    [started] = wait_for(lambda: relay.named("jobs.relay.started"), 30, "the relay to start")
+    time.sleep(3)  # Fifteen polls: a LISTEN tried and lost would have been logged by now.
+    relay.signal(signal.SIGTERM)
+    assert relay.wait(15) == 0
+    names = [event["event"] for event in relay.events()]
+    assert not [name for name in names if "listen" in name], names
+    assert "jobs.relay.stopped" in names
+    assert "Traceback" not in relay.log_path.read_text()
+    assert started["listen"] is False

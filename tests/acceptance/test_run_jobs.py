@@ -84,7 +84,7 @@ def test_run_jobs__second_signal_exits_at_once_mid_drain(
     assert process.named("jobs.worker.stopped") == []
 
 
-@pytest.mark.parametrize("command", ["run_jobs", "run_scheduler", "run_worker"])
+@pytest.mark.parametrize("command", ["run_jobs", "run_scheduler", "run_worker", "run_relay"])
 def test_long_running_commands__a_metrics_port_in_use_is_refused_with_the_fix(
     command: str,
 ) -> None:

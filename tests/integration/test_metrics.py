@@ -11,9 +11,9 @@ from django.test import Client
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from ultimat3_jobs import clock, metrics
+from ultimat3_jobs import clock, instruments, metrics
 from ultimat3_jobs.clock import FrozenClock
-from ultimat3_jobs.errors import MetricsPortError
+from ultimat3_jobs.errors import MetricsAddressError, MetricsPortError
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Job, JobStatus, Task
 from ultimat3_jobs.scheduler import Scheduler
@@ -117,7 +117,7 @@ def test_jobs_collector__counts_outbox_rows_by_state_with_the_stuck_ones() -> No
     assert sample("ultimat3_jobs_relay_rows", state="relayed") == 2
     assert sample("ultimat3_jobs_relay_rows", state="stuck") == 1
     before = sample("ultimat3_jobs_relay_rows_sent_total")
-    metrics.relayed(3)
+    instruments.relayed(3)
     assert sample("ultimat3_jobs_relay_rows_sent_total") == before + 3
 
 
@@ -273,25 +273,12 @@ def test_serve__exports_the_metrics_over_http() -> None:
     assert 'ultimat3_jobs_jobs{queue="metrics-http",status="queued"} 1.0' in body
 
 
-def test_counted_histogram__exposes_what_a_prometheus_histogram_of_them_exposes() -> None:
-    from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
-    from ultimat3_jobs.metrics import LATENESS_BUCKETS, CountedHistogram
-
-    theirs, ours = CollectorRegistry(), CollectorRegistry()
-    histogram = Histogram("late_seconds", "h", buckets=LATENESS_BUCKETS, registry=theirs)
-    counted = CountedHistogram("late_seconds", "h", LATENESS_BUCKETS)
-    ours.register(counted)
-    # Values exact in binary, so that both sums add up to the same float.
-    observations = [(0.0, 1), (0.0078125, 2), (0.5, 3), (1.0, 1), (59.75, 4), (7200.0, 2)]
-    for value, count in observations:
-        counted.observe(value, count)
-        for _ in range(count):
-            histogram.observe(value)
-
-    def samples(registry: CollectorRegistry) -> list[str]:
-        text = generate_latest(registry).decode()
-        return [line for line in text.splitlines() if "_created" not in line]
-
-    assert samples(ours) == samples(theirs)
-    assert 'late_seconds_bucket{le="0.01"} 3.0' in samples(ours)
+@pytest.mark.parametrize("addr", ["bogus.invalid", "203.0.113.7"], ids=["unresolvable", "not_ours"])
+def test_serve__an_address_this_host_cannot_listen_on_is_a_user_error_with_a_fix(
+    addr: str,
+) -> None:
+    with pytest.raises(MetricsAddressError) as raised:
+        metrics.serve(0, addr)
+    assert raised.value.code == "jobs.metrics.address-invalid"
+    assert raised.value.message.startswith(f"cannot serve metrics on {addr}:0: ")
+    assert "--metrics-addr" in raised.value.fix

@@ -18,13 +18,13 @@ from django.db import close_old_connections, connection, transaction
 from testproject.demo import background
 from testproject.demo.celery_tasks import plain_row, write_row
 from testproject.demo.models import Ping
-from ultimat3_jobs import jobstore
+from ultimat3_jobs import jobstore, tasks_compat
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
 from ultimat3_jobs.errors import BrokerUnavailableError
 from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import occurrence_key
-from ultimat3_jobs.relay import Relay, celery_task_id, send
+from ultimat3_jobs.relay import JOBS_BACKEND, Relay, celery_task_id, send
 
 from ..redis_server import RedisServer, point_celery_at
 from .test_django_tasks import MINUTE, every_minute, fire_once
@@ -377,7 +377,7 @@ def test_relay__stop_from_another_thread_ends_run(broker: redis.Redis) -> None:
     thread = threading.Thread(target=serve)
     thread.start()
     celery_round("relay.stop")
-    relayer._wake.set()  # As a NOTIFY would.
+    relayer.life.wake.set()  # As a NOTIFY would.
     for _ in range(600):  # Up to a minute for the pass the wake-up started.
         if messages(broker):
             break
@@ -481,6 +481,25 @@ def test_relay__asks_a_backend_that_reports_results_and_marks_finished_tasks_don
     assert (job.status, job.engine_id, job.return_value) == ("succeeded", result.id, {"done": "r"})
     assert job.done_at is not None
     assert relayer.check_results() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "tasks",
+    [None, {"default": {"BACKEND": JOBS_BACKEND}}],
+    ids=["no_tasks_setting", "jobs_backend_only"],
+)
+def test_check_results__reads_tasks_before_touching_the_django_tasks_framework(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, tasks: dict[str, Any] | None
+) -> None:
+    # As with only the celery extra installed: the framework's names are not there.
+    if tasks is None:
+        del settings.TASKS
+    else:
+        settings.TASKS = tasks
+    for name in ("TaskResultStatus", "task_backends"):
+        monkeypatch.delattr(tasks_compat, name)
+    assert relay().check_results() == 0
 
 
 def test_entries__a_celery_task_declared_without_typing_takes_any_keywords() -> None:

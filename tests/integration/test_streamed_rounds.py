@@ -286,7 +286,7 @@ def test_streamed_round__a_stop_keeps_the_tasks_not_reached_for_the_next_round(
     entries = stopping_task.func
 
     def stop_then_entries(occurrence: datetime) -> Any:
-        scheduler.status = "draining"  # What a SIGTERM does, between two task functions.
+        scheduler.life.status = "draining"  # What a SIGTERM does, between two task functions.
         return entries(occurrence)
 
     stopping_task.func = stop_then_entries
@@ -297,7 +297,7 @@ def test_streamed_round__a_stop_keeps_the_tasks_not_reached_for_the_next_round(
     watermarks = dict(Task.objects.values_list("name", "last_fired_at"))
     assert {watermarks[t.name] for t in tasks[10:]} == {OCCURRENCE - ONE_MS}
     assert Job.objects.count() == 10
-    scheduler.status = "running"
+    scheduler.life.status = "running"
     stopping_task.func = entries
     clock.advance(1)
     assert {d.task for d in scheduler.tick()} == {t.name for t in tasks[10:]}

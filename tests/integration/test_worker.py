@@ -17,14 +17,14 @@ from django.utils import timezone
 
 from testproject.demo.models import Ping
 from testproject.demo.tasks import always_fail, ping, slow_ping
-from ultimat3_jobs import clock
+from ultimat3_jobs import clock, jobstore
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
 from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.retention import prune
-from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Worker
+from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Outcome, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 QUICK: dict[str, Any] = {
@@ -119,13 +119,24 @@ def quiet_logger() -> Iterator[None]:
 # -- claiming ------------------------------------------------------------------------------------
 
 
+def claim(
+    worker: str, limit: int, *, now: datetime | None = None, queues: set[str] | None = None
+) -> list[jobstore.ClaimedJob]:
+    """What a worker's claim hands it: the store's, as the loop calls it."""
+    return jobstore.claim(
+        using="default",
+        worker=worker,
+        limit=limit,
+        now=now or clock.now(),
+        queues=frozenset(queues) if queues else None,
+    )
+
+
 @pytest.mark.django_db
 def test_claim__takes_due_jobs_oldest_first_and_counts_the_attempt() -> None:
-    clock = FrozenClock(T0)
     later = make_job(run_at=T0 - timedelta(seconds=1))
     older = make_job(run_at=T0 - timedelta(seconds=5))
-    worker = Worker(node_id="w1", clock=clock, drain_on_shutdown=False)
-    claimed = worker.claim(10)
+    claimed = claim("w1", 10, now=T0)
     assert [j.pk for j in claimed] == [older.pk, later.pk]
     rows = Job.objects.filter(pk__in=[older.pk, later.pk])
     assert set(rows.values_list("status", "attempts", "worker", "started_at")) == {
@@ -136,21 +147,19 @@ def test_claim__takes_due_jobs_oldest_first_and_counts_the_attempt() -> None:
 
 @pytest.mark.django_db
 def test_claim__leaves_future_jobs_other_queues_and_running_ones() -> None:
-    clock = FrozenClock(T0)
     due = make_job(run_at=T0, queue="emails")
     make_job(run_at=T0 + timedelta(seconds=1), queue="emails")
     make_job(run_at=T0, queue="reports")
     make_job(run_at=T0, queue="emails", status=JobStatus.RUNNING, worker="other")
-    worker = Worker(queues=["emails"], node_id="w1", clock=clock, drain_on_shutdown=False)
-    assert [j.pk for j in worker.claim(10)] == [due.pk]
-    assert worker.claim(10) == []
+    assert [j.pk for j in claim("w1", 10, now=T0, queues={"emails"})] == [due.pk]
+    assert claim("w1", 10, now=T0, queues={"emails"}) == []
 
 
 @pytest.mark.django_db
 def test_claim__respects_the_limit_and_never_hands_a_job_out_twice() -> None:
     jobs = [make_job() for _ in range(5)]
-    first = Worker(node_id="w1", drain_on_shutdown=False).claim(3)
-    second = Worker(node_id="w2", drain_on_shutdown=False).claim(3)
+    first = claim("w1", 3)
+    second = claim("w2", 3)
     assert len(first) == 3
     assert len(second) == 2
     assert sorted(j.pk for j in first + second) == [j.pk for j in jobs]
@@ -167,10 +176,9 @@ def test_claim__concurrent_claimers_split_the_jobs_without_overlap() -> None:
 
     def claimer(name: str) -> None:
         try:
-            worker = Worker(node_id=name, drain_on_shutdown=False)
             start.wait()
             mine: list[int] = []
-            while batch := worker.claim(7):
+            while batch := claim(name, 7):
                 mine += [j.pk for j in batch]
             got[name] = mine
         finally:
@@ -190,36 +198,45 @@ def test_claim__concurrent_claimers_split_the_jobs_without_overlap() -> None:
 # -- running and recording ----------------------------------------------------------------------
 
 
-@pytest.mark.django_db
-def test_execute__passes_the_input_as_keyword_arguments_and_records_success(
+def burst_worker(**options: Any) -> Worker:
+    """A worker that runs what is due now, then returns: ``run()`` is the public path."""
+    return Worker(**{"node_id": "w1", "burst": True, "drain_on_shutdown": False, **options})
+
+
+def ran(worker: Worker) -> list[Outcome]:
+    """Run ``worker`` to the end: how each attempt it claimed ended."""
+    assert worker.run() == CLEAN_EXIT
+    outcomes = [outcome for outcome, count in worker.outcomes.items() for _ in range(count)]
+    assert len(outcomes) == worker.claimed
+    return outcomes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__passes_the_input_as_keyword_arguments_and_records_success(
     recorded: list[dict[str, Any]],
 ) -> None:
-    make_job("test.record", data={"day": "2026-06-01", "n": 3})
-    worker = Worker(node_id="w1", drain_on_shutdown=False)
-    (claimed,) = worker.claim(1)
-    assert worker.execute(claimed) == "succeeded"
+    made = make_job("test.record", data={"day": "2026-06-01", "n": 3})
+    assert ran(burst_worker()) == ["succeeded"]
     assert recorded == [{"day": "2026-06-01", "n": 3}]
-    row = Job.objects.get(pk=claimed.pk)
+    row = Job.objects.get(pk=made.pk)
     assert row.status == JobStatus.SUCCEEDED
     assert row.started_at is not None and row.finished_at is not None
     assert row.started_at <= row.finished_at
     assert row.last_error == ""
 
 
-@pytest.mark.django_db
-def test_execute__failure_is_requeued_with_backoff_and_its_traceback() -> None:
+@pytest.mark.django_db(transaction=True)
+def test_run__failure_is_requeued_with_backoff_and_its_traceback() -> None:
     clock = FrozenClock(T0)
     made = make_job("demo.always_fail", data={"label": "x"}, run_at=T0)
-    worker = Worker(
-        node_id="w1",
-        clock=clock,
-        backoff_base=2,
-        backoff_max=timedelta(hours=1),
-        rand=lambda: 0.5,
-        drain_on_shutdown=False,
-    )
-    (claimed,) = worker.claim(1)
-    assert worker.execute(claimed) == "retrying"
+    options: dict[str, Any] = {
+        "clock": clock,
+        "backoff_base": 2,
+        "backoff_max": timedelta(hours=1),
+        "rand": lambda: 0.5,
+    }
+    # One attempt: the burst claims nothing more, as the job is not due before its backoff ends.
+    assert ran(burst_worker(**options)) == ["retrying"]
     row = Job.objects.get(pk=made.pk)
     assert row.status == JobStatus.QUEUED
     assert row.attempts == 1
@@ -228,52 +245,48 @@ def test_execute__failure_is_requeued_with_backoff_and_its_traceback() -> None:
     assert row.finished_at is None
     assert "RuntimeError: demo failure: x" in row.last_error
     assert "Traceback" in row.last_error
-    assert worker.claim(1) == []  # Not due before its backoff ends.
     clock.advance(1)
-    assert [j.pk for j in worker.claim(1)] == [made.pk]
+    assert ran(burst_worker(**options)) == ["retrying"]  # Due now: claimed and run again.
+    assert Job.objects.get(pk=made.pk).attempts == 2
 
 
-@pytest.mark.django_db
-def test_execute__the_last_attempt_ends_failed_with_its_error() -> None:
+@pytest.mark.django_db(transaction=True)
+def test_run__the_last_attempt_ends_failed_with_its_error() -> None:
     made = make_job("demo.always_fail", data={"label": "y"}, attempts=2, max_attempts=3)
-    worker = Worker(node_id="w1", drain_on_shutdown=False)
-    (claimed,) = worker.claim(1)
-    assert claimed.attempts == 3
-    assert worker.execute(claimed) == "failed"
+    assert ran(burst_worker()) == ["failed"]
     row = Job.objects.get(pk=made.pk)
     assert (row.status, row.attempts) == (JobStatus.FAILED, 3)
     assert row.finished_at is not None
     assert "demo failure: y" in row.last_error
 
 
-@pytest.mark.django_db
-def test_execute__a_job_this_worker_does_not_know_fails_at_once() -> None:
+@pytest.mark.django_db(transaction=True)
+def test_run__a_job_this_worker_does_not_know_fails_at_once() -> None:
     made = make_job("nowhere.gone", data={}, max_attempts=5)
-    worker = Worker(node_id="w1", drain_on_shutdown=False)
-    (claimed,) = worker.claim(1)
-    assert worker.execute(claimed) == "failed"
+    assert ran(burst_worker()) == ["failed"]
     row = Job.objects.get(pk=made.pk)
     assert (row.status, row.attempts) == (JobStatus.FAILED, 1)
     assert 'job "nowhere.gone" is not registered in this worker' in row.last_error
     assert "fix:" in row.last_error
 
 
-@pytest.mark.django_db
-def test_execute__input_that_does_not_fit_the_function_is_a_failure() -> None:
+@pytest.mark.django_db(transaction=True)
+def test_run__input_that_does_not_fit_the_function_is_a_failure() -> None:
     made = make_job("demo.ping", data={"wrong": 1}, max_attempts=1)
-    worker = Worker(node_id="w1", drain_on_shutdown=False)
-    (claimed,) = worker.claim(1)
-    assert worker.execute(claimed) == "failed"
+    assert ran(burst_worker()) == ["failed"]
     assert "TypeError" in Job.objects.get(pk=made.pk).last_error
 
 
-@pytest.mark.django_db
-def test_execute__a_job_cancelled_while_running_stays_cancelled() -> None:
-    made = make_job()
-    worker = Worker(node_id="w1", drain_on_shutdown=False)
-    (claimed,) = worker.claim(1)
-    Job.objects.filter(pk=made.pk).update(status=JobStatus.CANCELLED)
-    assert worker.execute(claimed) == "lost"
+@pytest.mark.django_db(transaction=True)
+def test_run__a_job_cancelled_while_running_stays_cancelled(fresh_registry: Registry) -> None:
+    @job(name="test.cancelled_meanwhile")
+    def cancelled_meanwhile(key: str) -> None:
+        # As the admin's Cancel would, while the job runs.
+        Job.objects.filter(key=key).update(status=JobStatus.CANCELLED)
+
+    made = make_job("test.cancelled_meanwhile", data={})
+    Job.objects.filter(pk=made.pk).update(input={"key": made.key})
+    assert ran(burst_worker()) == ["lost"]
     assert Job.objects.get(pk=made.pk).status == JobStatus.CANCELLED
 
 
@@ -527,13 +540,11 @@ def test_builtin_prune_task__is_declared_nightly_in_utc_and_enqueues_the_prune_j
     assert nightly.next_runs(1, after=T0) == [datetime(2026, 6, 2, 3, 17, tzinfo=UTC)]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_builtin_prune_job__prunes_when_a_worker_runs_it() -> None:
     _old_and_new_rows()
     make_job("ultimat3_jobs.prune", data={"days": 14}, queue="maintenance")
-    worker = Worker(queues=["maintenance"], node_id="w1", drain_on_shutdown=False)
-    (claimed,) = worker.claim(1)
-    assert worker.execute(claimed) == "succeeded"
+    assert ran(burst_worker(queues=["maintenance"])) == ["succeeded"]
     assert Occurrence.objects.count() == 1
     assert not Job.objects.filter(status=JobStatus.FAILED).exists()
 

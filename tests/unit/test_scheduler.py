@@ -506,9 +506,11 @@ def test_resolver__an_injected_schedule_drives_arming_and_firing() -> None:
         step = timedelta(minutes=5)
         return T0.replace(second=0) + (int((at - T0.replace(second=0)) / step) + 1) * step
 
-    scheduler, _, clock = build(handle, resolver=every_five_minutes)
-    assert scheduler.next_run_for(handle) == datetime(2026, 6, 1, 0, 5, tzinfo=UTC)
-    scheduler.tick()
+    scheduler, state, clock = build(handle, resolver=every_five_minutes)
+    scheduler.tick()  # arms it just before the resolver's next instant, not the cron's 01:00
+    assert state.tasks["t.resolved"].watermark == datetime(
+        2026, 6, 1, 0, 5, tzinfo=UTC
+    ) - timedelta(milliseconds=1)
     clock.set(datetime(2026, 6, 1, 0, 5, 1, tzinfo=UTC))  # the cron says hourly; the resolver wins
     assert [d.occurrence for d in scheduler.tick()] == [datetime(2026, 6, 1, 0, 5, tzinfo=UTC)]
 

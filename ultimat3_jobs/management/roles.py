@@ -1,5 +1,6 @@
 """The flags of the long-running commands and the objects they build, shared by
-``run_scheduler``, ``run_worker`` and ``run_jobs`` so each flag means one thing everywhere."""
+``run_scheduler``, ``run_worker``, ``run_jobs`` and ``run_relay`` so each flag means one thing
+everywhere."""
 
 from __future__ import annotations
 
@@ -104,16 +105,17 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def prepare(options: dict[str, Any]) -> Any:
+def prepare(options: dict[str, Any], *, exporter: bool = True) -> Any:
     """Logging, the migrated-database check and the exporter: what every role does first.
 
     Returns the metrics server (or None); it serves from a daemon thread until the process ends.
+    Without ``exporter`` (a command that prints and exits) no server starts.
     """
     logs.configure(
         options["log_format"], logging.DEBUG if options.get("verbosity", 1) > 1 else logging.INFO
     )
     require_migrated(options["database"])
-    if options.get("metrics_port") is None:
+    if not exporter or options.get("metrics_port") is None:
         return None
     try:
         return metrics.serve(options["metrics_port"], options["metrics_addr"])

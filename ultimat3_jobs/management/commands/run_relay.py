@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import logging
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS
 
-from ultimat3_jobs import logs
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int, positive_seconds
-from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.management.preflight import command_error
+from ultimat3_jobs.management.roles import add_process_arguments, prepare
 from ultimat3_jobs.relay import DEFAULT_BATCH, Relay
 
 
@@ -53,8 +51,7 @@ class Command(BaseCommand):
             help="Print the outbox's rows by state as JSON (outbox, relayed, done, failed, "
             "stuck) and exit, for monitoring.",
         )
-        parser.add_argument("--log-format", choices=("text", "json"), default="text")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        add_process_arguments(parser)
 
     def handle(
         self,
@@ -65,16 +62,13 @@ class Command(BaseCommand):
         resend_after: float | None,
         no_listen: bool,
         stats: bool,
-        log_format: str,
-        database: str,
-        verbosity: int,
         **options: Any,
     ) -> None:
-        logs.configure(log_format, logging.DEBUG if verbosity > 1 else logging.INFO)
-        require_migrated(database)
+        # --stats prints and exits: no exporter to serve.
+        prepare(options, exporter=not stats)
         try:
             relay = Relay(
-                using=database,
+                using=options["database"],
                 batch=batch,
                 burst=burst,
                 poll_interval=timedelta(seconds=poll_interval) if poll_interval else None,

@@ -1,0 +1,174 @@
+"""What the scheduler, the worker and the relay share from start to stop.
+
+A role's own work is one pass: a round, a claim, a batch sent. Around it every role lives the
+same life, written here once:
+
+- ``Lifecycle``: the status an operator reads, the drain the first SIGTERM/SIGINT begins (the
+  second exits at once, ``shutdown``), and the rest between two passes that a wake-up (a
+  NOTIFY, a job ending, a stop) cuts short;
+- ``Backoff``: a pass that failed rests longer before the next, doubling up to a cap
+  (``retries.loop_backoff``), and a connection a database failure broke is dropped so the next
+  pass opens a fresh one;
+- ``listen``: LISTEN where the database can, polling alone where it cannot.
+
+The node row each role keeps alive is ``nodes.Heartbeat``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+
+from . import listener, shutdown
+from .listener import Listener
+from .logs import failure_fields
+from .nodes import RunStatus
+from .retries import loop_backoff
+
+#: What a pass raises when the database is away: retried with backoff, never fatal.
+DATABASE_ERRORS = (DatabaseError, InterfaceError)
+
+
+class Lifecycle:
+    """One role's run: its status, its drain, and the events its threads wait on.
+
+    ``name`` is what the role registers with ``shutdown`` (``jobs.worker``...). Without
+    ``drain_on_shutdown`` no signal is hooked: the owner (a test, an embedding) stops it.
+    """
+
+    def __init__(self, name: str, *, drain_on_shutdown: bool = True) -> None:
+        self.name = name
+        self.drain_on_shutdown = drain_on_shutdown
+        self.status: RunStatus = "idle"
+        #: Set to cut the rest between two passes short.
+        self.wake = threading.Event()
+        #: Set once the drain began; never cleared before the next ``begin``.
+        self.draining = threading.Event()
+        #: Clear while running or draining: ``wait`` returns once the role has stopped.
+        self.stopped = threading.Event()
+        self.stopped.set()
+        #: Why the drain began (a signal's name, ``stop``...), and when (``time.monotonic``).
+        self.reason = ""
+        self.drain_started = 0.0
+        self._lock = threading.Lock()
+        self._release: Callable[[], None] | None = None
+
+    def begin(self) -> bool:
+        """Running, from a standstill only: False, and nothing changed, if it runs already."""
+        with self._lock:
+            if self.status in ("running", "draining"):
+                return False
+            self.status = "running"
+            self.reason = ""
+            self.wake.clear()
+            self.draining.clear()
+            self.stopped.clear()
+        return True
+
+    def hook(self, stop: Callable[[str], None]) -> None:
+        """Call ``stop(signal_name)`` on the first SIGTERM/SIGINT, until ``end``.
+
+        Only the main thread can install signal handlers: a role begun in another thread is
+        stopped by its owner.
+        """
+        if self.drain_on_shutdown and self._release is None:
+            self._release = shutdown.on_shutdown(self.name, stop)
+
+    def drain(self, reason: str) -> bool:
+        """Begin the stop: the status reads draining and the rest is cut short. True for the
+        call that began it; a role already draining or stopped is left as it is."""
+        with self._lock:
+            began = self.status in ("idle", "running")
+            if began:
+                self.status = "draining"
+                self.reason = reason
+                self.drain_started = time.monotonic()
+                self.draining.set()
+                self.stopped.clear()  # Drained from idle (a round ticked by hand): not yet.
+        self.wake.set()
+        return began
+
+    def end(self) -> None:
+        """Stopped: the signal handed back, every ``wait`` answered."""
+        if self._release is not None:
+            self._release()
+            self._release = None
+        with self._lock:
+            self.status = "stopped"
+        self.stopped.set()
+
+    def rest(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a wake-up; True if one came."""
+        return self.wake.wait(max(0.0, seconds))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stopped; True if it is."""
+        return self.stopped.wait(timeout)
+
+
+class Backoff:
+    """Passes that failed in a row, and the rest they earn: ``interval`` after a pass that went
+    through, doubling from it after each failure, capped (``retries.loop_backoff``)."""
+
+    def __init__(self, interval: timedelta) -> None:
+        self.interval = interval
+        self.failures = 0
+
+    def failed(self, error: BaseException) -> dict[str, Any]:
+        """Count one more failed pass; its log fields, with ``failures`` and ``retry_in``.
+
+        A database failure leaves its connection unusable: it is dropped here, so the next pass
+        reconnects rather than failing again on the broken one.
+        """
+        self.failures += 1
+        if isinstance(error, DATABASE_ERRORS):
+            close_old_connections()
+        return {"failures": self.failures, "retry_in": self.rest(), **failure_fields(error)}
+
+    def succeeded(self) -> int:
+        """A pass went through: the failures before it, forgotten (0 if there were none)."""
+        failures, self.failures = self.failures, 0
+        return failures
+
+    def rest(self) -> float:
+        """Seconds to rest before the next pass."""
+        return loop_backoff(self.interval, self.failures).total_seconds()
+
+
+def listen(
+    role: str,
+    *,
+    using: str,
+    queues: frozenset[str] | None,
+    wake: Callable[[], None],
+    retry_after: float,
+) -> Listener | None:
+    """A started LISTEN for ``role``, or None where the database cannot LISTEN (only
+    PostgreSQL can): there, polling alone finds the work."""
+    if not listener.supported(using):
+        return None
+    started = Listener(role=role, using=using, queues=queues, wake=wake, retry_after=retry_after)
+    started.start()
+    return started
+
+
+def drop_broken_connections() -> None:
+    """Close this thread's connections that errored and can no longer be used.
+
+    Unlike ``close_old_connections`` it leaves a working connection open whatever its age, so
+    a thread running one job after another does not reconnect for each.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and connection.errors_occurred:
+            if not connection.is_usable():
+                connection.close()
+            else:
+                connection.errors_occurred = False
+
+
+__all__ = ["DATABASE_ERRORS", "Backoff", "Lifecycle", "drop_broken_connections", "listen"]

@@ -62,3 +62,15 @@ def test_long_running_commands__refuse_an_unmigrated_database_with_the_fix(
     result = run(command, DATABASE_URL=f"sqlite:///{tmp_path / 'empty.sqlite3'}")
     assert result.returncode != 0
     assert "fix: run: python manage.py migrate" in result.stderr
+
+
+def test_jobs_status__right_after_the_only_scheduler_stopped_cleanly__is_not_healthy() -> None:
+    assert run("run_scheduler", "--once").returncode == 0
+
+    result = run("jobs_status", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["healthy"], report["schedulers"], report["leader"]) == (False, 0, None)
+    [warning] = report["warnings"]
+    assert warning["message"].startswith("No scheduler is running (the last one stopped ")

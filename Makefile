@@ -66,7 +66,7 @@ test: test-tools lint
 	$(WITH_PG) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 	# The embedded default: everything that does not need PostgreSQL, again on SQLite.
 	DATABASE_URL=sqlite:///$(CURDIR)/.test-sqlite.db $(PY) -m pytest -m "not postgres and not soak and not browser" -q tests/integration tests/acceptance
-	$(MAKE) --no-print-directory extras
+	$(MAKE) --no-print-directory --keep-going extras
 
 # Imports, `manage.py check` and each role, on SQLite, with no extra and with each alone.
 extras: $(EXTRA_LEGS:%=extras-%)

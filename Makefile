@@ -10,7 +10,14 @@ WITH_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --)
 # The benchmarks time commits: their cluster flushes each one to disk, as production does.
 WITH_DURABLE_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --durable --)
 
-.PHONY: install run worker test lint unit soak bench screenshot clean
+# Each extra alone, and none: a virtualenv each with the app, that extra and the test tools
+# (`.venv` has every extra). Built once, then again only when pyproject.toml changes.
+EXTRA_LEGS := none celery tasks
+EXTRA_STAMPS := $(EXTRA_LEGS:%=.venv-extra-%/.installed)
+comma := ,
+
+.PHONY: install run worker test test-tools extras $(EXTRA_LEGS:%=extras-%) lint unit soak bench \
+	screenshot clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -18,9 +25,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The app and what the example project's settings read.
 $(VENV)/.installed-run: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $@
+
+$(EXTRA_STAMPS): .venv-extra-%/.installed: pyproject.toml
+	test -d $(@D) || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --upgrade pip
+	$(@D)/bin/python -m pip install --quiet -e '.[test$(if $(filter none,$*),,$(comma)$*)]'
 	touch $@
 
 install: $(STAMP)
@@ -44,10 +58,21 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy ultimat3_jobs testproject tests bench
 	$(PY) manage.py makemigrations --check --dry-run
 
-test: lint
+# PostgreSQL, Redis and Chromium: installed as root when missing, else the command to run.
+test-tools:
+	@PYTHON=$(PYTHON) scripts/test_tools.sh
+
+test: test-tools lint
 	$(WITH_PG) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 	# The embedded default: everything that does not need PostgreSQL, again on SQLite.
 	DATABASE_URL=sqlite:///$(CURDIR)/.test-sqlite.db $(PY) -m pytest -m "not postgres and not soak and not browser" -q tests/integration tests/acceptance
+	$(MAKE) --no-print-directory --keep-going extras
+
+# Imports, `manage.py check` and each role, on SQLite, with no extra and with each alone.
+extras: $(EXTRA_LEGS:%=extras-%)
+
+$(EXTRA_LEGS:%=extras-%): extras-%: .venv-extra-%/.installed
+	ULTIMAT3_EXTRAS=$* DATABASE_URL=sqlite:///$(CURDIR)/.venv-extra-$*/test.db $(<D)/bin/python -m pytest -q -p no:cacheprovider tests/extras
 
 soak: $(STAMP)
 	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
@@ -60,4 +85,4 @@ bench: $(VENV)/.bench-installed
 	$(WITH_DURABLE_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) db.sqlite3 .test-sqlite.db .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-extra-* db.sqlite3 .test-sqlite.db .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,6 @@
 """Settings of the example project. Everything deployment-specific comes from the environment."""
 
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -84,19 +85,21 @@ STATIC_URL = "static/"
 
 ULTIMAT3_JOBS = env.json("ULTIMAT3_JOBS", default={})
 
-# Django Tasks (django.tasks on Django 6, the django-tasks backport on 5.2) as job rows.
-TASKS = {
-    "default": {
-        "BACKEND": "ultimat3_jobs.backends.JobsBackend",
-        "QUEUES": ["default", "emails"],
-    },
-    # Keeps what it is given in memory and runs nothing: relayed, never done.
-    "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
-    # Runs each task inside enqueue(): a second backend the relay hands occurrences to.
-    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
-    # Keeps results in memory and says so: a backend the relay asks whether a task finished.
-    "reporting": {"BACKEND": "testproject.demo.reporting.ReportingBackend"},
-}
+# Django Tasks (the django-tasks backport, the `tasks` extra) as job rows. A project without
+# the extra has no TASKS setting, and neither has this one then.
+if find_spec("django_tasks") is not None:
+    TASKS = {
+        "default": {
+            "BACKEND": "ultimat3_jobs.backends.JobsBackend",
+            "QUEUES": ["default", "emails"],
+        },
+        # Keeps what it is given in memory and runs nothing: relayed, never done.
+        "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+        # Runs each task inside enqueue(): a second backend the relay hands occurrences to.
+        "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+        # Keeps results in memory and says so: a backend the relay asks whether a task finished.
+        "reporting": {"BACKEND": "testproject.demo.reporting.ReportingBackend"},
+    }
 
 # Celery (testproject/celery.py reads the CELERY_ settings). The tests start Redis and point
 # CELERY_BROKER_URL at it. Late acks and rejection on a lost worker bring a killed worker's

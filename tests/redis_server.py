@@ -29,8 +29,8 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail(
-                "redis-server not found: install it (apt-get install redis-server); "
-                ".ci/run does so where it is missing",
+                "redis-server not found: install it (as root: apt-get install -y redis-server); "
+                "`make test` does so first (scripts/test_tools.sh)",
                 pytrace=False,
             )
         self.binary = binary

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -30,6 +30,11 @@ from .registry import registry
 DEFAULT_LIMIT = 1000
 
 _JUST_BEFORE = timedelta(microseconds=1)
+
+#: A backfill range lies within ``[EARLIEST, LATEST)``: ``datetime`` ends with the years 1 and
+#: 9999, and the walk that finds a range's occurrences looks up to decades past its end.
+EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
+LATEST = datetime(9900, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,8 @@ def parse_instant(value: str, zone: ZoneInfo, what: str = "instant") -> datetime
 def occurrences_in(
     handle: TaskHandle, start: datetime, end: datetime, limit: int = DEFAULT_LIMIT
 ) -> list[datetime]:
-    """The task's occurrences in ``[start, end]``, in order; more than ``limit`` is refused.
+    """The task's occurrences in ``[start, end]``, in order; more than ``limit`` is refused, and
+    so is a range outside ``[EARLIEST, LATEST)``.
 
     Walks no further than ``limit + 1`` occurrences, so a year of a per-second task is refused
     at once rather than enumerated.
@@ -113,6 +119,13 @@ def occurrences_in(
             f"the range of {handle.name} starts at {start.isoformat()}, after its end "
             f"{end.isoformat()}",
             fix="give --start an instant at or before --end (both ends are included)",
+            cause=(start, end),
+        )
+    if start < EARLIEST or end >= LATEST:
+        raise BackfillRangeError(
+            f"the range of {handle.name} from {start.isoformat()} to {end.isoformat()} reaches "
+            "outside the years 2 to 9899, which a backfill can walk",
+            fix="give --start and --end between 0002-01-01 and 9899-12-31",
             cause=(start, end),
         )
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:

@@ -98,7 +98,8 @@ class UnknownTaskError(UltimateError):
 
 
 class BackfillRangeError(UltimateError):
-    """A backfill range that cannot be read, or whose start is after its end."""
+    """A backfill range that cannot be read, starts after its end, or reaches outside the years
+    2 to 9899 (``backfill.EARLIEST``, ``backfill.LATEST``)."""
 
     code = "jobs.backfill.range-invalid"
 

@@ -14,7 +14,10 @@ from .conf import get_settings
 from .humanize import duration
 from .models import Node
 
-START_FIX = "start one with `python manage.py run_scheduler` (`make run` in this repository)"
+START_FIX = (
+    "start one with `python manage.py run_scheduler`, or `python manage.py run_jobs` (the "
+    "scheduler and a worker in one process)"
+)
 STALE_FIX = (
     "check that a `manage.py run_scheduler` process is running and can reach the database; "
     "its log says why rounds stopped"
@@ -97,6 +100,19 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
     warnings: list[StatusWarning] = []
     if not schedulers:
         warnings.append(StatusWarning("No scheduler has run against this database yet.", START_FIX))
+    elif not live_schedulers:
+        # A node that stopped cleanly says so at once; only a crashed one waits out the silence.
+        last = max(schedulers, key=lambda n: n.stopped_at or n.last_seen_at)
+        gone = (
+            f"the last one stopped {duration(now - last.stopped_at)} ago"
+            if last.stopped_at is not None
+            else f"the last one was last heard from {duration(now - last.last_seen_at)} ago"
+        )
+        warnings.append(
+            StatusWarning(
+                f"No scheduler is running ({gone}): tasks are not being dispatched.", START_FIX
+            )
+        )
     elif last_round_at is None:
         warnings.append(StatusWarning("No scheduler round has run yet.", STALE_FIX))
     elif now - last_round_at > stale_after:
@@ -104,7 +120,7 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
             StatusWarning(
                 f"No scheduler round for {duration(now - last_round_at)} "
                 f"(warning after {duration(stale_after)}): tasks are not being dispatched.",
-                STALE_FIX if live_schedulers else START_FIX,
+                STALE_FIX,
             )
         )
     threshold_ms = config.clock_skew_warning.total_seconds() * 1000

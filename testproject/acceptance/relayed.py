@@ -1,31 +1,35 @@
 """Per-second tasks whose entries another engine runs: a Celery task, a second Tasks backend.
 
 Imported by ``tasks.py`` only when ULTIMAT3_ACCEPTANCE_RELAY is set, in the scheduler, the
-relays and the Celery worker alike.
+relays and the Celery worker alike. Each is declared only when its engine is installed (the
+`celery` extra; the `tasks` extra or Django 6), so each extra's environment runs the other.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import datetime
+from importlib.util import find_spec
 
-from testproject.demo.background import record_immediately
-from testproject.demo.celery_tasks import write_row
 from ultimat3_jobs import Entry, task
+from ultimat3_jobs.tasks_compat import AVAILABLE as DJANGO_TASKS
+
+if find_spec("celery") is not None:
+    from testproject.demo.celery_tasks import write_row
+
+    @task(
+        cron="* * * * * *",
+        tz="UTC",
+        name="acceptance.relay_every_second",
+        catch_up="run-all",
+        max_catch_up=1000,
+    )
+    def relay_every_second(occurrence: datetime) -> list[Entry]:
+        return [(write_row, {"occurrence": occurrence.isoformat()})]
 
 
-@task(
-    cron="* * * * * *",
-    tz="UTC",
-    name="acceptance.relay_every_second",
-    catch_up="run-all",
-    max_catch_up=1000,
-)
-def relay_every_second(occurrence: datetime) -> list[Entry]:
-    return [(write_row, {"occurrence": occurrence.isoformat()})]
-
-
-if os.environ.get("ULTIMAT3_ACCEPTANCE_IMMEDIATE"):
+if DJANGO_TASKS and os.environ.get("ULTIMAT3_ACCEPTANCE_IMMEDIATE"):
+    from testproject.demo.background import record_immediately
 
     @task(
         cron="* * * * * *",

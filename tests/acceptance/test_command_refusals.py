@@ -17,6 +17,16 @@ pytestmark = [pytest.mark.acceptance]
 
 #: Nothing listens on port 1: every connection is refused at once.
 UNREACHABLE = "postgres://postgres@127.0.0.1:1/nowhere"
+#: A backfill of the demo's nightly task over two days, without writing.
+BACKFILL = [
+    "backfill_task",
+    "demo.nightly_digest",
+    "--start",
+    "2026-03-01",
+    "--end",
+    "2026-03-02",
+    "--dry-run",
+]
 
 
 def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -40,8 +50,18 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         (["run_worker", "--burst", "--drain-grace", "inf"], "not a finite number"),
         (["run_worker", "--burst", "--concurrency", "129"], "must be at most 128"),
         (["prune_jobs", "--days", "1000000000"], "must be at most 36500"),
+        ([*BACKFILL, "--limit", str(10**26)], "must be at most 100000"),
     ],
-    ids=["tick_inf", "tick_1e308", "tick_nan", "poll_inf", "grace_inf", "concurrency", "days"],
+    ids=[
+        "tick_inf",
+        "tick_1e308",
+        "tick_nan",
+        "poll_inf",
+        "grace_inf",
+        "concurrency",
+        "days",
+        "backfill_limit",
+    ],
 )
 def test_commands__out_of_range_flags_are_refused_by_argparse(
     argv: list[str], message: str
@@ -60,8 +80,15 @@ def test_run_worker__the_concurrency_bound_is_in_its_help() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["run_scheduler", "--once"], ["run_worker", "--burst"], ["prune_jobs"]],
-    ids=["scheduler", "worker", "prune"],
+    [
+        ["run_scheduler", "--once"],
+        ["run_worker", "--burst"],
+        ["prune_jobs"],
+        ["jobs_status"],
+        BACKFILL,
+        ["celery_beat_tasks"],
+    ],
+    ids=["scheduler", "worker", "prune", "status", "backfill", "celery_beat"],
 )
 def test_commands__an_unknown_database_alias_is_a_command_error_with_the_fix(
     argv: list[str],
@@ -74,7 +101,15 @@ def test_commands__an_unknown_database_alias_is_a_command_error_with_the_fix(
 
 
 @pytest.mark.parametrize(
-    "argv", [["run_scheduler", "--once"], ["prune_jobs"]], ids=["scheduler", "prune"]
+    "argv",
+    [
+        ["run_scheduler", "--once"],
+        ["prune_jobs"],
+        ["jobs_status"],
+        ["jobs_status", "--json"],
+        BACKFILL,
+    ],
+    ids=["scheduler", "prune", "status", "status_json", "backfill"],
 )
 def test_one_shot_commands__an_unreachable_database_is_a_command_error_with_the_fix(
     argv: list[str],
@@ -128,4 +163,19 @@ def test_long_running_commands__a_metrics_address_that_does_not_resolve_is_refus
     assert result.returncode == 1, result.stderr
     assert "cannot serve metrics on bogus.invalid:9: " in result.stderr
     assert "fix: pass --metrics-addr an address of this host" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [("0001-01-01", "0001-01-03"), ("9999-12-30", "9999-12-31T23:59")],
+    ids=["year_1", "end_of_year_9999"],
+)
+def test_backfill_task__a_range_at_the_ends_of_the_calendar_is_a_command_error_with_the_fix(
+    start: str, end: str
+) -> None:
+    result = run("backfill_task", "demo.nightly_digest", "--start", start, "--end", end)
+    assert result.returncode == 1, result.stderr
+    assert "reaches outside the years 2 to 9899" in result.stderr
+    assert "[jobs.backfill.range-invalid]" in result.stderr
+    assert "fix: give --start and --end between 0002-01-01 and 9899-12-31" in result.stderr
     assert "Traceback" not in result.stderr

@@ -87,3 +87,15 @@ def test_run_relay__on_sqlite_polls_without_trying_to_listen(
     assert "jobs.relay.stopped" in names
     assert "Traceback" not in relay.log_path.read_text()
     assert started["listen"] is False
+
+
+def test_jobs_status__right_after_the_only_scheduler_stopped_cleanly__is_not_healthy() -> None:
+    assert run("run_scheduler", "--once").returncode == 0
+
+    result = run("jobs_status", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["healthy"], report["schedulers"], report["leader"]) == (False, 0, None)
+    [warning] = report["warnings"]
+    assert warning["message"].startswith("No scheduler is running (the last one stopped ")

@@ -506,14 +506,34 @@ def test_task_change__history_lists_each_outcome_with_its_jobs(
     ]
     assert history[0]["by"] == "alice"
     assert history[2]["count"] == 3
-    assert history[2]["first"] == "2026-03-04 03:00 CET"
-    assert history[2]["last"] == "2026-03-06 03:00 CET"
+    assert history[2]["first"] == "2026-03-04 03:00:00 CET"
+    assert history[2]["last"] == "2026-03-06 03:00:00 CET"
     assert history[3]["jobs"] == [
         {"job": "demo.send_digest", "key": existing.key, "created": True, "id": existing.pk}
     ]
     html = response.content.decode()
     assert reverse("admin:ultimat3_jobs_job_change", args=[existing.pk]) in html
     assert "already present" in html
+
+
+def test_task_change__history_shows_each_occurrence_to_the_second(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    task = "demo.every_ten_seconds"
+    for seconds in (10, 20):
+        at = NOW - timedelta(minutes=1) + timedelta(seconds=seconds)
+        Occurrence.objects.create(
+            task=task, outcome="fired", occurrence=at, last_occurrence=at, recorded_at=at
+        )
+
+    response = logged_in(viewer).get(
+        reverse("admin:ultimat3_jobs_task_change", args=[tasks[task].pk])
+    )
+
+    assert [h["first"] for h in response.context["history"]] == [
+        "2026-03-08 11:59:20 UTC",
+        "2026-03-08 11:59:10 UTC",
+    ]
 
 
 # -- pausing is the only edit --------------------------------------------------------------
@@ -806,6 +826,60 @@ def test_scheduler_status__stopped_leader_does_not_lead() -> None:
     _node("a", is_leader=True, last_round_at=NOW, stopped_at=NOW - timedelta(seconds=1))
 
     assert scheduler_status(NOW).leader is None
+
+
+def test_scheduler_status__every_scheduler_stopped_cleanly__warns_at_once() -> None:
+    stopped = NOW - timedelta(seconds=2)
+    _node("a", is_leader=True, last_round_at=stopped, last_seen_at=stopped, stopped_at=stopped)
+    _node("b", last_seen_at=stopped, stopped_at=stopped - timedelta(seconds=1))
+
+    status = scheduler_status(NOW)
+
+    assert not status.healthy
+    [warning] = status.warnings
+    assert warning.message == (
+        "No scheduler is running (the last one stopped 2 s ago): tasks are not being dispatched."
+    )
+    assert "run_scheduler" in warning.fix and "run_jobs" in warning.fix
+
+
+def test_scheduler_status__the_only_scheduler_went_silent__names_when_it_was_heard_from() -> None:
+    gone = NOW - timedelta(minutes=5)
+    _node("a", is_leader=True, last_round_at=gone, last_seen_at=gone)
+
+    [warning] = scheduler_status(NOW).warnings
+
+    assert warning.message == (
+        "No scheduler is running (the last one was last heard from 5 min ago): tasks are not "
+        "being dispatched."
+    )
+
+
+@pytest.mark.parametrize("scheduler", ["never_ran", "stopped"])
+def test_scheduler_status__the_start_fix_fits_any_project(scheduler: str) -> None:
+    if scheduler == "stopped":
+        _node("a", last_round_at=NOW, last_seen_at=NOW, stopped_at=NOW)
+
+    [warning] = scheduler_status(NOW).warnings
+
+    assert warning.fix == (
+        "start one with `python manage.py run_scheduler`, or `python manage.py run_jobs` (the "
+        "scheduler and a worker in one process)"
+    )
+
+
+def test_task_list__after_a_clean_stop_the_badge_needs_attention_at_once(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    stopped = NOW - timedelta(seconds=1)
+    _node("a", is_leader=True, last_round_at=stopped, last_seen_at=stopped, stopped_at=stopped)
+
+    html = logged_in(viewer).get(TASKS_URL).content.decode()
+
+    status = strip_tags(html[html.index('id="scheduler-status"') : html.index("</section>")])
+    assert "Scheduler needs attention" in " ".join(status.split())
+    assert "No scheduler is running (the last one stopped 1 s ago)" in status
+    assert ">running<" not in html[html.index('id="scheduler-status"') : html.index("</section>")]
 
 
 def test_task_list__shows_scheduler_status(tasks: dict[str, Task], viewer: User) -> None:

@@ -167,6 +167,27 @@ def test_backfill__a_bad_range_is_shown_and_nothing_runs(
     assert _nothing_enqueued()
 
 
+@pytest.mark.parametrize("method", ["get", "post"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"start": "0001-01-01", "end": "0001-01-03"},
+        {"start": "9999-12-30", "end": "9999-12-31T23:59"},
+    ],
+    ids=["year_1", "end_of_year_9999"],
+)
+def test_backfill__a_range_at_the_ends_of_the_calendar_is_refused_with_the_fix(
+    tasks: dict[str, Task], runner: User, data: dict[str, str], method: str
+) -> None:
+    response = getattr(logged_in(runner), method)(backfill_url(tasks[DIGEST]), data)
+    assert response.status_code == 200
+    page = text(response)
+    assert "reaches outside the years 2 to 9899" in page
+    assert "Fix: give --start and --end between 0002-01-01 and 9899-12-31" in page
+    assert "Yes, backfill" not in response.content.decode()
+    assert _nothing_enqueued()
+
+
 def test_backfill__removed_task_cannot_be_backfilled(runner: User) -> None:
     row = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
     response = logged_in(runner).post(backfill_url(row), RANGE, follow=True)

@@ -279,14 +279,47 @@ def test_command__enqueues_and_says_what_was_already_there() -> None:
 
 
 @pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ("0001-01-01T00:00Z", "0001-01-03T00:00Z"),
+        ("0001-12-31T23:59+14:00", "0002-01-03T00:00Z"),
+        ("9999-12-30T00:00Z", "9999-12-31T23:59Z"),
+        ("9899-12-31T00:00Z", "9900-01-01T00:00Z"),
+    ],
+    ids=["year_1", "year_1_by_its_offset", "end_of_year_9999", "first_instant_of_9900"],
+)
+def test_occurrences_in__a_range_outside_the_years_2_to_9899_is_refused(
+    start: str, end: str
+) -> None:
+    with pytest.raises(BackfillRangeError, match="outside the years 2 to 9899") as raised:
+        backfill.occurrences_in(daily(), at(start), at(end))
+    assert raised.value.code == "jobs.backfill.range-invalid"
+    assert raised.value.fix == "give --start and --end between 0002-01-01 and 9899-12-31"
+
+
+def test_occurrences_in__the_first_and_last_years_allowed_walk_without_overflow() -> None:
+    # A leap day comes at most eight years apart: the walk past the end looks that far ahead.
+    leap = daily(name="bf.leap", cron="0 0 29 2 *", tz="Pacific/Kiritimati")
+    early = backfill.occurrences_in(leap, at("0002-01-01T00:00Z"), at("0010-01-01T00:00Z"))
+    late = backfill.occurrences_in(leap, at("9890-01-01T00:00Z"), at("9899-12-31T23:59Z"))
+    assert [o.year for o in early] == [4, 8]
+    assert [o.astimezone(UTC).isoformat() for o in late] == [
+        "9892-02-28T10:00:00+00:00",
+        "9896-02-28T10:00:00+00:00",
+    ]
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["bf.nope", "--start", "2026-06-01", "--end", "2026-06-02"], 'no task "bf.nope"'),
         (["bf.daily", "--start", "2026-06-03", "--end", "2026-06-02"], "after its end"),
         (["bf.daily", "--start", "soon", "--end", "2026-06-02"], "not an ISO 8601"),
         (["bf.daily", "--start", "2026-01-01", "--end", "2026-12-31", "--limit", "30"], "more"),
+        (["bf.daily", "--start", "0001-01-01", "--end", "0001-01-03"], "years 2 to 9899"),
+        (["bf.daily", "--start", "9999-12-30", "--end", "9999-12-31T23:59"], "years 2 to 9899"),
     ],
-    ids=["unknown_task", "start_after_end", "bad_iso", "over_the_limit"],
+    ids=["unknown_task", "start_after_end", "bad_iso", "over_the_limit", "year_1", "year_9999"],
 )
 def test_command__user_errors_are_a_command_error_with_the_fix(
     argv: list[str], message: str

@@ -380,8 +380,9 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
                     "recorded": stamp(record.recorded_at, UTC_ZONE, seconds=True),
                     "outcome": record.outcome,
                     "outcome_label": history.outcome_label(record.outcome),
-                    "first": stamp(first, zone) if first else "",
-                    "last": stamp(last, zone) if last and last != first else "",
+                    # To the second: a task firing every ten seconds has rows a minute apart.
+                    "first": stamp(first, zone, seconds=True) if first else "",
+                    "last": stamp(last, zone, seconds=True) if last and last != first else "",
                     "count": record.count,
                     "catch_up": record.catch_up,
                     "jobs": [

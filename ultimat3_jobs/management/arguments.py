@@ -16,6 +16,9 @@ MAX_SECONDS = 86_400.0
 MAX_CONCURRENCY = 128
 #: The longest retention ``prune_jobs --days`` accepts: a century.
 MAX_DAYS = 36_500
+#: The most occurrences ``backfill_task --limit`` lets one backfill enqueue: each is planned in
+#: memory and every job is written in one transaction.
+MAX_BACKFILL = 100_000
 
 
 def _whole(value: str, maximum: int | None) -> int:

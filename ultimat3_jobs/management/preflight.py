@@ -42,8 +42,9 @@ def require_migrated(using: str) -> None:
 
 
 def command_error(error: UltimateError) -> CommandError:
-    """A user error as the command's failure: the message, then the fix on a line of its own."""
-    return CommandError(f"{error.message}\nfix: {error.fix}")
+    """A user error as the command's failure: the message and its code, then the fix on a line
+    of its own."""
+    return CommandError(f"{error.message} [{error.code}]\nfix: {error.fix}")
 
 
 def database_error(using: str, error: BaseException) -> CommandError:

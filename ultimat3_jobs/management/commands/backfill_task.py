@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs import backfill
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.management.arguments import positive_int
-from ultimat3_jobs.management.preflight import command_error, require_migrated
+from ultimat3_jobs.management.arguments import MAX_BACKFILL, up_to
+from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 
 
 class Command(BaseCommand):
@@ -32,9 +33,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--limit",
-            type=positive_int,
+            type=up_to(MAX_BACKFILL),
             default=backfill.DEFAULT_LIMIT,
-            help="Refuse a range of more occurrences than this (default %(default)s).",
+            help="Refuse a range of more occurrences than this (default %(default)s, at most "
+            f"{MAX_BACKFILL}).",
         )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
@@ -71,6 +73,9 @@ class Command(BaseCommand):
                 present = {key: pk for key, (pk, new) in done.enqueued.items() if not new}
         except UltimateError as error:
             raise command_error(error) from error
+        except (DatabaseError, psycopg.Error) as error:
+            # A one-shot command has no loop to retry in: say what failed and how to fix it.
+            raise database_error(database, error) from None
         if options["verbosity"] > 0:
             self._list(planned, present, handle.zone, dry_run)
         occurrences, jobs = len(planned.occurrences), len(planned.keys)

@@ -10,7 +10,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs.celery_beat import read_beat_tasks, render
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.management.preflight import command_error
+from ultimat3_jobs.management.preflight import command_error, require_database
 
 
 class Command(BaseCommand):
@@ -35,6 +35,7 @@ class Command(BaseCommand):
     def handle(
         self, *, database: str, prefix: str, skip_disabled: bool, tz: str | None, **options: Any
     ) -> None:
+        require_database(database)
         zone = tz or getattr(settings, "CELERY_TIMEZONE", None) or settings.TIME_ZONE or "UTC"
         try:
             tasks = read_beat_tasks(database, default_tz=zone)

@@ -6,11 +6,12 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs.humanize import duration
-from ultimat3_jobs.management.preflight import require_migrated
+from ultimat3_jobs.management.preflight import database_error, require_migrated
 from ultimat3_jobs.overview import overview
 
 
@@ -40,7 +41,11 @@ class Command(BaseCommand):
 
     def handle(self, *, json: bool, database: str, **options: Any) -> None:
         require_migrated(database)
-        report = overview(using=database)
+        try:
+            report = overview(using=database)
+        except (DatabaseError, psycopg.Error) as error:
+            # A one-shot command has no loop to retry in: say what failed and how to fix it.
+            raise database_error(database, error) from None
         if json:
             self.stdout.write(_dumps(report))
         else:

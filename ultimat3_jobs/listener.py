@@ -1,6 +1,7 @@
-"""LISTEN/NOTIFY, both sides: enqueues notify a channel, idle workers listen on it.
+"""LISTEN for NOTIFY: the PostgreSQL job store notifies a channel as it writes new rows
+(``store.postgres``), idle workers and relays listen on it.
 
-PostgreSQL only; elsewhere ``notify`` does nothing and workers poll. Polling stays the fallback
+PostgreSQL only; elsewhere nothing is notified and workers poll. Polling stays the fallback
 everywhere: a lost LISTEN connection is logged and retried, never fatal.
 """
 
@@ -10,11 +11,10 @@ import logging
 import os
 import select
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from .db import dedicated_connection
 from .logs import emit, failure_fields
@@ -25,17 +25,6 @@ logger = logging.getLogger("ultimat3_jobs.worker")
 NOTIFY_CHANNEL = "ultimat3_jobs"
 #: The payload that wakes relays (an outbox row); no queue of ours is named so.
 RELAY_PAYLOAD = ":relay"
-
-
-def notify(queues: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Wake LISTENing workers; inside a transaction PostgreSQL delivers it at commit."""
-    connection = connections[using]
-    names = sorted(set(queues))
-    if connection.vendor != "postgresql" or not names:
-        return
-    with connection.cursor() as cursor:
-        for queue in names:
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
 
 
 class Listener:

@@ -20,7 +20,7 @@ from .errors import TaskBackendError
 from .registry import DjangoTaskHandle, JobHandle
 
 if TYPE_CHECKING:
-    from .jobstore import EnqueueResult
+    from .store import EnqueueResult
 
 #: Relay kinds, the job row's ``relay`` column. Only "celery-once" rows are ever sent again.
 CELERY = "celery"

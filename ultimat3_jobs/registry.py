@@ -51,7 +51,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .jobstore import EnqueueResult
+    from .store import EnqueueResult
 
 CatchUp = Literal["skip", "run-once", "run-all"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
@@ -526,7 +526,7 @@ class JobHandle:
 
         ``task`` names the task this run belongs to, for a manual run of a task.
         """
-        from .jobstore import enqueue
+        from .store import enqueue
 
         data = self.check_input(input)
         if key is not None:
@@ -597,7 +597,7 @@ class DjangoTaskHandle(JobHandle):
     ) -> EnqueueResult:
         """A manual run ("Run now"): the task's row on its backend's database."""
         from .backends import require_jobs_backend
-        from .jobstore import enqueue
+        from .store import enqueue
 
         backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
         data = self.check_input(input)

@@ -38,7 +38,7 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import jobstore, metrics, nodes, shutdown
+from . import metrics, nodes, shutdown
 from .conf import get_settings
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .listener import RELAY_PAYLOAD, Listener
@@ -47,6 +47,7 @@ from .models import Job
 from .nodes import RunStatus, new_node_id
 from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS, json_value
 from .retries import format_error, loop_backoff
+from .store import JobStore, store_for
 
 logger = logging.getLogger("ultimat3_jobs.relay")
 
@@ -190,7 +191,8 @@ def send(job: Job, using: str) -> Sent:
 class Relay:
     """Sends outbox rows until stopped; ``burst`` returns once nothing is left to send now.
 
-    Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` is injectable for tests.
+    Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` is injectable for tests, and
+    ``store`` (default: ``store_for(using)``) too.
     """
 
     def __init__(
@@ -207,11 +209,13 @@ class Relay:
         node_id: str | None = None,
         clock: Callable[[], datetime] | None = None,
         sender: Callable[[Job, str], Sent] = send,
+        store: JobStore | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, not {batch}")
         config = get_settings()
         self.using = using
+        self.store = store or store_for(using)
         self.batch = batch
         self.burst = burst
         self.poll_interval = poll_interval or config.worker_poll_interval
@@ -245,8 +249,7 @@ class Relay:
         down: BrokerUnavailableError | None = None
         handed = 0
         with transaction.atomic(using=self.using):
-            rows = jobstore.claim_outbox(
-                using=self.using,
+            rows = self.store.claim_outbox(
                 limit=self.batch,
                 now=now,
                 resend=RESENDABLE,
@@ -292,8 +295,8 @@ class Relay:
         if not aliases:
             return 0
         with transaction.atomic(using=self.using):
-            rows = jobstore.relayed_tasks(
-                using=self.using, backends=aliases, after=self._results_after, limit=self.batch
+            rows = self.store.relayed_tasks(
+                backends=aliases, after=self._results_after, limit=self.batch
             )
             # Round the table in id order, so rows still running never hide the ones after.
             self._results_after = rows[-1].pk if len(rows) == self.batch else 0
@@ -306,8 +309,7 @@ class Relay:
                     continue
                 ok = result.status == TaskResultStatus.SUCCESSFUL
                 errors = getattr(result, "errors", None) or []
-                jobstore.relayed_done(
-                    using=self.using,
+                self.store.relayed_done(
                     job_id=job.pk,
                     now=self.clock(),
                     ok=ok,
@@ -319,10 +321,9 @@ class Relay:
 
     def _record(self, job: Job, sent: Sent) -> None:
         now = self.clock()
-        jobstore.record_relayed(using=self.using, job_id=job.pk, engine_id=sent.engine_id, now=now)
+        self.store.record_relayed(job_id=job.pk, engine_id=sent.engine_id, now=now)
         if sent.done:
-            jobstore.relayed_done(
-                using=self.using,
+            self.store.relayed_done(
                 job_id=job.pk,
                 now=now,
                 ok=sent.ok,
@@ -346,7 +347,7 @@ class Relay:
 
     def _refuse(self, job: Job, error: UltimateError) -> None:
         text = f"{error.message}\nfix: {error.fix}"
-        jobstore.relay_refused(using=self.using, job_id=job.pk, now=self.clock(), error=text)
+        self.store.relay_refused(job_id=job.pk, now=self.clock(), error=text)
         self.stats.refused += 1
         emit(logger, "jobs.relay.refused", logging.ERROR, job_id=job.pk, **error.as_fields())
 
@@ -464,7 +465,7 @@ class Relay:
 
     def counts(self) -> dict[str, int]:
         """The outbox by state, ``stuck`` being relayed rows not done after RELAY_STUCK_AFTER."""
-        return jobstore.relay_counts(using=self.using, stuck_before=self.clock() - self.stuck_after)
+        return self.store.relay_counts(stuck_before=self.clock() - self.stuck_after)
 
     def log_stats(self) -> None:
         """``jobs.relay.stats``: this relay's counters and the outbox's rows by state."""

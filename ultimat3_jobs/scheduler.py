@@ -25,7 +25,6 @@ from . import metrics, shutdown
 from .catchup import Decision
 from .clock import ONE_MS
 from .db import Ahead, instant_texts
-from .jobstore import Enqueued, EnqueueResult
 from .leaders import LeaderElection, SoleLeader
 from .logs import Lines, emit, emit_many, failure_fields
 from .nodes import RunStatus
@@ -41,6 +40,7 @@ from .planner import (
 from .registry import TaskHandle, TaskJobResult, registry
 from .retries import loop_backoff
 from .state import FencingLost, SchedulerState, WatermarkMoved
+from .store import Enqueued, EnqueueResult
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 #: One line per task and occurrence (dispatched, armed): a logger of their own, so a site with
@@ -318,7 +318,7 @@ class Scheduler:
     def _dispatch(self, handles: dict[str, TaskHandle], names: list[str], now: datetime) -> Report:
         started = time.perf_counter()
         states = self.state.load(names)
-        plan = RoundPlan(now=now, database=getattr(self.state, "using", None))
+        plan = RoundPlan(now=now, database=self.state.using)
         # Per name of ``names``, what planning it did; None for a task not reached, due again
         # now. A list beside the names: a tuple per task was 0.6 MB at 10,000 tasks.
         steps: list[TaskStep | None] = []
@@ -424,11 +424,9 @@ class Scheduler:
         Only a big one, on a state that can (PostgreSQL, outside a caller's transaction), and
         without ``overlap="skip"`` tasks, which are decided against the jobs the round reads.
         """
-        can_stream = getattr(self.state, "can_stream", None)
         return (
             len(names) >= STREAM_FROM
-            and can_stream is not None
-            and can_stream()
+            and self.state.can_stream()
             and not any(handles[name].overlap == "skip" for name in names)
         )
 
@@ -467,8 +465,7 @@ class Scheduler:
         """The round's writes; None when another node leads or moved a watermark meanwhile."""
         try:
             if streamed is not None:
-                commit_streamed = self.state.commit_streamed  # type: ignore[attr-defined]
-                return commit_streamed(plan, self.leader.fence, streamed)
+                return self.state.commit_streamed(plan, self.leader.fence, streamed)
             return self.state.commit(plan, self.leader.fence) if plan.watermarks else {}
         except FencingLost:
             self._concede()
@@ -554,7 +551,7 @@ class Scheduler:
         finally:
             with self._lock:
                 self._round = None
-            node = getattr(self.state, "node_id", "local")
+            node = self.state.node_id
             failed = current.exception() is not None
             metrics.observe_round(
                 time.monotonic() - started, leader=self.is_leader, node=node, failed=failed
@@ -670,7 +667,7 @@ class Scheduler:
                 self.leader.release()
         finally:
             self.is_leader = False
-            metrics.stepped_down(getattr(self.state, "node_id", "local"))
+            metrics.stepped_down(self.state.node_id)
             self._due = None
             self.status = "stopped"
             self._thread = None

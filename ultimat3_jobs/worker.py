@@ -1,7 +1,7 @@
 """The worker role: threads that run claimed jobs, the claiming loop, drain and stop.
 
-Job rows change only through ``jobstore``, retry timing comes from ``retries``, wake-ups
-from ``listener``, heartbeats go through ``nodes``: this module holds no SQL.
+Job rows change only through the job store (``store``), retry timing comes from ``retries``,
+wake-ups from ``listener``, heartbeats go through ``nodes``: this module holds no SQL.
 
 The thread that calls ``run()`` is the dispatcher: it claims jobs in batches sized to the idle
 job threads and hands them over. It alone heartbeats and recovers the jobs of dead workers, so
@@ -31,15 +31,15 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import jobstore, metrics, nodes, shutdown
+from . import metrics, nodes, shutdown
 from .conf import get_settings, stale_after_problem
-from .jobstore import ClaimedJob, Finish, Recovered
 from .listener import Listener
 from .logs import emit, failure_fields
 from .models import JobStatus
 from .nodes import RunStatus, new_node_id
 from .registry import registry
 from .retries import format_error, loop_backoff, retry_delay, storable
+from .store import ClaimedJob, Finish, JobStore, Recovered, store_for
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -95,7 +95,7 @@ class Worker:
     time. They are claimed ahead only while jobs run short and a thread is idle; jobs that wait
     longer than the poll interval, or when a drain begins, go back to the queue unrun with
     their attempt uncounted. Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` and
-    ``rand`` are injectable for tests.
+    ``rand`` are injectable for tests, and ``store`` (default: ``store_for(using)``) too.
     """
 
     def __init__(
@@ -118,6 +118,7 @@ class Worker:
         clock: Callable[[], datetime] | None = None,
         rand: Callable[[], float] | None = None,
         drain_on_shutdown: bool = True,
+        store: JobStore | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -139,6 +140,7 @@ class Worker:
         self.backoff_max = backoff_max or config.retry_backoff_max
         self.listen = listen
         self.using = using
+        self.store = store or store_for(using)
         self.node_id = node_id or new_node_id()
         self.clock = clock or default_clock.now
         self.rand = rand or random.random
@@ -187,9 +189,10 @@ class Worker:
     # -- the job table ----------------------------------------------------------------------
 
     def claim(self, limit: int) -> list[ClaimedJob]:
-        """Mark up to ``limit`` due jobs running on this node, oldest ``run_at`` first."""
-        return jobstore.claim(
-            using=self.using, worker=self.node_id, limit=limit, now=self.clock(), queues=self.queues
+        """Mark up to ``limit`` due jobs running on this node: highest priority first, then the
+        longest due."""
+        return self.store.claim(
+            worker=self.node_id, limit=limit, now=self.clock(), queues=self.queues
         )
 
     def execute(self, job: ClaimedJob) -> Outcome:
@@ -206,26 +209,25 @@ class Worker:
         from . import backends
 
         started = time.monotonic()
-        row = jobstore.load(using=self.using, job_id=job.id)
+        row = self.store.load_job(job.id)
         run = backends.run_task(row)
-        using, node, now = self.using, self.node_id, self.clock()
+        store, node, now = self.store, self.node_id, self.clock()
         if run.error is None:
-            finish = jobstore.succeeded(job, now=now)
+            finish = Finish.succeeded(job, now=now)
             ended = Ended(job, finish, _since(started))
             written = self._write_now(
                 ended,
-                lambda: jobstore.task_succeeded(
-                    using=using, job_id=job.id, worker=node, now=now, return_value=run.return_value
+                lambda: store.task_succeeded(
+                    job_id=job.id, worker=node, now=now, return_value=run.return_value
                 ),
             )
         else:
             message = storable(run.message)
-            finish = jobstore.failed(job, now=now, error=message)
+            finish = Finish.failed(job, now=now, error=message)
             ended = Ended(job, finish, _since(started), failure_fields(run.error))
             written = self._write_now(
                 ended,
-                lambda: jobstore.task_failed(
-                    using=using,
+                lambda: store.task_failed(
                     job_id=job.id,
                     worker=node,
                     now=now,
@@ -271,7 +273,7 @@ class Worker:
             return self._failed(
                 job, format_error(error), started, retry=True, fields=failure_fields(error)
             )
-        return Ended(job, jobstore.succeeded(job, now=self.clock()), _since(started))
+        return Ended(job, Finish.succeeded(job, now=self.clock()), _since(started))
 
     def _failed(
         self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
@@ -283,9 +285,9 @@ class Worker:
                 job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
             )
             run_at = self.clock() + delay
-            finish = jobstore.retrying(job, run_at=run_at, error=text)
+            finish = Finish.retrying(job, run_at=run_at, error=text)
             return Ended(job, finish, _since(started), {"retry_at": run_at, **fields})
-        finish = jobstore.failed(job, now=self.clock(), error=text)
+        finish = Finish.failed(job, now=self.clock(), error=text)
         return Ended(job, finish, _since(started), fields)
 
     def _report(self, ended: Ended, written: bool) -> Outcome:
@@ -323,9 +325,7 @@ class Worker:
         delay = 0.05
         while True:
             try:
-                written = jobstore.finish(
-                    using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
-                )
+                written = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
                 return self._report_all(ended, written)
             except (OperationalError, InterfaceError) as error:
                 # The job ran; losing its outcome would run it again. Keep trying until the
@@ -358,9 +358,7 @@ class Worker:
 
     def recover(self) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue."""
-        recovered = jobstore.recover(
-            using=self.using, stale_after=self.stale_after, now=self.clock()
-        )
+        recovered = self.store.recover(stale_after=self.stale_after, now=self.clock())
         if recovered.requeued or recovered.failed:
             emit(
                 logger,
@@ -532,7 +530,7 @@ class Worker:
         for thread in self._threads:
             thread.start()
         # A burst worker never sleeps waiting for new work, so it has nothing to LISTEN for.
-        if self.listen and not self.burst and connections[self.using].vendor == "postgresql":
+        if self.listen and not self.burst and self.store.notifies:
             self._listener = Listener(
                 using=self.using,
                 queues=self.queues,
@@ -599,8 +597,7 @@ class Worker:
                         ended = []
                     flush_in = FLUSH_AFTER if self._pending else idle_wait
                 try:
-                    written, jobs = jobstore.finish_and_claim(
-                        using=self.using,
+                    written, jobs = self.store.finish_and_claim(
                         worker=self.node_id,
                         finishes=[e.finish for e in ended],
                         limit=room,
@@ -655,7 +652,7 @@ class Worker:
     def _release_unheld(self) -> None:
         with self._lock:
             held = [*self._in_flight, *(e.job.id for e in self._pending)]
-        released = jobstore.release_unheld(using=self.using, worker=self.node_id, held=held)
+        released = self.store.release_unheld(worker=self.node_id, held=held)
         self._unsure = False
         if released:
             emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
@@ -682,7 +679,7 @@ class Worker:
         if not waiting:
             return
         try:
-            released = jobstore.release(using=self.using, jobs=waiting, worker=self.node_id)
+            released = self.store.release(jobs=waiting, worker=self.node_id)
         except DatabaseError as error:
             # Still claimed by us: our heartbeat stops with us and they are recovered.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
@@ -701,9 +698,7 @@ class Worker:
         if not ended:
             return
         try:
-            written = jobstore.finish(
-                using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
-            )
+            written = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
         except DatabaseError as error:
             self._keep_pending(ended, error)
             close_old_connections()
@@ -758,9 +753,7 @@ class Worker:
             "timeout) above your longest job, or split long jobs",
         )
         try:
-            jobstore.give_back(
-                using=self.using, job_ids=left, worker=self.node_id, now=self.clock()
-            )
+            self.store.give_back(job_ids=left, worker=self.node_id, now=self.clock())
         except DatabaseError as error:
             # The heartbeat stops with us, so the other workers recover them instead.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))

@@ -16,7 +16,6 @@ from ultimat3_jobs import UltimateError, job, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, InvalidJobKeyError, InvalidRunAtError
-from ultimat3_jobs.jobstore import enqueue as store_enqueue
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.registry import (
     INT_LIMIT,
@@ -30,6 +29,7 @@ from ultimat3_jobs.registry import (
 )
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import enqueue as store_enqueue
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_registry")]
 

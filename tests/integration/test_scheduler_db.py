@@ -10,12 +10,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ultimat3_jobs import state as state_module
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import postgres as postgres_store
 
 from .factories import make_tasks
 
@@ -111,8 +111,9 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
     clock.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
     [fired] = first.tick()
     # A second node that read the old watermark computes the same key; the insert is absorbed.
-    from ultimat3_jobs.jobstore import build_job, insert_many
     from ultimat3_jobs.registry import registry
+    from ultimat3_jobs.store import PortableStore
+    from ultimat3_jobs.store.columns import build_job
 
     ping = registry.get_job("demo.ping")
     assert ping is not None
@@ -125,7 +126,7 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
         enqueued_by="scheduler",
         now=clock(),
     )
-    assert insert_many([duplicate]) == {
+    assert PortableStore("default").insert_many([duplicate]) == {
         fired.jobs[0].result.key: (fired.jobs[0].result.job_id, False)
     }
     assert Job.objects.count() == 1
@@ -209,7 +210,7 @@ def _backends() -> int:
 def test_sync__new_tasks_go_in_slice_by_slice_made_in_a_thread_of_their_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(state_module, "SYNC_SLICE", 3)
+    monkeypatch.setattr(postgres_store, "SYNC_SLICE", 3)
     tasks = make_tasks(7, prefix="slice")
     original = tasks[5].func
     made_in: list[str] = []
@@ -330,8 +331,8 @@ def test_compare_and_set__looks_each_task_up_by_its_name_whatever_the_estimates(
     tasks, hours. Every nested loop of the plan must look a task up through an index."""
     import json
 
-    from ultimat3_jobs import sql
     from ultimat3_jobs.db import dumps
+    from ultimat3_jobs.store import sql
 
     clock = FrozenClock(T0)
     round_over(300, clock)

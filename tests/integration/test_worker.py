@@ -125,7 +125,7 @@ def test_claim__takes_due_jobs_oldest_first_and_counts_the_attempt() -> None:
     older = make_job(run_at=T0 - timedelta(seconds=5))
     worker = Worker(node_id="w1", clock=clock, drain_on_shutdown=False)
     claimed = worker.claim(10)
-    assert [j.pk for j in claimed] == [older.pk, later.pk]
+    assert [j.id for j in claimed] == [older.pk, later.pk]
     rows = Job.objects.filter(pk__in=[older.pk, later.pk])
     assert set(rows.values_list("status", "attempts", "worker", "started_at")) == {
         (JobStatus.RUNNING, 1, "w1", T0)
@@ -141,7 +141,7 @@ def test_claim__leaves_future_jobs_other_queues_and_running_ones() -> None:
     make_job(run_at=T0, queue="reports")
     make_job(run_at=T0, queue="emails", status=JobStatus.RUNNING, worker="other")
     worker = Worker(queues=["emails"], node_id="w1", clock=clock, drain_on_shutdown=False)
-    assert [j.pk for j in worker.claim(10)] == [due.pk]
+    assert [j.id for j in worker.claim(10)] == [due.pk]
     assert worker.claim(10) == []
 
 
@@ -152,7 +152,7 @@ def test_claim__respects_the_limit_and_never_hands_a_job_out_twice() -> None:
     second = Worker(node_id="w2", drain_on_shutdown=False).claim(3)
     assert len(first) == 3
     assert len(second) == 2
-    assert sorted(j.pk for j in first + second) == [j.pk for j in jobs]
+    assert sorted(j.id for j in first + second) == [j.pk for j in jobs]
 
 
 @pytest.mark.postgres
@@ -170,7 +170,7 @@ def test_claim__concurrent_claimers_split_the_jobs_without_overlap() -> None:
             start.wait()
             mine: list[int] = []
             while batch := worker.claim(7):
-                mine += [j.pk for j in batch]
+                mine += [j.id for j in batch]
             got[name] = mine
         finally:
             connections.close_all()
@@ -198,7 +198,7 @@ def test_execute__passes_the_input_as_keyword_arguments_and_records_success(
     (claimed,) = worker.claim(1)
     assert worker.execute(claimed) == "succeeded"
     assert recorded == [{"day": "2026-06-01", "n": 3}]
-    row = Job.objects.get(pk=claimed.pk)
+    row = Job.objects.get(pk=claimed.id)
     assert row.status == JobStatus.SUCCEEDED
     assert row.started_at is not None and row.finished_at is not None
     assert row.started_at <= row.finished_at
@@ -229,7 +229,7 @@ def test_execute__failure_is_requeued_with_backoff_and_its_traceback() -> None:
     assert "Traceback" in row.last_error
     assert worker.claim(1) == []  # Not due before its backoff ends.
     clock.advance(1)
-    assert [j.pk for j in worker.claim(1)] == [made.pk]
+    assert [j.id for j in worker.claim(1)] == [made.pk]
 
 
 @pytest.mark.django_db

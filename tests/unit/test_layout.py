@@ -85,7 +85,7 @@ def test_layout__no_import_cycle_between_modules_at_import_time() -> None:
 def test_layout__the_graph_reader_sees_a_known_edge() -> None:
     # Guards the reader itself: the worker imports the job store at import time.
     modules = _modules()
-    assert "ultimat3_jobs.jobstore" in _edges(
+    assert "ultimat3_jobs.store" in _edges(
         "ultimat3_jobs.worker", modules["ultimat3_jobs.worker"], modules
     )
 

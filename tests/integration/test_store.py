@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from tests.integration.factories import demo_ping
-from ultimat3_jobs import jobstore
 from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.store import ClaimedJob, Finish, store_for
+from ultimat3_jobs.store.columns import copy_row, job_fields, scheduled_row
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -29,14 +30,14 @@ def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> 
     )
 
 
-def claimed(job: Job) -> jobstore.ClaimedJob:
-    return jobstore.ClaimedJob(
+def claimed(job: Job) -> ClaimedJob:
+    return ClaimedJob(
         job.pk, job.name, job.key, job.input, job.queue, job.attempts, job.max_attempts, job.run_at
     )
 
 
-def written(worker: str, *finishes: jobstore.Finish) -> set[int]:
-    return jobstore.finish(using="default", worker=worker, finishes=finishes)
+def written(worker: str, *finishes: Finish) -> set[int]:
+    return store_for("default").finish(worker=worker, finishes=finishes)
 
 
 def status_of(job: Job) -> tuple[str, str, str]:
@@ -47,7 +48,7 @@ def status_of(job: Job) -> tuple[str, str, str]:
 @pytest.mark.django_db
 def test_succeed__writes_only_a_job_the_worker_still_holds() -> None:
     mine, theirs = running("w1"), running("w2")
-    done = [jobstore.succeeded(claimed(job), now=T0) for job in (mine, theirs)]
+    done = [Finish.succeeded(claimed(job), now=T0) for job in (mine, theirs)]
     assert written("w1", *done) == {mine.pk}
     assert status_of(mine) == (JobStatus.SUCCEEDED, "w1", "")
     assert status_of(theirs) == (JobStatus.RUNNING, "w2", "")
@@ -57,7 +58,7 @@ def test_succeed__writes_only_a_job_the_worker_still_holds() -> None:
 def test_retry__queues_the_job_again_with_its_error_and_no_owner() -> None:
     job = running("w1")
     later = T0 + timedelta(seconds=4)
-    assert written("w1", jobstore.retrying(claimed(job), run_at=later, error="boom")) == {job.pk}
+    assert written("w1", Finish.retrying(claimed(job), run_at=later, error="boom")) == {job.pk}
     row = Job.objects.get(pk=job.pk)
     assert (row.status, row.worker, row.last_error, row.run_at) == (
         JobStatus.QUEUED,
@@ -66,13 +67,13 @@ def test_retry__queues_the_job_again_with_its_error_and_no_owner() -> None:
         later,
     )
     # Queued now, so a second outcome for the same attempt is refused.
-    assert written("w1", jobstore.failed(claimed(job), now=T0, error="x")) == set()
+    assert written("w1", Finish.failed(claimed(job), now=T0, error="x")) == set()
 
 
 @pytest.mark.django_db
 def test_give_back__requeues_or_fails_by_attempts_left() -> None:
     spare, spent, other = running("w1"), running("w1", attempts=3), running("w2")
-    jobstore.give_back(using="default", job_ids=[spare.pk, spent.pk, other.pk], worker="w1", now=T0)
+    store_for("default").give_back(job_ids=[spare.pk, spent.pk, other.pk], worker="w1", now=T0)
     assert status_of(spare)[0] == JobStatus.QUEUED
     assert status_of(spent)[0] == JobStatus.FAILED
     assert status_of(spent)[2].endswith("no attempts left")
@@ -82,16 +83,17 @@ def test_give_back__requeues_or_fails_by_attempts_left() -> None:
 @pytest.mark.django_db
 def test_retry_failed_and_cancel_queued__move_only_rows_in_the_right_status() -> None:
     failed = running("w1")
-    written("w1", jobstore.failed(claimed(failed), now=T0, error="boom"))
+    written("w1", Finish.failed(claimed(failed), now=T0, error="boom"))
     queued = Job.objects.create(
         name="demo.ping", key="q:1", input={}, run_at=T0, created_at=T0, status=JobStatus.QUEUED
     )
     busy = running("w3")
     every = Job.objects.filter(pk__in=[failed.pk, queued.pk, busy.pk])
-    assert jobstore.retry_failed(every, now=T0) == 1
+    assert store_for("default").retry_failed(every, now=T0) == 1
     row = Job.objects.get(pk=failed.pk)
     assert (row.status, row.attempts, row.last_error) == (JobStatus.QUEUED, 0, "boom")
-    assert jobstore.cancel_queued(every, now=T0) == 2  # the retried one and the queued one
+    # The retried one and the queued one.
+    assert store_for("default").cancel_queued(every, now=T0) == 2
     assert status_of(busy)[0] == JobStatus.RUNNING
 
 
@@ -100,12 +102,12 @@ def test_insert_round__reports_created_and_existing_keys() -> None:
     ping = demo_ping()
 
     def row(key: str) -> dict[str, Any]:
-        return jobstore.job_fields(
+        return job_fields(
             ping, {"label": key}, key=key, run_at=None, queue=None, enqueued_by="scheduler", now=T0
         )
 
-    first = jobstore.insert_round([row("a"), row("b")])
-    again = jobstore.insert_round([row("b"), row("c")])
+    first = store_for().insert_round([row("a"), row("b")])
+    again = store_for().insert_round([row("b"), row("c")])
     assert {key: created for key, (_, created) in first.items()} == {"a": True, "b": True}
     assert {key: created for key, (_, created) in again.items()} == {"b": False, "c": True}
     assert again["b"][0] == first["b"][0]
@@ -122,7 +124,7 @@ def test_insert_round__copy_and_insert_write_the_same_columns_and_wake_the_relay
     extra = {"status": JobStatus.OUTBOX, "relay": "celery", "priority": 7, "backend": "other"}
 
     def row(key: str) -> dict[str, Any]:
-        fields = jobstore.job_fields(
+        fields = job_fields(
             ping, {"label": key}, key=key, run_at=None, queue=None, enqueued_by="scheduler", now=T0
         )
         return {**fields, **extra}
@@ -130,8 +132,8 @@ def test_insert_round__copy_and_insert_write_the_same_columns_and_wake_the_relay
     listener = dedicated_connection("default", "test-insert-round")
     try:
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        jobstore.insert_round([row("copied")])  # No key taken yet: one COPY.
-        jobstore.insert_round([row("copied"), row("inserted")])  # A taken key: INSERT.
+        store_for().insert_round([row("copied")])  # No key taken yet: one COPY.
+        store_for().insert_round([row("copied"), row("inserted")])  # A taken key: INSERT.
         payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=2)]
     finally:
         listener.close()
@@ -168,10 +170,8 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
         "config": get_settings(),
     }  # fmt: skip
     data = {"label": "x", "n": 1}
-    made = jobstore.scheduled_row(handle, data, **fields, at=instant_texts())
-    row = jobstore.job_fields(
-        handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields
-    )
-    expected = jobstore.copy_row(row, instant_texts())
+    made = scheduled_row(handle, data, **fields, at=instant_texts())
+    row = job_fields(handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields)
+    expected = copy_row(row, instant_texts())
     assert made == expected
     assert made[3] == ("outbox" if kind == "outbox" else "queued")

@@ -54,6 +54,33 @@ def test_round__all_due_writes_jobs_records_and_watermarks_in_one_go() -> None:
     assert set(Task.objects.values_list("last_fired_at", flat=True)) == {clock()}
 
 
+@pytest.mark.django_db
+def test_round__is_written_by_the_store_the_state_is_given() -> None:
+    # The ORM's store, on whichever database the suite runs: a test can hand the state one.
+    from ultimat3_jobs.store import PortableStore
+
+    calls: list[str] = []
+
+    class Recording(PortableStore):
+        def insert_round(self, rows: Any) -> Any:
+            calls.append("insert_round")
+            return super().insert_round(rows)
+
+    clock = FrozenClock(T0)
+    tasks = make_tasks(2, prefix="given")
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock, store=Recording("default"))
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+    )
+    state.sync(tasks)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    assert len(scheduler.tick()) == 2
+    assert calls == ["insert_round"]
+    assert Job.objects.count() == 2
+    assert Occurrence.objects.filter(outcome="fired").count() == 2
+
+
 def _queries_for_a_full_round(count: int) -> int:
     clock = FrozenClock(T0)
     scheduler, _ = round_over(count, clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,8 +11,14 @@ import pytest
 
 from tests.integration.factories import demo_ping
 from ultimat3_jobs.models import Job, JobStatus
-from ultimat3_jobs.store import ClaimedJob, Finish, store_for
-from ultimat3_jobs.store.columns import copy_row, job_fields, scheduled_row
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, PostgresStore, store_for
+from ultimat3_jobs.store.columns import (
+    CARRIED,
+    NEW_JOB_NAMES,
+    copy_row,
+    job_fields,
+    scheduled_row,
+)
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -175,3 +182,115 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
     expected = copy_row(row, instant_texts())
     assert made == expected
     assert made[3] == ("outbox" if kind == "outbox" else "queued")
+
+
+# -- one store per database -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_store_for__one_store_per_alias_chosen_by_its_engine() -> None:
+    from django.db import connection
+
+    store = store_for("default")
+    assert store is store_for("default")
+    assert store.using == "default"
+    expected = PostgresStore if connection.vendor == "postgresql" else PortableStore
+    assert type(store) is expected
+    assert store.notifies == (connection.vendor == "postgresql")
+
+
+# -- the new job row's columns --------------------------------------------------------------------
+
+
+def test_new_job_columns__are_every_column_of_the_table_but_those_left_to_their_defaults() -> None:
+    left_out = {"args", "return_value", "error_class", "traceback", "relayed_at", "engine_id"}
+    left_out |= {"done_at", "started_at", "finished_at"}
+    columns = {field.column for field in Job._meta.concrete_fields} - {"id"}
+    assert set(NEW_JOB_NAMES) == columns - left_out
+    assert len(NEW_JOB_NAMES) == len(set(NEW_JOB_NAMES))
+
+
+def test_copy_row__puts_each_column_where_new_job_columns_says() -> None:
+    instant = {name: T0 + timedelta(minutes=n) for n, name in enumerate(("run", "created", "occ"))}
+    row = {
+        "name": "t.name", "key": "t:key", "input": {"label": "x"}, "status": "outbox",
+        "queue": "q", "max_attempts": 7, "run_at": instant["run"],
+        "created_at": instant["created"], "task": "t", "occurrence": instant["occ"],
+        "catch_up": True, "enqueued_by": "by", "priority": 5, "backend": "b", "relay": "celery",
+    }  # fmt: skip
+    assert set(row) == {column.name for column in CARRIED}
+
+    def at(value: datetime | None) -> str | None:
+        return None if value is None else f"at {value.isoformat()}"
+
+    made = dict(zip(NEW_JOB_NAMES, copy_row(row, at), strict=True))
+    assert made == {
+        **row,
+        "input": '{"label":"x"}',
+        "run_at": at(instant["run"]),
+        "created_at": at(instant["created"]),
+        "occurrence": at(instant["occ"]),
+        "attempts": 0,
+        "last_error": "",
+        "worker": "",
+    }
+
+
+def _planned(keys: list[str]) -> list[Any]:
+    from ultimat3_jobs.planner import PlannedJob, PlannedOccurrence
+
+    ping = demo_ping()
+    return [
+        PlannedOccurrence(
+            "t.streamed",
+            T0 + timedelta(minutes=n),
+            n == 0,
+            (PlannedJob(ping, json.dumps({"label": key}), key),),
+        )
+        for n, key in enumerate(keys)
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_streamed__writes_the_rows_insert_round_writes() -> None:
+    from django.db import transaction
+
+    store = store_for()
+    with transaction.atomic():
+        enqueued = store.insert_streamed(iter(_planned(["s:1", "s:2"])), 2, now=T0)
+    assert enqueued is not None
+    assert {key: created for key, (_, created) in enqueued.items()} == {"s:1": True, "s:2": True}
+    columns = [name for name in NEW_JOB_NAMES if name != "key"]
+    streamed = {
+        key: values
+        for key, *values in Job.objects.filter(key__in=["s:1", "s:2"]).values_list("key", *columns)
+    }
+    Job.objects.all().delete()
+    rows = [
+        job_fields(
+            p.job, json.loads(p.data), key=p.key, run_at=None, queue=None,
+            enqueued_by="scheduler", now=T0, task=f.task, occurrence=f.occurrence,
+            catch_up=f.catch_up,
+        )
+        for f in _planned(["s:1", "s:2"])
+        for p in f.jobs
+    ]  # fmt: skip
+    store.insert_round(rows)
+    inserted = {
+        key: values
+        for key, *values in Job.objects.filter(key__in=["s:1", "s:2"]).values_list("key", *columns)
+    }
+    assert streamed == inserted
+
+
+@pytest.mark.django_db
+def test_delete_finished__leaves_queued_running_and_outbox_jobs() -> None:
+    done = running("w1")
+    written("w1", Finish.succeeded(claimed(done), now=T0))
+    busy = running("w2")
+    waiting = Job.objects.create(
+        name="demo.ping", key="o:1", input={}, run_at=T0, created_at=T0, status=JobStatus.OUTBOX
+    )
+    every = Job.objects.filter(pk__in=[done.pk, busy.pk, waiting.pk])
+    assert store_for().delete_finished(every) == 1
+    assert set(Job.objects.values_list("pk", flat=True)) == {busy.pk, waiting.pk}

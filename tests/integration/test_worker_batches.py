@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from testproject.demo.models import Ping
 from ultimat3_jobs import clock
 from ultimat3_jobs.models import Job, JobStatus
-from ultimat3_jobs.store import ClaimedJob, Finish, store_for
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, store_for
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
 from .test_worker import QUICK, make_job, wait_until
@@ -228,6 +228,23 @@ def test_run__a_burst_returns_with_every_outcome_written() -> None:
     assert Job.objects.get(pk=failing.pk).status == JobStatus.FAILED
     assert (worker.outcomes["succeeded"], worker.outcomes["failed"]) == (40, 1)
     assert Ping.objects.count() == 40
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker__claims_and_records_through_the_store_it_is_given() -> None:
+    # The ORM's store, on whichever database the suite runs: a test can hand the worker one.
+    calls: list[str] = []
+
+    class Recording(PortableStore):
+        def finish_and_claim(self, **kwargs: Any) -> tuple[set[int], list[ClaimedJob]]:
+            calls.append("finish_and_claim")
+            return super().finish_and_claim(**kwargs)
+
+    made = make_job()
+    worker = _worker(burst=True, listen=False, store=Recording("default"))
+    assert worker.run() == CLEAN_EXIT
+    assert Job.objects.get(pk=made.pk).status == JobStatus.SUCCEEDED
+    assert calls and set(calls) == {"finish_and_claim"}
 
 
 def test_worker__refuses_a_negative_prefetch() -> None:

@@ -132,7 +132,7 @@ def build_job(handle: JobHandle, data: dict[str, Any], **fields: Any) -> Job:
 
 # The two COPY row builders below put the values in ``NEW_JOB_COLUMNS``' order by hand: a round
 # makes its rows by the thousand, and a tuple written out costs a fraction of one assembled
-# column by column. tests/unit/test_job_columns.py holds both to the list, column by column.
+# column by column. tests/integration/test_store.py holds them to the list, column by column.
 
 
 def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:

@@ -192,7 +192,7 @@ def test_store_for__one_store_per_alias_chosen_by_its_engine() -> None:
     from django.db import connection
 
     store = store_for("default")
-    assert store is store_for("default")
+    assert store is store_for("default") is store_for()
     assert store.using == "default"
     expected = PostgresStore if connection.vendor == "postgresql" else PortableStore
     assert type(store) is expected

@@ -372,9 +372,13 @@ class JobStore(Protocol):
         ...
 
 
-@functools.cache
 def store_for(using: str = DEFAULT_DB_ALIAS) -> JobStore:
     """The job store of the database ``using``: one per alias, chosen by its engine."""
+    return _store_of(using)
+
+
+@functools.cache
+def _store_of(using: str) -> JobStore:
     if connections[using].vendor == "postgresql":
         return PostgresStore(using)
     return PortableStore(using)
@@ -383,7 +387,7 @@ def store_for(using: str = DEFAULT_DB_ALIAS) -> JobStore:
 def _forget_stores(*, setting: str, **kwargs: Any) -> None:
     # A test that points DATABASES elsewhere gets the stores of those databases.
     if setting == "DATABASES":
-        store_for.cache_clear()
+        _store_of.cache_clear()
 
 
 setting_changed.connect(_forget_stores)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 #: key -> (job id, created)
 Enqueued = Mapping[str, tuple[int, bool]]
 
-#: Finished for good: never claimed, sent or changed again; only these may be deleted.
+#: Done with: never claimed or sent again unless retried by hand; only these are deleted.
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 

@@ -132,7 +132,7 @@ def _succeeded() -> int:
 
 def measure_floor(n: int, connections: int) -> float:
     """Claim 100 rows with the worker's claim statement, finish them in one UPDATE: psycopg."""
-    from ultimat3_jobs.sql import CLAIM_QUEUES, NO_SORT
+    from ultimat3_jobs.store.sql import CLAIM_QUEUES, NO_SORT
 
     _enqueue(n)
 
@@ -365,7 +365,7 @@ def measure_claim_cost(history: int, repeats: int = 300, batch: int = 10) -> tup
     Each copy lives in a schema of its own. Claims alternate between the two, so both see the
     same load on a shared machine, and each is rolled back, so every one sees the same table.
     """
-    from ultimat3_jobs.sql import CLAIM_ANY_QUEUE, NO_SORT
+    from ultimat3_jobs.store.sql import CLAIM_ANY_QUEUE, NO_SORT
 
     schemas = [f"{HISTORY_SCHEMA}_empty", f"{HISTORY_SCHEMA}_full"]
     conns = [_connect() for _ in schemas]

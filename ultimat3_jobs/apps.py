@@ -15,14 +15,14 @@ class Ultimat3JobsConfig(AppConfig):
         from . import (  # noqa: F401  (registers the system checks)
             checks,
             handles,
-            jobstore,
             outbox,
             relay_checks,
+            store,
             tasks_compat,
         )
 
         # Handles reach the store through this, never by importing it: they sit below it.
-        handles.connect_store(jobstore.enqueue)
+        handles.connect_store(store.enqueue)
         if tasks_compat.AVAILABLE:
             # The Django Tasks' entry adapter, where the framework is installed (the `tasks`
             # extra, or Django 6): without it, backends.py cannot be imported.

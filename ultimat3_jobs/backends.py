@@ -7,7 +7,8 @@ Configured the framework's way::
 ``enqueue()`` writes one job row in the caller's transaction and ``run_worker`` runs it: one
 run (the framework has no retries), its JSON return value or ``TaskError`` kept on the row.
 The framework builds the backend when a task is declared, during ``ready()``, so this module
-touches no database and imports no models at import time; ``jobstore`` is imported on use.
+touches no database and imports no models at import time; the job store (``store``) is
+imported on use.
 
 A Django Task a ``@task`` returns becomes an entry here too: a ``DjangoTaskHandle`` when its
 backend is a ``JobsBackend``, else a ``RelayedTaskHandle``, an outbox row ``run_relay`` hands to
@@ -53,6 +54,7 @@ from .tasks_compat import (
 
 if TYPE_CHECKING:
     from .models import Job
+    from .store import JobStore
 
 #: Job status -> the framework's. A cancelled row never ran and never will: FAILED.
 STATUSES = {
@@ -74,7 +76,8 @@ class JobsBackend(BaseTaskBackend):
     """Django Tasks as job rows: deferred, prioritised, async-capable, results kept.
 
     ``OPTIONS``: ``DATABASE``, the alias whose job table holds this backend's tasks (default
-    ``"default"``); a worker and a scheduler on that database serve them.
+    ``"default"``); a worker and a scheduler on that database serve them. ``store``: the job
+    store that writes them (default: ``store_for(DATABASE)``, looked up on first use).
     """
 
     supports_defer = True
@@ -82,9 +85,20 @@ class JobsBackend(BaseTaskBackend):
     supports_get_result = True
     supports_async_task = True
 
-    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+    def __init__(
+        self, alias: str, params: dict[str, Any], *, store: JobStore | None = None
+    ) -> None:
         super().__init__(alias, params)
         self.database: str = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+        self._store = store
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            from .store import store_for
+
+            self._store = store_for(self.database)
+        return self._store
 
     def validate_task(self, task: Task) -> None:
         """The framework's rules, and the widths of the job row's name and queue columns."""
@@ -101,15 +115,12 @@ class JobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """One job row in the caller's transaction, due at ``task.run_after`` (else now)."""
-        from . import jobstore
-
         self.validate_task(task)
-        job = jobstore.enqueue_task(
+        job = self.store.enqueue_task(
             django_task_handle(task),
             normalize_json(list(args)),
             normalize_json(dict(kwargs)),
             run_at=task.run_after,
-            using=self.database,
         )
         result = result_of(job, task, self.alias)
         task_enqueued.send(type(self), task_result=result)
@@ -117,14 +128,12 @@ class JobsBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's row as it is now; ``TaskResultDoesNotExist`` for an unknown or bad id."""
-        from . import jobstore
-
         text = str(result_id)
         # Only the ids enqueue() hands out: "12", never " 12", "+12" or "012".
         if not ID_PATTERN.fullmatch(text) or int(text) > MAX_ID:
             raise TaskResultDoesNotExist(result_id)
         pk = int(text)
-        job = jobstore.read_task(pk, backend=self.alias, using=self.database)
+        job = self.store.read_task(pk, backend=self.alias)
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         try:
@@ -202,9 +211,7 @@ def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> Job
 
 def announce(backend: JobsBackend, task: Task, job_id: int) -> None:
     """``task_enqueued`` for one row enqueued outside ``enqueue()`` (a manual "Run now")."""
-    from . import jobstore
-
-    job = jobstore.read_task(job_id, backend=backend.alias, using=backend.database)
+    job = backend.store.read_task(job_id, backend=backend.alias)
     if job is not None:
         task_enqueued.send(type(backend), task_result=result_of(job, task, backend.alias))
 
@@ -267,11 +274,9 @@ class DjangoTaskHandle(JobHandle):
         task: str = "",
     ) -> EnqueueResult:
         """A manual run ("Run now"): the task's row on its backend's database."""
-        from . import jobstore
-
         backend = require_jobs_backend(self.task, owner=task or self.name, database=None)
         data = self.check_input(input)
-        result = jobstore.enqueue(
+        result = backend.store.enqueue(
             self,
             data,
             key=key or self.plain_key(data),
@@ -279,7 +284,6 @@ class DjangoTaskHandle(JobHandle):
             queue=queue,
             enqueued_by=enqueued_by,
             task=task,
-            using=backend.database,
         )
         if result.created:
             announce(backend, self.task, result.job_id)

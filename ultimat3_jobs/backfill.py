@@ -16,15 +16,16 @@ from zoneinfo import ZoneInfo
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from . import clock, history, jobstore
+from . import clock, history
 from .catchup import Span
 from .cron import between
 from .errors import BackfillRangeError, BackfillTooLargeError, UnknownTaskError
 from .handles import TaskHandle
-from .jobstore import Enqueued
 from .models import Occurrence
 from .planner import PlannedOccurrence, plan_jobs
 from .registry import registry
+from .store import Enqueued, JobStore, store_for
+from .store.columns import job_fields
 
 #: The most occurrences one backfill enqueues unless told otherwise.
 DEFAULT_LIMIT = 1000
@@ -162,18 +163,20 @@ def plan(
     *,
     limit: int = DEFAULT_LIMIT,
     using: str = DEFAULT_DB_ALIAS,
+    store: JobStore | None = None,
 ) -> BackfillPlan:
     """What a backfill would enqueue: writes nothing (``--dry-run`` and the admin's preview).
 
     Calls the task's function once per occurrence with that occurrence; an ``UltimateError``
-    from it (``TaskEntriesError``) propagates.
+    from it (``TaskEntriesError``) propagates. ``store``: the job store of ``using``.
     """
+    store = store or store_for(using)
     planned = [
         PlannedOccurrence(handle.name, at, False, plan_jobs(handle.name, at, handle.entries(at)))
         for at in occurrences_in(handle, start, end, limit)
     ]
     keys = [job.key for o in planned for job in o.jobs]
-    return BackfillPlan(handle.name, start, end, planned, jobstore.ids_of(keys, using=using))
+    return BackfillPlan(handle.name, start, end, planned, store.ids_of(keys))
 
 
 def run(
@@ -185,19 +188,21 @@ def run(
     via: str,
     limit: int = DEFAULT_LIMIT,
     using: str = DEFAULT_DB_ALIAS,
+    store: JobStore | None = None,
 ) -> Backfill:
     """Enqueue the occurrences of ``[start, end]`` and record who did it, in one transaction.
 
     Keys that exist (a scheduled run, an earlier backfill) are left as they are and counted as
     existing. ``via`` says where it came from ("manage.py", "the admin"). A range without
-    occurrences writes nothing.
+    occurrences writes nothing. ``store``: the job store of ``using``.
     """
-    planned = plan(handle, start, end, limit=limit, using=using)
+    store = store or store_for(using)
+    planned = plan(handle, start, end, limit=limit, using=using, store=store)
     if not planned.occurrences:
         return Backfill(planned, {}, None)
     now = clock.now()
     rows = [
-        jobstore.job_fields(
+        job_fields(
             job.job,
             job.row_input(),
             key=job.key,
@@ -211,8 +216,8 @@ def run(
         for o in planned.occurrences
         for job in o.jobs
     ]
-    with transaction.atomic(using=using):
-        enqueued = jobstore.insert_round(rows, using=using)
+    with transaction.atomic(using=store.using):
+        enqueued = store.insert_round(rows)
         created = sum(1 for _, new in enqueued.values() if new)
         first, last = planned.occurrences[0].occurrence, planned.occurrences[-1].occurrence
         row = history.backfill(
@@ -228,5 +233,5 @@ def run(
             detail=f"backfill {start.isoformat()} to {end.isoformat()} via {via}: "
             f"{created} job(s) created, {len(enqueued) - created} already present",
         )
-        record = Occurrence.objects.using(using).create(**row)
+        record = store.insert_record(row)
     return Backfill(planned, enqueued, record)

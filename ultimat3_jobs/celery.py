@@ -29,10 +29,11 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_failure, task_success
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from . import clock, jobstore
+from . import clock
 from .inputs import json_value
 from .logs import emit
 from .retries import format_error
+from .store import FINISHED, store_for
 
 logger = logging.getLogger("ultimat3_jobs.relay")
 
@@ -78,10 +79,11 @@ class ExactlyOnceTask(Task):
         if row is None:
             return super().__call__(*args, **kwargs)
         job_id, using = row
+        store = store_for(using)
         try:
             with transaction.atomic(using=using):
-                job = jobstore.lock_relayed(using=using, job_id=job_id)
-                if job is None or job.status in jobstore.RELAY_DONE:
+                job = store.lock_relayed(job_id=job_id)
+                if job is None or job.status in FINISHED:
                     emit(
                         logger,
                         "jobs.relay.duplicate",
@@ -92,8 +94,7 @@ class ExactlyOnceTask(Task):
                     )
                     return None if job is None else job.return_value
                 value = super().__call__(*args, **kwargs)
-                jobstore.relayed_done(
-                    using=using,
+                store.relayed_done(
                     job_id=job_id,
                     now=clock.now(),
                     return_value=json_value(value),
@@ -104,9 +105,7 @@ class ExactlyOnceTask(Task):
             raise
         except Exception as error:
             # The body rolled back with the transaction; the failure is kept on its own.
-            jobstore.relayed_done(
-                using=using, job_id=job_id, now=clock.now(), ok=False, error=format_error(error)
-            )
+            store.relayed_done(job_id=job_id, now=clock.now(), ok=False, error=format_error(error))
             raise
 
 
@@ -131,8 +130,8 @@ def _plain_task_row(sender: Any) -> tuple[int, str] | None:
 def _plain_task_succeeded(sender: Any = None, result: Any = None, **kwargs: Any) -> None:
     row = _plain_task_row(sender)
     if row is not None:
-        jobstore.relayed_done(
-            using=row[1], job_id=row[0], now=clock.now(), return_value=json_value(result)
+        store_for(row[1]).relayed_done(
+            job_id=row[0], now=clock.now(), return_value=json_value(result)
         )
 
 
@@ -142,8 +141,8 @@ def _plain_task_failed(
 ) -> None:
     row = _plain_task_row(sender)
     if row is not None and exception is not None:
-        jobstore.relayed_done(
-            using=row[1], job_id=row[0], now=clock.now(), ok=False, error=format_error(exception)
+        store_for(row[1]).relayed_done(
+            job_id=row[0], now=clock.now(), ok=False, error=format_error(exception)
         )
 
 

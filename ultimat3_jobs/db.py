@@ -61,7 +61,7 @@ def database_now(using: str = "default") -> datetime:
 def dumps(value: Any) -> str:
     """JSON text for a jsonb column or parameter; instants as ISO 8601.
 
-    orjson encodes a round's inputs about 7x faster than ``json``; the text only has to be
+    orjson encodes a round's inputs several times faster than ``json``; the text only has to be
     valid JSON (PostgreSQL re-reads it), so the two need not agree byte for byte. orjson
     refuses integers beyond 64 bits, which ``json`` takes.
     """
@@ -104,8 +104,8 @@ def _each_once(convert: Callable[[K], V]) -> Callable[[K | None], V | None]:
 def instant_texts() -> Callable[[datetime | None], str | None]:
     """ISO 8601 text of instants for COPY rows and log lines, each formatted once.
 
-    psycopg's own datetime adaptation costs about 7 us a value, 3x a job row's other fields
-    together, and a round's rows share a handful of instants (now, each occurrence).
+    psycopg's own datetime adaptation costs more than a job row's other fields together, and a
+    round's rows share a handful of instants (now, each occurrence).
     """
     return _each_once(datetime.isoformat)
 
@@ -142,8 +142,8 @@ def execute_bound(using: str, statement: str, params: Sequence[Any]) -> list[tup
     server-side binding), on Django's connection, in the caller's transaction.
 
     Django's cursors bind on the client: a parameter is escaped into the statement's text,
-    then copied again as bytes and into the message. For a round's 10,000 watermarks that was
-    1.3 MB more at the round's peak. Prepared only as the connection's ``prepare_threshold``
+    then copied again as bytes and into the message: for a round's watermarks, megabytes more
+    at the round's peak. Prepared only as the connection's ``prepare_threshold``
     says (Django's default: never). Logged as ``copy_rows`` logs.
     """
     connection = connections[using]
@@ -171,8 +171,8 @@ AHEAD_BUFFERED = 20
 
 #: The GIL's switch interval while rows are made ahead. At the default 5 ms, the thread making
 #: rows held the GIL for up to 5 ms each time the round's thread had a result to read, and a
-#: 1,000-task round took 119 ms; at 0.5 ms it took 98 (median of 9, both twice). It is set back
-#: once no rows are being made ahead.
+#: round waited on it; at 0.5 ms it waits far less. It is set back once no rows are being made
+#: ahead.
 AHEAD_SWITCH_INTERVAL = 0.0005
 
 _switching = threading.Lock()
@@ -214,7 +214,7 @@ class Ahead(Generic[T]):
     """The rows of ``sources``, made in a thread of their own while the caller waits on SQL.
 
     Making a round's rows is pure Python (task functions, JSON, text); waiting on PostgreSQL
-    (a compare-and-set of 10,000 rows, the server taking a COPY) releases the GIL. Made
+    (a compare-and-set of every watermark, the server taking a COPY) releases the GIL. Made
     ahead in a thread, the rows are ready when the statement that takes them wants them, and
     the two cores work at once. ``sources`` are made in order, one after the other: the
     caller reads ``rows(0)`` first, then ``rows(1)``. At most ``AHEAD_BUFFERED`` chunks of
@@ -241,8 +241,8 @@ class Ahead(Generic[T]):
             target=self._make, args=(sources,), name="ultimat3-rows-ahead", daemon=True
         )
         # Shortened before the thread starts: at the default 5 ms, the thread that starts it
-        # waited that long for the GIL back before it could send its next statement (5.8 ms
-        # of a 1,000-task round, from starting the thread to the compare-and-set).
+        # waits that long for the GIL back before it can send its next statement (the
+        # compare-and-set).
         _shorten_switches()
         try:
             self._thread.start()

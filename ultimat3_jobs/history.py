@@ -1,8 +1,8 @@
-"""Occurrence records: what was decided about each occurrence, written and read in one shape.
+"""Occurrence records: what was decided about each occurrence, in one shape.
 
 The scheduler's round (fired, dropped, skipped while paused or for overlap), "Run now" (manual)
-and a backfill write them;
-the admin reads a task's recent history back with the ids of the jobs each record produced.
+and a backfill make them here and the job store writes them; the admin reads a task's recent
+history back (``JobStore.recent_records``) with the ids of the jobs each record produced.
 ``Occurrence.jobs`` is built and parsed only here.
 """
 
@@ -13,12 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
-
-from . import sql
 from .catchup import Span
-from .db import copy_rows, dumps
-from .jobstore import ids_of
+from .db import dumps
 from .models import Occurrence, Outcome
 
 #: How each outcome reads in the admin.
@@ -122,20 +118,6 @@ def _row(
     }
 
 
-def write(records: Iterable[dict[str, Any]], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Insert records in the caller's transaction, through the ORM.
-
-    A round on PostgreSQL writes its records as COPY rows instead (``copy``).
-    """
-    Occurrence.objects.using(using).bulk_create([Occurrence(**row) for row in records])
-
-
-def copy(rows: Iterable[tuple[Any, ...]], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Records already made as COPY rows (``copy_row``, ``fired_copy_row``), on PostgreSQL,
-    in the caller's transaction: one COPY."""
-    copy_rows(using, sql.COPY_OCCURRENCES, rows)
-
-
 def fired_copy_row(
     task: str,
     occurrence: datetime,
@@ -147,30 +129,25 @@ def fired_copy_row(
     text: Callable[[datetime | None], str | None],
 ) -> tuple[Any, ...]:
     """``copy_row(fired(...), text)`` from jobs already in the shape of ``Occurrence.jobs``
-    (``job``, ``key``, ``created``), made without the dict: a round makes thousands."""
+    (``job``, ``key``, ``created``), made without the dict: a round makes thousands.
+
+    In the column order of ``store.sql.COPY_OCCURRENCES``, as ``copy_row``."""
     when = text(occurrence)
     return (task, _FIRED, when, when, 1, catch_up, dumps(jobs), text(at), node, "", "")
 
 
 def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
-    """A record as a row of ``sql.COPY_OCCURRENCES``; ``at`` formats instants."""
+    """A record as a row of ``store.sql.COPY_OCCURRENCES``; ``at`` formats instants."""
     return (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]), r["count"],
             r["catch_up"], dumps(r["jobs"]), at(r["recorded_at"]), r["node"], r["user"],
             r["detail"])  # fmt: skip
 
 
 def manual(
-    task: str,
-    jobs: Iterable[RecordedJob],
-    *,
-    at: datetime,
-    user: str,
-    detail: str,
-    using: str = DEFAULT_DB_ALIAS,
-) -> Occurrence:
-    """Record a manual run of ``task`` by ``user`` and return the record."""
-    row = _row(task, Outcome.MANUAL, Span(at, at, 1), at=at, user=user, detail=detail, jobs=jobs)
-    return Occurrence.objects.using(using).create(**row)
+    task: str, jobs: Iterable[RecordedJob], *, at: datetime, user: str, detail: str
+) -> dict[str, Any]:
+    """The row of a manual run of ``task`` by ``user``."""
+    return _row(task, Outcome.MANUAL, Span(at, at, 1), at=at, user=user, detail=detail, jobs=jobs)
 
 
 def backfill(
@@ -184,23 +161,3 @@ def backfill(
 ) -> dict[str, Any]:
     """The row of a backfill by ``user``: the occurrences it covered and every job it asked for."""
     return _row(task, Outcome.BACKFILL, span, at=at, user=user, detail=detail, jobs=jobs)
-
-
-def recent(
-    task: str,
-    limit: int,
-    using: str = DEFAULT_DB_ALIAS,
-    *,
-    jobs_per_record: int | None = None,
-) -> list[HistoryEntry]:
-    """The latest ``limit`` records of ``task``, newest first: two queries.
-
-    ``jobs_per_record`` keeps only the first jobs of each record (a backfill has one per
-    occurrence), so a page of history never looks up thousands of keys.
-    """
-    records = list(Occurrence.objects.using(using).filter(task=task)[:limit])
-    parsed = [(record, recorded_jobs(record)[:jobs_per_record]) for record in records]
-    ids = ids_of({job.key for _, jobs in parsed for job in jobs}, using=using)
-    return [
-        HistoryEntry(record, [(job, ids.get(job.key)) for job in jobs]) for record, jobs in parsed
-    ]

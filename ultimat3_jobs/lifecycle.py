@@ -20,15 +20,18 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
-from . import listener, shutdown
+from . import shutdown
 from .listener import Listener
 from .logs import failure_fields
 from .nodes import RunStatus
 from .retries import loop_backoff
+
+if TYPE_CHECKING:
+    from .store import JobStore
 
 #: What a pass raises when the database is away: retried with backoff, never fatal.
 DATABASE_ERRORS = (DatabaseError, InterfaceError)
@@ -143,16 +146,16 @@ class Backoff:
 def listen(
     role: str,
     *,
-    using: str,
+    store: JobStore,
     queues: frozenset[str] | None,
     wake: Callable[[], None],
     retry_after: float,
 ) -> Listener | None:
     """A started LISTEN for ``role``, or None where the database cannot LISTEN (only
     PostgreSQL can): there, polling alone finds the work."""
-    if not listener.supported(using):
+    if not store.notifies:
         return None
-    started = Listener(role=role, using=using, queues=queues, wake=wake, retry_after=retry_after)
+    started = Listener(role=role, using=store.using, queues=queues, wake=wake, retry_after=retry_after)
     started.start()
     return started
 

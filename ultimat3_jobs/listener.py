@@ -1,8 +1,8 @@
-"""LISTEN/NOTIFY, both sides: enqueues notify a channel, idle workers and relays listen on it.
+"""LISTEN for NOTIFY: the PostgreSQL job store notifies a channel as it writes new rows
+(``store.postgres``), idle workers and relays listen on it.
 
-PostgreSQL only (``supported``); elsewhere ``notify`` does nothing and workers and relays poll.
-Polling stays the fallback everywhere: a lost LISTEN connection is logged and retried, never
-fatal.
+PostgreSQL only; elsewhere nothing is notified and workers poll. Polling stays the fallback
+everywhere: a lost LISTEN connection is logged and retried, never fatal.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import logging
 import os
 import select
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from .db import dedicated_connection
 from .logs import emit, failure_fields
@@ -24,21 +23,6 @@ from .logs import emit, failure_fields
 NOTIFY_CHANNEL = "ultimat3_jobs"
 #: The payload that wakes relays (an outbox row); no queue of ours is named so.
 RELAY_PAYLOAD = ":relay"
-
-
-def supported(using: str = DEFAULT_DB_ALIAS) -> bool:
-    """Whether the database ``using`` can LISTEN and NOTIFY (PostgreSQL)."""
-    return connections[using].vendor == "postgresql"
-
-
-def notify(queues: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> None:
-    """Wake LISTENing workers; inside a transaction PostgreSQL delivers it at commit."""
-    names = sorted(set(queues))
-    if not names or not supported(using):
-        return
-    with connections[using].cursor() as cursor:
-        for queue in names:
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
 
 
 class Listener:

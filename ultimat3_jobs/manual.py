@@ -12,8 +12,8 @@ from django.db import transaction
 from . import clock, history
 from .errors import UltimateError
 from .handles import TaskHandle, TaskJobResult
-from .jobstore import ids_of
 from .models import Occurrence
+from .store import JobStore, store_for
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,14 @@ class Preview:
         return not self.problem
 
 
-def preview(handle: TaskHandle | None, name: str, *, paused: bool = False) -> Preview:
+def preview(
+    handle: TaskHandle | None, name: str, *, paused: bool = False, store: JobStore | None = None
+) -> Preview:
     """What running ``handle`` now would enqueue, and which of those jobs already exist.
 
     Calls the task's function, which only returns entries: nothing is written. ``None`` is a
     task no longer declared in code; ``paused`` is said on the page, as it changes nothing.
+    ``store``: where to look for the jobs (default: the default database's).
     """
     if handle is None:
         return Preview(name, problem="It is no longer declared in code, so it cannot run.")
@@ -71,27 +74,32 @@ def preview(handle: TaskHandle | None, name: str, *, paused: bool = False) -> Pr
         return Preview(name, problem=f"{error.message}. Fix: {error.fix}.", paused=paused)
     except Exception as error:  # Whatever the task's code raised: show it rather than fail.
         return Preview(name, problem=f"{type(error).__name__}: {error}", paused=paused)
-    present = ids_of(key for _, key in keys if key)
+    present = (store or store_for()).ids_of(key for _, key in keys if key)
     entries = [PreviewEntry(job, key, present.get(key) if key else None) for job, key in keys]
     return Preview(name, entries, paused=paused)
 
 
-def run_now(handle: TaskHandle, *, user: str, detail: str = "run now") -> ManualRun:
+def run_now(
+    handle: TaskHandle, *, user: str, detail: str = "run now", store: JobStore | None = None
+) -> ManualRun:
     """Enqueue ``handle``'s entries now, as ``admin:<user>``, and record a manual occurrence.
 
     Plain job keys and the watermark untouched (``TaskHandle.enqueue``): a manual run neither
     replaces nor delays the next scheduled occurrence. A job whose key already existed is
     reported as present and left as it was. The jobs and the record commit together; an
-    ``UltimateError`` from the task's function propagates and nothing is written.
+    ``UltimateError`` from the task's function propagates and nothing is written. ``store``:
+    where the record goes (default: the default database's).
     """
+    store = store or store_for()
     with transaction.atomic():
         at = clock.now()
         results = handle.enqueue(enqueued_by=f"admin:{user}")
-        record = history.manual(
+        row = history.manual(
             handle.name,
             [history.RecordedJob(r.job, r.result.key, r.result.created) for r in results],
             at=at,
             user=user,
             detail=detail,
         )
+        record = store.insert_record(row)
     return ManualRun(task=handle.name, results=results, record=record)

@@ -63,9 +63,10 @@ class JobsCollector(Collector):
         yield GaugeMetricFamily(self.RELAY_NAME, self.RELAY_HELP, labels=["state"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from . import clock, jobstore
+        from . import clock
         from .conf import get_settings
         from .models import Job, JobStatus
+        from .store import store_for
 
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
         connection = connections[self.using]
@@ -79,9 +80,9 @@ class JobsCollector(Collector):
                 .annotate(n=Count("id"))
             )
             stuck_before = clock.now() - get_settings().relay_stuck_after
-            for state, count in jobstore.relay_counts(
-                using=self.using, stuck_before=stuck_before
-            ).items():
+            for state, count in (
+                store_for(self.using).relay_counts(stuck_before=stuck_before).items()
+            ):
                 relay.add_metric([state], count)
         except DatabaseError as error:
             # A scrape must still answer (the process metrics are worth having); say why the

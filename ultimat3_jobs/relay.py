@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
 from . import clock as default_clock
-from . import instruments, jobstore, nodes, tasks_compat
+from . import instruments, nodes, tasks_compat
 from .conf import get_settings
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .inputs import json_value
@@ -42,6 +42,7 @@ from .models import Job
 from .nodes import RunStatus, new_node_id
 from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS
 from .retries import format_error
+from .store import JobStore, store_for
 
 #: The TASKS backend whose rows are this app's own jobs, run by its workers and never relayed.
 JOBS_BACKEND = "ultimat3_jobs.backends.JobsBackend"
@@ -188,7 +189,8 @@ def send(job: Job, using: str) -> Sent:
 class Relay:
     """Sends outbox rows until stopped; ``burst`` returns once nothing is left to send now.
 
-    Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` is injectable for tests.
+    Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` is injectable for tests, and
+    ``store`` (default: ``store_for(using)``) too.
     """
 
     def __init__(
@@ -205,11 +207,13 @@ class Relay:
         node_id: str | None = None,
         clock: Callable[[], datetime] | None = None,
         sender: Callable[[Job, str], Sent] = send,
+        store: JobStore | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, not {batch}")
         config = get_settings()
         self.using = using
+        self.store = store or store_for(using)
         self.batch = batch
         self.burst = burst
         self.poll_interval = poll_interval or config.worker_poll_interval
@@ -256,8 +260,7 @@ class Relay:
         down: BrokerUnavailableError | None = None
         handed = 0
         with transaction.atomic(using=self.using):
-            rows = jobstore.claim_outbox(
-                using=self.using,
+            rows = self.store.claim_outbox(
                 limit=self.batch,
                 now=now,
                 resend=RESENDABLE,
@@ -298,8 +301,8 @@ class Relay:
         done = (tasks_compat.TaskResultStatus.SUCCESSFUL, tasks_compat.TaskResultStatus.FAILED)
         finished = 0
         with transaction.atomic(using=self.using):
-            rows = jobstore.relayed_tasks(
-                using=self.using, backends=aliases, after=self._results_after, limit=self.batch
+            rows = self.store.relayed_tasks(
+                backends=aliases, after=self._results_after, limit=self.batch
             )
             # Round the table in id order, so rows still running never hide the ones after.
             self._results_after = rows[-1].pk if len(rows) == self.batch else 0
@@ -312,8 +315,7 @@ class Relay:
                     continue
                 ok = result.status == tasks_compat.TaskResultStatus.SUCCESSFUL
                 errors = getattr(result, "errors", None) or []
-                jobstore.relayed_done(
-                    using=self.using,
+                self.store.relayed_done(
                     job_id=job.pk,
                     now=self.clock(),
                     ok=ok,
@@ -325,10 +327,9 @@ class Relay:
 
     def _record(self, job: Job, sent: Sent) -> None:
         now = self.clock()
-        jobstore.record_relayed(using=self.using, job_id=job.pk, engine_id=sent.engine_id, now=now)
+        self.store.record_relayed(job_id=job.pk, engine_id=sent.engine_id, now=now)
         if sent.done:
-            jobstore.relayed_done(
-                using=self.using,
+            self.store.relayed_done(
                 job_id=job.pk,
                 now=now,
                 ok=sent.ok,
@@ -352,7 +353,7 @@ class Relay:
 
     def _refuse(self, job: Job, error: UltimateError) -> None:
         text = f"{error.message}\nfix: {error.fix}"
-        jobstore.relay_refused(using=self.using, job_id=job.pk, now=self.clock(), error=text)
+        self.store.relay_refused(job_id=job.pk, now=self.clock(), error=text)
         self.stats.refused += 1
         emit(logger, "jobs.relay.refused", logging.ERROR, job_id=job.pk, **error.as_fields())
 
@@ -369,7 +370,7 @@ class Relay:
         if self.listen:
             self._listener = listen(
                 "relay",
-                using=self.using,
+                store=self.store,
                 queues=frozenset({RELAY_PAYLOAD}),
                 wake=self.life.wake.set,
                 retry_after=self.poll_interval.total_seconds(),
@@ -456,7 +457,7 @@ class Relay:
 
     def counts(self) -> dict[str, int]:
         """The outbox by state, ``stuck`` being relayed rows not done after RELAY_STUCK_AFTER."""
-        return jobstore.relay_counts(using=self.using, stuck_before=self.clock() - self.stuck_after)
+        return self.store.relay_counts(stuck_before=self.clock() - self.stuck_after)
 
     def log_stats(self) -> None:
         """``jobs.relay.stats``: this relay's counters and the outbox's rows by state."""

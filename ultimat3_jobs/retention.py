@@ -1,7 +1,8 @@
 """Pruning: finished jobs and occurrence records older than the retention period go.
 
-Queued and running jobs are never touched, however old. Rows go in batches so a first prune
-of a large table never holds one huge transaction.
+Queued and running jobs are never touched, however old. The job store deletes the rows
+(``JobStore.prune``), in batches so a first prune of a large table never holds one huge
+transaction.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Model, QuerySet
 
 from . import clock
 from .conf import get_settings
-from .jobstore import finished_before
 from .logs import emit
-from .models import Job, Node, Occurrence
+from .store import JobStore, store_for
 
 logger = logging.getLogger("ultimat3_jobs.retention")
 
@@ -34,27 +33,6 @@ class Pruned:
     cutoff: datetime
 
 
-def expired(
-    cutoff: datetime, using: str = DEFAULT_DB_ALIAS
-) -> tuple[QuerySet[Job], QuerySet[Occurrence], QuerySet[Node]]:
-    """The rows a prune at ``cutoff`` removes."""
-    jobs = finished_before(cutoff, using)
-    occurrences = Occurrence.objects.using(using).filter(recorded_at__lt=cutoff)
-    # A node silent for the whole retention period is long dead; its jobs were recovered.
-    nodes = Node.objects.using(using).filter(last_seen_at__lt=cutoff)
-    return jobs, occurrences, nodes
-
-
-def _delete_in_batches(rows: QuerySet[Model], batch_size: int) -> int:
-    deleted = 0
-    while True:
-        ids = list(rows.order_by("pk").values_list("pk", flat=True)[:batch_size])
-        if not ids:
-            return deleted
-        count, _ = rows.model._default_manager.using(rows.db).filter(pk__in=ids).delete()
-        deleted += count
-
-
 def prune(
     *,
     older_than: timedelta | None = None,
@@ -62,19 +40,18 @@ def prune(
     dry_run: bool = False,
     using: str = DEFAULT_DB_ALIAS,
     batch_size: int = BATCH_SIZE,
+    store: JobStore | None = None,
 ) -> Pruned:
     """Delete finished jobs, occurrence records and silent nodes older than ``older_than``.
 
     ``older_than`` defaults to the ``RETENTION_DAYS`` setting; ``dry_run`` only counts.
+    ``store``: the job store of ``using``.
     """
     keep = older_than if older_than is not None else timedelta(days=get_settings().retention_days)
     cutoff = (now or clock.now()) - keep
-    querysets = expired(cutoff, using)
-    if dry_run:
-        counts = [rows.count() for rows in querysets]
-    else:
-        counts = [_delete_in_batches(rows, batch_size) for rows in querysets]
-    result = Pruned(jobs=counts[0], occurrences=counts[1], nodes=counts[2], cutoff=cutoff)
+    store = store or store_for(using)
+    jobs, occurrences, nodes = store.prune(cutoff, batch_size=batch_size, dry_run=dry_run)
+    result = Pruned(jobs=jobs, occurrences=occurrences, nodes=nodes, cutoff=cutoff)
     emit(
         logger,
         "jobs.retention.pruned",

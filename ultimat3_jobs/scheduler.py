@@ -26,7 +26,6 @@ from .catchup import Decision
 from .clock import ONE_MS
 from .db import Ahead, instant_texts
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
-from .jobstore import Enqueued
 from .leaders import LeaderElection, SoleLeader
 from .lifecycle import Backoff, Lifecycle
 from .logs import Lines, emit, emit_many, failure_fields
@@ -42,6 +41,7 @@ from .planner import (
 )
 from .registry import registry
 from .state import FencingLost, SchedulerState, WatermarkMoved
+from .store import Enqueued
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 #: One line per task and occurrence (dispatched, armed): a logger of their own, so a site with
@@ -317,7 +317,7 @@ class Scheduler:
     def _dispatch(self, handles: dict[str, TaskHandle], names: list[str], now: datetime) -> Report:
         started = time.perf_counter()
         states = self.state.load(names)
-        plan = RoundPlan(now=now, database=getattr(self.state, "using", None))
+        plan = RoundPlan(now=now, database=self.state.using)
         # Per name of ``names``, what planning it did; None for a task not reached, due again
         # now. A list beside the names, rather than a tuple per task.
         steps: list[TaskStep | None] = []
@@ -423,11 +423,9 @@ class Scheduler:
         Only a big one, on a state that can (PostgreSQL, outside a caller's transaction), and
         without ``overlap="skip"`` tasks, which are decided against the jobs the round reads.
         """
-        can_stream = getattr(self.state, "can_stream", None)
         return (
             len(names) >= STREAM_FROM
-            and can_stream is not None
-            and can_stream()
+            and self.state.can_stream()
             and not any(handles[name].overlap == "skip" for name in names)
         )
 
@@ -466,8 +464,7 @@ class Scheduler:
         """The round's writes; None when another node leads or moved a watermark meanwhile."""
         try:
             if streamed is not None:
-                commit_streamed = self.state.commit_streamed  # type: ignore[attr-defined]
-                return commit_streamed(plan, self.leader.fence, streamed)
+                return self.state.commit_streamed(plan, self.leader.fence, streamed)
             return self.state.commit(plan, self.leader.fence) if plan.watermarks else {}
         except FencingLost:
             self._concede()
@@ -553,7 +550,7 @@ class Scheduler:
         finally:
             with self._lock:
                 self._round = None
-            node = getattr(self.state, "node_id", "local")
+            node = self.state.node_id
             failed = current.exception() is not None
             instruments.observe_round(
                 time.monotonic() - started, leader=self.is_leader, node=node, failed=failed
@@ -658,7 +655,7 @@ class Scheduler:
                 self.leader.release()
         finally:
             self.is_leader = False
-            instruments.stepped_down(getattr(self.state, "node_id", "local"))
+            instruments.stepped_down(self.state.node_id)
             self._due = None
             self._thread = None
             try:

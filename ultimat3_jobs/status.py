@@ -157,10 +157,10 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
 
 def relay_warning(now: datetime, using: str = "default") -> StatusWarning | None:
     """A warning when relayed jobs have not been reported done after ``RELAY_STUCK_AFTER``."""
-    from .jobstore import stuck_relayed
+    from .store import store_for
 
     after = get_settings().relay_stuck_after
-    count = stuck_relayed(using=using, before=now - after)
+    count = store_for(using).stuck_relayed(before=now - after)
     if not count:
         return None
     plural = "job has" if count == 1 else "jobs have"

@@ -13,13 +13,17 @@ from datetime import datetime
 from typing import Any
 
 from .handles import TaskHandle
-from .jobstore import Enqueued
-from .planner import RoundPlan, skip_overlaps
-from .state import Fence, FencingLost, TaskState, WatermarkMoved
+from .planner import RoundPlan, Streamed, skip_overlaps
+from .state import Fence, FencingLost, WatermarkMoved
+from .store import Enqueued, TaskState
 
 
 class MemoryState:
     """A ``SchedulerState`` in process memory: tasks, jobs by key, records and heartbeats."""
+
+    #: No database: a round's Django Task entries are not checked against one.
+    using: str | None = None
+    node_id = "local"
 
     def __init__(self) -> None:
         self.tasks: dict[str, TaskState] = {}
@@ -77,8 +81,17 @@ class MemoryState:
             self.commits += 1
             return enqueued
 
+    def can_stream(self) -> bool:
+        return False
+
+    def commit_streamed(self, plan: RoundPlan, fence: Fence, streamed: Streamed) -> Enqueued:
+        """Not streamed (``can_stream`` says so), but the same writes: the plan once complete."""
+        for _ in streamed.fired:
+            pass
+        return self.commit(plan, fence)
+
     def _busy(self, tasks: set[str]) -> dict[str, datetime]:
-        """As ``jobstore.busy_occurrences``: set a job's ``status`` to finish it."""
+        """As ``JobStore.busy_occurrences``: set a job's ``status`` to finish it."""
         busy: dict[str, datetime] = {}
         for row in self.jobs.values():
             task, at = row["task"], row["occurrence"]

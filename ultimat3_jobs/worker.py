@@ -1,8 +1,8 @@
 """The worker role: threads that run claimed jobs, the claiming loop, drain and stop.
 
-Job rows change only through ``jobstore``, retry timing comes from ``retries``; the life it
-shares with the other roles (signals and drain, backoff while the database is down, LISTEN)
-from ``lifecycle``, its heartbeat from ``nodes``: this module holds no SQL.
+Job rows change only through the job store (``store``), retry timing comes from ``retries``;
+the life it shares with the other roles (signals and drain, backoff while the database is down,
+LISTEN) from ``lifecycle``, its heartbeat from ``nodes``: this module holds no SQL.
 
 The thread that calls ``run()`` is the dispatcher: it claims jobs in batches sized to the idle
 job threads and hands them over. It alone heartbeats and recovers the jobs of dead workers, so
@@ -31,9 +31,8 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import instruments, jobstore, nodes, shutdown
+from . import instruments, nodes, shutdown
 from .conf import get_settings, stale_after_problem
-from .jobstore import ClaimedJob, Finish, Recovered
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
 from .logs import emit, failure_fields
@@ -41,6 +40,7 @@ from .models import JobStatus
 from .nodes import RunStatus, new_node_id
 from .registry import registry
 from .retries import format_error, retry_delay, storable
+from .store import ClaimedJob, Finish, JobStore, Recovered, store_for
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -96,7 +96,7 @@ class Worker:
     time. They are claimed ahead only while jobs run short and a thread is idle; jobs that wait
     longer than the poll interval, or when a drain begins, go back to the queue unrun with
     their attempt uncounted. Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` and
-    ``rand`` are injectable for tests.
+    ``rand`` are injectable for tests, and ``store`` (default: ``store_for(using)``) too.
     """
 
     def __init__(
@@ -119,6 +119,7 @@ class Worker:
         clock: Callable[[], datetime] | None = None,
         rand: Callable[[], float] | None = None,
         drain_on_shutdown: bool = True,
+        store: JobStore | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -140,6 +141,7 @@ class Worker:
         self.backoff_max = backoff_max or config.retry_backoff_max
         self.listen = listen
         self.using = using
+        self.store = store or store_for(using)
         self.node_id = node_id or new_node_id()
         self.clock = clock or default_clock.now
         self.rand = rand or random.random
@@ -198,26 +200,25 @@ class Worker:
         from . import backends
 
         started = time.monotonic()
-        row = jobstore.load(using=self.using, job_id=job.id)
+        row = self.store.load_job(job.id)
         run = backends.run_task(row)
-        using, node, now = self.using, self.node_id, self.clock()
+        store, node, now = self.store, self.node_id, self.clock()
         if run.error is None:
-            finish = jobstore.succeeded(job, now=now)
+            finish = Finish.succeeded(job, now=now)
             ended = Ended(job, finish, _since(started))
             written = self._write_now(
                 ended,
-                lambda: jobstore.task_succeeded(
-                    using=using, job_id=job.id, worker=node, now=now, return_value=run.return_value
+                lambda: store.task_succeeded(
+                    job_id=job.id, worker=node, now=now, return_value=run.return_value
                 ),
             )
         else:
             message = storable(run.message)
-            finish = jobstore.failed(job, now=now, error=message)
+            finish = Finish.failed(job, now=now, error=message)
             ended = Ended(job, finish, _since(started), failure_fields(run.error))
             written = self._write_now(
                 ended,
-                lambda: jobstore.task_failed(
-                    using=using,
+                lambda: store.task_failed(
                     job_id=job.id,
                     worker=node,
                     now=now,
@@ -263,7 +264,7 @@ class Worker:
             return self._failed(
                 job, format_error(error), started, retry=True, fields=failure_fields(error)
             )
-        return Ended(job, jobstore.succeeded(job, now=self.clock()), _since(started))
+        return Ended(job, Finish.succeeded(job, now=self.clock()), _since(started))
 
     def _failed(
         self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
@@ -275,9 +276,9 @@ class Worker:
                 job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
             )
             run_at = self.clock() + delay
-            finish = jobstore.retrying(job, run_at=run_at, error=text)
+            finish = Finish.retrying(job, run_at=run_at, error=text)
             return Ended(job, finish, _since(started), {"retry_at": run_at, **fields})
-        finish = jobstore.failed(job, now=self.clock(), error=text)
+        finish = Finish.failed(job, now=self.clock(), error=text)
         return Ended(job, finish, _since(started), fields)
 
     def _report(self, ended: Ended, written: bool) -> Outcome:
@@ -315,9 +316,7 @@ class Worker:
         delay = 0.05
         while True:
             try:
-                written = jobstore.finish(
-                    using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
-                )
+                written = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
                 return self._report_all(ended, written)
             except (OperationalError, InterfaceError) as error:
                 # The job ran; losing its outcome would run it again. Keep trying until the
@@ -344,9 +343,7 @@ class Worker:
 
     def recover(self) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue."""
-        recovered = jobstore.recover(
-            using=self.using, stale_after=self.stale_after, now=self.clock()
-        )
+        recovered = self.store.recover(stale_after=self.stale_after, now=self.clock())
         if recovered.requeued or recovered.failed:
             emit(
                 logger,
@@ -511,7 +508,7 @@ class Worker:
         if self.listen and not self.burst:
             self._listener = listen(
                 "worker",
-                using=self.using,
+                store=self.store,
                 queues=self.queues,
                 wake=self.life.wake.set,
                 # Reconnect soon even when polling is slow: NOTIFY is what keeps latency low.
@@ -574,8 +571,7 @@ class Worker:
                         ended = []
                     flush_in = FLUSH_AFTER if self._pending else idle_wait
                 try:
-                    written, jobs = jobstore.finish_and_claim(
-                        using=self.using,
+                    written, jobs = self.store.finish_and_claim(
                         worker=self.node_id,
                         finishes=[e.finish for e in ended],
                         limit=room,
@@ -627,7 +623,7 @@ class Worker:
     def _release_unheld(self) -> None:
         with self._lock:
             held = [*self._in_flight, *(e.job.id for e in self._pending)]
-        released = jobstore.release_unheld(using=self.using, worker=self.node_id, held=held)
+        released = self.store.release_unheld(worker=self.node_id, held=held)
         self._unsure = False
         if released:
             emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
@@ -654,7 +650,7 @@ class Worker:
         if not waiting:
             return
         try:
-            released = jobstore.release(using=self.using, jobs=waiting, worker=self.node_id)
+            released = self.store.release(jobs=waiting, worker=self.node_id)
         except DATABASE_ERRORS as error:
             # Still claimed by us: our heartbeat stops with us and they are recovered.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
@@ -673,9 +669,7 @@ class Worker:
         if not ended:
             return
         try:
-            written = jobstore.finish(
-                using=self.using, worker=self.node_id, finishes=[e.finish for e in ended]
-            )
+            written = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
         except DATABASE_ERRORS as error:
             self._keep_pending(ended, error)
             close_old_connections()
@@ -727,9 +721,7 @@ class Worker:
             "timeout) above your longest job, or split long jobs",
         )
         try:
-            jobstore.give_back(
-                using=self.using, job_ids=left, worker=self.node_id, now=self.clock()
-            )
+            self.store.give_back(job_ids=left, worker=self.node_id, now=self.clock())
         except DATABASE_ERRORS as error:
             # The heartbeat stops with us, so the other workers recover them instead.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))

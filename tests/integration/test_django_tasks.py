@@ -19,7 +19,6 @@ from django_tasks.signals import task_enqueued, task_finished, task_started
 
 from testproject.demo import background
 from testproject.demo.models import Ping
-from ultimat3_jobs import jobstore
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError
@@ -31,6 +30,7 @@ from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import RoundPlan, occurrence_key, plan_task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import store_for
 from ultimat3_jobs.zones import resolve_zone
 
 
@@ -308,7 +308,9 @@ def test_round__a_django_task_entry_is_written_with_the_occurrence_key_and_runs(
     assert job.occurrence == MINUTE
 
     # The same occurrence planned again (a second scheduler's round) finds the key taken.
-    again = jobstore.insert_round([{**{f: getattr(job, f) for f in ROUND_FIELDS}, "key": job.key}])
+    again = store_for().insert_round(
+        [{**{f: getattr(job, f) for f in ROUND_FIELDS}, "key": job.key}]
+    )
     assert again == {job.key: (job.pk, False)}
 
     call_command("run_worker", "--burst", "--no-listen", "--queues", "emails")
@@ -421,15 +423,13 @@ def test_checks__a_jobs_backend_on_a_missing_database_is_an_error() -> None:
 @pytest.mark.django_db
 def test_recover__a_django_task_whose_worker_died_ends_failed_not_run_twice() -> None:
     result = background.add.enqueue(1, 2)
-    [claimed] = jobstore.claim(using="default", worker="dead-node", limit=1, now=timezone.now())
-    assert claimed.pk == int(result.id)
+    [claimed] = store_for("default").claim(worker="dead-node", limit=1, now=timezone.now())
+    assert claimed.id == int(result.id)
     result.refresh()
     assert result.status == TaskResultStatus.RUNNING
     assert result.worker_ids == ["dead-node"]
 
-    recovered = jobstore.recover(
-        using="default", stale_after=timedelta(seconds=60), now=timezone.now()
-    )
+    recovered = store_for("default").recover(stale_after=timedelta(seconds=60), now=timezone.now())
 
     assert recovered.failed == 1
     result.refresh()

@@ -18,11 +18,11 @@ from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, InvalidJobKeyError, InvalidRunAtError
 from ultimat3_jobs.handles import JobHandle, TaskHandle
 from ultimat3_jobs.inputs import INT_LIMIT, KEY_LIMIT, MAX_INPUT_BYTES, MAX_INPUT_DEPTH
-from ultimat3_jobs.jobstore import enqueue as store_enqueue
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import enqueue as store_enqueue
 from ultimat3_jobs.zones import resolve_zone
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_registry")]

@@ -18,13 +18,14 @@ from django.db import close_old_connections, connection, transaction
 from testproject.demo import background
 from testproject.demo.celery_tasks import plain_row, write_row
 from testproject.demo.models import Ping
-from ultimat3_jobs import jobstore, tasks_compat
+from ultimat3_jobs import tasks_compat
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
 from ultimat3_jobs.errors import BrokerUnavailableError
 from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.relay import JOBS_BACKEND, Relay, celery_task_id, send
+from ultimat3_jobs.store import store_for
 
 from ..redis_server import RedisServer, point_celery_at
 from .test_django_tasks import MINUTE, every_minute, fire_once
@@ -187,7 +188,7 @@ def test_relay__a_task_it_does_not_know_fails_the_row_with_a_fix(broker: redis.R
     assert "fix:" in job.last_error
     assert relayer.stats.refused == 1
     # Retried from the admin, it goes back to the outbox, not to our worker's queue.
-    assert jobstore.retry_failed(Job.objects.filter(pk=job.pk)) == 1
+    assert store_for().retry_failed(Job.objects.filter(pk=job.pk)) == 1
     job.refresh_from_db()
     assert job.status == "outbox"
 
@@ -286,11 +287,11 @@ def test_exactly_once_task__two_copies_at_once_wait_for_each_other() -> None:
         # Holds the row lock as a body in flight would, then commits the row done.
         try:
             with transaction.atomic():
-                jobstore.lock_relayed(using="default", job_id=job.pk)
+                store_for("default").lock_relayed(job_id=job.pk)
                 holding.set()
                 release.wait(30)
                 Ping.objects.create(label=f"relayed {MINUTE.isoformat()}")
-                jobstore.relayed_done(using="default", job_id=job.pk, now=MINUTE)
+                store_for("default").relayed_done(job_id=job.pk, now=MINUTE)
         finally:
             close_old_connections()
             connection.close()

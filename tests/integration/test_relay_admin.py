@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from testproject.demo import celery_tasks
-from ultimat3_jobs import clock, jobstore
+from ultimat3_jobs import clock
 from ultimat3_jobs.declarations import task
 from ultimat3_jobs.manual import run_now
 from ultimat3_jobs.models import Job
@@ -22,6 +22,7 @@ from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.relay import celery_task_id
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
+from ultimat3_jobs.store import store_for
 
 from .admin_support import JOBS_URL, NOW, frozen, logged_in, staff_user
 
@@ -43,8 +44,7 @@ def outbox_row(label: str, *, relayed_ago: timedelta | None = None) -> Job:
     result = handle.enqueue({"label": label}, key=f"k:{label}")
     job = Job.objects.get(pk=result.job_id)
     if relayed_ago is not None:
-        jobstore.record_relayed(
-            using="default",
+        store_for("default").record_relayed(
             job_id=job.pk,
             engine_id=celery_task_id(job.key),
             now=NOW - relayed_ago,
@@ -63,7 +63,7 @@ def _messages(response: Any) -> list[tuple[int, str]]:
 
 def test_job_page__a_relayed_job_shows_where_it_went_and_when(staff: Client) -> None:
     job = outbox_row("seen", relayed_ago=timedelta(seconds=30))
-    jobstore.relayed_done(using="default", job_id=job.pk, now=NOW)
+    store_for("default").relayed_done(job_id=job.pk, now=NOW)
     text = page_text(staff.get(reverse("admin:ultimat3_jobs_job_change", args=[job.pk])))
     assert "Relayed at" in text and "Done at" in text
     assert celery_task_id(job.key) in text
@@ -121,7 +121,7 @@ def test_run_now__a_task_whose_entry_is_a_celery_task_writes_an_outbox_row(
 def test_actions__cancel_an_unsent_outbox_row_and_retry_a_failed_one(staff: Client) -> None:
     waiting = outbox_row("waiting")
     failed = outbox_row("failed", relayed_ago=timedelta(seconds=5))
-    jobstore.relayed_done(using="default", job_id=failed.pk, now=NOW, ok=False, error="boom")
+    store_for("default").relayed_done(job_id=failed.pk, now=NOW, ok=False, error="boom")
     staff.post(JOBS_URL, {"action": "cancel_queued", "_selected_action": [waiting.pk]})
     staff.post(JOBS_URL, {"action": "retry_failed", "_selected_action": [failed.pk]})
     waiting.refresh_from_db()

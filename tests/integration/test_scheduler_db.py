@@ -10,12 +10,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ultimat3_jobs import state as state_module
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import postgres as postgres_store
 
 from .factories import make_tasks
 
@@ -52,6 +52,34 @@ def test_round__all_due_writes_jobs_records_and_watermarks_in_one_go() -> None:
     }
     assert Occurrence.objects.filter(outcome="fired").count() == 3
     assert set(Task.objects.values_list("last_fired_at", flat=True)) == {clock()}
+
+
+@pytest.mark.django_db
+def test_round__is_written_by_the_store_the_state_is_given() -> None:
+    # The ORM's store, on whichever database the suite runs: a test can hand the state one.
+    from ultimat3_jobs.store import PortableStore
+
+    calls: list[str] = []
+
+    class Recording(PortableStore):
+        def insert_round(self, rows: Any) -> Any:
+            calls.append("insert_round")
+            return super().insert_round(rows)
+
+    clock = FrozenClock(T0)
+    tasks = make_tasks(2, prefix="given")
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock, store=Recording("default"))
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+    )
+    state.sync(tasks)
+    scheduler.tick()  # Arms every task: a round that fires nothing.
+    calls.clear()
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    assert len(scheduler.tick()) == 2
+    assert calls == ["insert_round"]
+    assert Job.objects.count() == 2
+    assert Occurrence.objects.filter(outcome="fired").count() == 2
 
 
 def _queries_for_a_full_round(count: int) -> int:
@@ -111,8 +139,9 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
     clock.set(datetime(2026, 6, 1, 0, 1, 1, tzinfo=UTC))
     [fired] = first.tick()
     # A second node that read the old watermark computes the same key; the insert is absorbed.
-    from ultimat3_jobs.jobstore import build_job, insert_many
     from ultimat3_jobs.registry import registry
+    from ultimat3_jobs.store import PortableStore
+    from ultimat3_jobs.store.columns import build_job
 
     ping = registry.get_job("demo.ping")
     assert ping is not None
@@ -125,7 +154,7 @@ def test_round__the_same_occurrence_from_two_nodes_shares_its_key() -> None:
         enqueued_by="scheduler",
         now=clock(),
     )
-    assert insert_many([duplicate]) == {
+    assert PortableStore("default").insert_many([duplicate]) == {
         fired.jobs[0].result.key: (fired.jobs[0].result.job_id, False)
     }
     assert Job.objects.count() == 1
@@ -209,7 +238,7 @@ def _backends() -> int:
 def test_sync__new_tasks_go_in_slice_by_slice_made_in_a_thread_of_their_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(state_module, "SYNC_SLICE", 3)
+    monkeypatch.setattr(postgres_store, "SYNC_SLICE", 3)
     tasks = make_tasks(7, prefix="slice")
     original = tasks[5].func
     made_in: list[str] = []
@@ -330,8 +359,8 @@ def test_compare_and_set__looks_each_task_up_by_its_name_whatever_the_estimates(
     tasks, hours. Every nested loop of the plan must look a task up through an index."""
     import json
 
-    from ultimat3_jobs import sql
     from ultimat3_jobs.db import dumps
+    from ultimat3_jobs.store import sql
 
     clock = FrozenClock(T0)
     round_over(300, clock)

@@ -17,11 +17,12 @@ from django.utils import timezone
 
 from testproject.demo.models import Ping
 from testproject.demo.tasks import always_fail, ping, slow_ping
-from ultimat3_jobs import clock, jobstore
+from ultimat3_jobs import clock
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
+from ultimat3_jobs.store import ClaimedJob, store_for
 from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.retention import prune
 from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Outcome, Worker
@@ -121,10 +122,9 @@ def quiet_logger() -> Iterator[None]:
 
 def claim(
     worker: str, limit: int, *, now: datetime | None = None, queues: set[str] | None = None
-) -> list[jobstore.ClaimedJob]:
+) -> list[ClaimedJob]:
     """What a worker's claim hands it: the store's, as the loop calls it."""
-    return jobstore.claim(
-        using="default",
+    return store_for("default").claim(
         worker=worker,
         limit=limit,
         now=now or clock.now(),
@@ -137,7 +137,7 @@ def test_claim__takes_due_jobs_oldest_first_and_counts_the_attempt() -> None:
     later = make_job(run_at=T0 - timedelta(seconds=1))
     older = make_job(run_at=T0 - timedelta(seconds=5))
     claimed = claim("w1", 10, now=T0)
-    assert [j.pk for j in claimed] == [older.pk, later.pk]
+    assert [j.id for j in claimed] == [older.pk, later.pk]
     rows = Job.objects.filter(pk__in=[older.pk, later.pk])
     assert set(rows.values_list("status", "attempts", "worker", "started_at")) == {
         (JobStatus.RUNNING, 1, "w1", T0)
@@ -151,7 +151,7 @@ def test_claim__leaves_future_jobs_other_queues_and_running_ones() -> None:
     make_job(run_at=T0 + timedelta(seconds=1), queue="emails")
     make_job(run_at=T0, queue="reports")
     make_job(run_at=T0, queue="emails", status=JobStatus.RUNNING, worker="other")
-    assert [j.pk for j in claim("w1", 10, now=T0, queues={"emails"})] == [due.pk]
+    assert [j.id for j in claim("w1", 10, now=T0, queues={"emails"})] == [due.pk]
     assert claim("w1", 10, now=T0, queues={"emails"}) == []
 
 
@@ -162,7 +162,7 @@ def test_claim__respects_the_limit_and_never_hands_a_job_out_twice() -> None:
     second = claim("w2", 3)
     assert len(first) == 3
     assert len(second) == 2
-    assert sorted(j.pk for j in first + second) == [j.pk for j in jobs]
+    assert sorted(j.id for j in first + second) == [j.pk for j in jobs]
 
 
 @pytest.mark.postgres
@@ -179,7 +179,7 @@ def test_claim__concurrent_claimers_split_the_jobs_without_overlap() -> None:
             start.wait()
             mine: list[int] = []
             while batch := claim(name, 7):
-                mine += [j.pk for j in batch]
+                mine += [j.id for j in batch]
             got[name] = mine
         finally:
             connections.close_all()

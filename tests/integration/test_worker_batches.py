@@ -11,15 +11,16 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from testproject.demo.models import Ping
-from ultimat3_jobs import clock, jobstore
+from ultimat3_jobs import clock
 from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, store_for
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
 from .test_worker import QUICK, make_job, wait_until
 
 
-def _claim(worker: str, limit: int = 10) -> list[jobstore.ClaimedJob]:
-    return jobstore.claim(using="default", worker=worker, limit=limit, now=clock.now())
+def _claim(worker: str, limit: int = 10) -> list[ClaimedJob]:
+    return store_for("default").claim(worker=worker, limit=limit, now=clock.now())
 
 
 # -- finishing ------------------------------------------------------------------------------------
@@ -33,14 +34,13 @@ def test_finish__writes_each_outcome_of_a_batch_and_skips_rows_no_longer_ours() 
     Job.objects.filter(pk=cancelled.id).update(status=JobStatus.CANCELLED)
     now = clock.now()
     later = now + timedelta(minutes=5)
-    written = jobstore.finish(
-        using="default",
+    written = store_for("default").finish(
         worker="w1",
         finishes=[
-            jobstore.succeeded(done, now=now),
-            jobstore.retrying(retried, run_at=later, error="boom"),
-            jobstore.succeeded(taken, now=now),
-            jobstore.failed(cancelled, now=now, error="late"),
+            Finish.succeeded(done, now=now),
+            Finish.retrying(retried, run_at=later, error="boom"),
+            Finish.succeeded(taken, now=now),
+            Finish.failed(cancelled, now=now, error="late"),
         ],
     )
     assert written == {done.id, retried.id}
@@ -64,11 +64,11 @@ def test_finish__writes_each_outcome_of_a_batch_and_skips_rows_no_longer_ours() 
 def test_finish__a_stale_attempt_never_lands_on_a_later_one() -> None:
     make_job()
     (first,) = _claim("w1")
-    jobstore.give_back(using="default", job_ids=[first.id], worker="w1", now=clock.now())
+    store_for("default").give_back(job_ids=[first.id], worker="w1", now=clock.now())
     (second,) = _claim("w1")  # The same job, claimed again by the same worker.
     assert (second.id, second.attempts) == (first.id, 2)
-    stale = jobstore.succeeded(first, now=clock.now())
-    assert jobstore.finish(using="default", worker="w1", finishes=[stale]) == set()
+    stale = Finish.succeeded(first, now=clock.now())
+    assert store_for("default").finish(worker="w1", finishes=[stale]) == set()
     row = Job.objects.get(pk=first.id)
     assert (row.status, row.attempts) == (JobStatus.RUNNING, 2)
 
@@ -81,10 +81,9 @@ def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
     ran = _claim("w1", limit=3)
     now = clock.now()
     with CaptureQueriesContext(connection) as queries:
-        written, claimed = jobstore.finish_and_claim(
-            using="default",
+        written, claimed = store_for("default").finish_and_claim(
             worker="w1",
-            finishes=[jobstore.succeeded(job, now=now) for job in ran],
+            finishes=[Finish.succeeded(job, now=now) for job in ran],
             limit=10,
             now=now,
         )
@@ -134,8 +133,8 @@ def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was() -> None
 def test_claim__returns_plain_records_with_the_input_decoded() -> None:
     made = make_job(data={"label": "x", "n": [1, 2]})
     (claimed,) = _claim("w1")
-    assert isinstance(claimed, jobstore.ClaimedJob)
-    assert (claimed.pk, claimed.input, claimed.attempts, claimed.key) == (
+    assert isinstance(claimed, ClaimedJob)
+    assert (claimed.id, claimed.input, claimed.attempts, claimed.key) == (
         made.pk,
         {"label": "x", "n": [1, 2]},
         1,
@@ -152,7 +151,7 @@ def test_release__puts_unstarted_jobs_back_with_the_attempt_uncounted() -> None:
     other = make_job()
     mine, theirs = _claim("w1")
     Job.objects.filter(pk=theirs.id).update(worker="w2")
-    assert jobstore.release(using="default", jobs=[mine, theirs], worker="w1") == 1
+    assert store_for("default").release(jobs=[mine, theirs], worker="w1") == 1
     row = Job.objects.get(pk=mine.id)
     assert (row.status, row.attempts, row.worker, row.started_at) == (JobStatus.QUEUED, 1, "", None)
     assert Job.objects.get(pk=other.pk).worker == "w2"
@@ -231,6 +230,23 @@ def test_run__a_burst_returns_with_every_outcome_written() -> None:
     assert Ping.objects.count() == 40
 
 
+@pytest.mark.django_db(transaction=True)
+def test_worker__claims_and_records_through_the_store_it_is_given() -> None:
+    # The ORM's store, on whichever database the suite runs: a test can hand the worker one.
+    calls: list[str] = []
+
+    class Recording(PortableStore):
+        def finish_and_claim(self, **kwargs: Any) -> tuple[set[int], list[ClaimedJob]]:
+            calls.append("finish_and_claim")
+            return super().finish_and_claim(**kwargs)
+
+    made = make_job()
+    worker = _worker(burst=True, listen=False, store=Recording("default"))
+    assert worker.run() == CLEAN_EXIT
+    assert Job.objects.get(pk=made.pk).status == JobStatus.SUCCEEDED
+    assert calls and set(calls) == {"finish_and_claim"}
+
+
 def test_worker__refuses_a_negative_prefetch() -> None:
     with pytest.raises(ValueError, match="prefetch must be at least 0"):
         Worker(prefetch=-1, drain_on_shutdown=False)
@@ -242,7 +258,7 @@ def test_release_unheld__frees_jobs_a_lost_claim_answer_left_with_the_worker() -
         make_job()
     held, lost_one, lost_two = _claim("w1")  # As if the answer for the last two never came.
     theirs = make_job(status=JobStatus.RUNNING, worker="w2", attempts=1)
-    released = jobstore.release_unheld(using="default", worker="w1", held=[held.id])
+    released = store_for("default").release_unheld(worker="w1", held=[held.id])
     assert released == 2
     rows = Job.objects.filter(pk__in=[lost_one.id, lost_two.id])
     assert set(rows.values_list("status", "attempts", "worker")) == {(JobStatus.QUEUED, 0, "")}

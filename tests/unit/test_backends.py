@@ -13,7 +13,7 @@ def test_jobs_backend__imports_and_constructs_without_models_or_a_database() -> 
         "from ultimat3_jobs.backends import JobsBackend\n"
         "backend = JobsBackend('default', {'QUEUES': ['default'], 'OPTIONS': {'DATABASE': 'x'}})\n"
         "print(backend.database, sorted(backend.queues))\n"
-        "print('ultimat3_jobs.models' in sys.modules, 'ultimat3_jobs.jobstore' in sys.modules)\n"
+        "print('ultimat3_jobs.models' in sys.modules, 'ultimat3_jobs.store' in sys.modules)\n"
         "print(backend.supports_defer and backend.supports_priority\n"
         "      and backend.supports_get_result and backend.supports_async_task)\n"
     )

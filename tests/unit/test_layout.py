@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -138,7 +139,7 @@ def test_layout__leaves_and_declarations_import_nothing_above_them_even_in_a_fun
 def test_layout__the_graph_reader_sees_a_known_edge() -> None:
     # Guards the reader itself: the worker imports the job store at import time.
     modules = _modules()
-    assert "ultimat3_jobs.jobstore" in _edges(
+    assert "ultimat3_jobs.store" in _edges(
         "ultimat3_jobs.worker", modules["ultimat3_jobs.worker"], modules
     )
 
@@ -158,3 +159,59 @@ def test_layout__no_module_is_named_after_a_standard_library_module() -> None:
         name for name in _modules() if name.rpartition(".")[2] in sys.stdlib_module_names
     )
     assert clashes == []
+
+
+#: What writes or deletes rows through a queryset or a manager.
+_WRITES = {
+    *("create", "bulk_create", "get_or_create", "update_or_create"),
+    *("update", "bulk_update", "delete"),
+}
+#: A statement that writes the job table, as the package spells it.
+_JOB_TABLE_SQL = re.compile(
+    r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM|COPY)\s+(\{_JOB\}|ultimat3_jobs_job)"
+)
+
+
+def _reaches_job_manager(node: ast.expr) -> bool:
+    """Whether a call's receiver is ``Job.objects`` (``.using()``, ``.filter()``... after)."""
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            if node.attr == "objects" and isinstance(node.value, ast.Name):
+                return node.value.id == "Job"
+            node = node.value
+        else:
+            return False
+
+
+def test_layout__only_the_store_writes_or_deletes_job_rows() -> None:
+    found = []
+    for name, path in _modules().items():
+        if name == "ultimat3_jobs.store" or name.startswith("ultimat3_jobs.store."):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _WRITES
+                and _reaches_job_manager(node.func.value)
+            ):
+                found.append(f"{name}:{node.lineno}")
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and _JOB_TABLE_SQL.search(node.value)
+            ):
+                found.append(f"{name}:{node.lineno}")
+    assert found == []
+
+
+def test_layout__the_job_row_reader_sees_a_known_write() -> None:
+    # Guards the reader itself: the store's ORM path updates rows through Job.objects.
+    call = ast.parse("Job.objects.using(u).filter(pk=1).update(status='x')").body[0]
+    assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call)
+    assert isinstance(call.value.func, ast.Attribute)
+    assert _reaches_job_manager(call.value.func.value)
+    assert _JOB_TABLE_SQL.search("UPDATE {_JOB} AS job SET")

@@ -18,7 +18,7 @@ from ultimat3_jobs.cron import DstGap, DstRepeat
 from ultimat3_jobs.handles import CatchUp, TaskHandle
 from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.scheduler import Scheduler
-from ultimat3_jobs.state import TaskState
+from ultimat3_jobs.store import TaskState
 from ultimat3_jobs.testing import MemoryState
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")

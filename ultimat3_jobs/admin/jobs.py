@@ -6,15 +6,17 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import AdminSite
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .. import clock, jobstore
+from .. import clock
 from ..models import Job, Task
 from ..status import relay_warning
+from ..store import FINISHED, JobStore, store_for
 from .display import fields_of, utc_column
 
 #: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
@@ -34,7 +36,8 @@ class JobAdmin(admin.ModelAdmin):
     """Jobs: filter, search, and retry failed or cancel queued ones.
 
     Rows are written by the queue and the workers; the admin only moves a job between
-    statuses, with conditional updates so a worker that claimed it meanwhile wins.
+    statuses, with conditional updates so a worker that claimed it meanwhile wins. It does so
+    through ``store`` (default: the job store of the selected jobs' database).
     """
 
     list_display = [
@@ -89,6 +92,15 @@ class JobAdmin(admin.ModelAdmin):
     finished_column = utc_column("finished_at", "Finished")
     relayed_column = utc_column("relayed_at", "Relayed at")
     done_column = utc_column("done_at", "Done at")
+
+    def __init__(
+        self, model: type[Job], admin_site: AdminSite, store: JobStore | None = None
+    ) -> None:
+        super().__init__(model, admin_site)
+        self.store = store
+
+    def _store(self, jobs: QuerySet[Job]) -> JobStore:
+        return self.store or store_for(jobs.db)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -193,7 +205,7 @@ class JobAdmin(admin.ModelAdmin):
         # Only a finished job may be deleted (it frees its key, as pruning does). A queued one
         # would vanish unrun: cancel it. A running one would leave its worker writing to
         # nothing. Django asks this of every selected job, in the delete view and the action.
-        if obj is not None and obj.status not in jobstore.FINISHED:
+        if obj is not None and obj.status not in FINISHED:
             return False
         return super().has_delete_permission(request, obj)
 
@@ -204,22 +216,23 @@ class JobAdmin(admin.ModelAdmin):
         return deleted, counts, refused, protected
 
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
-        # Re-checked in the statement: a worker may have claimed it since the page loaded.
-        Job.objects.filter(pk=obj.pk, status__in=jobstore.FINISHED).delete()
+        # Finished only, re-checked in the statement: a worker may have claimed it since.
+        jobs = self.model.objects.filter(pk=obj.pk)
+        self._store(jobs).delete_finished(jobs)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        queryset.filter(status__in=jobstore.FINISHED).delete()
+        self._store(queryset).delete_finished(queryset)
 
     @admin.action(permissions=["change"], description="Retry selected failed jobs")
     def retry_failed(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Failed -> queued, due now, with a fresh set of attempts (``jobstore.retry_failed``)."""
-        count = jobstore.retry_failed(queryset)
+        """Failed -> queued, due now, with a fresh set of attempts (``JobStore.retry_failed``)."""
+        count = self._store(queryset).retry_failed(queryset)
         self._report(request, count, queryset.count(), "requeued", "failed")
 
     @admin.action(permissions=["change"], description="Cancel selected queued jobs")
     def cancel_queued(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Queued -> cancelled. A job a worker already claimed is running and is left alone."""
-        count = jobstore.cancel_queued(queryset)
+        count = self._store(queryset).cancel_queued(queryset)
         self._report(request, count, queryset.count(), "cancelled", "queued")
 
     def _report(

@@ -53,6 +53,7 @@ from ..manual import ManualRun, preview, run_now
 from ..models import RunToken, Task
 from ..registry import registry
 from ..status import scheduler_status
+from ..store import store_for
 from .backfill import BackfillAdmin
 from .display import UTC_ZONE, both_zones, fields_of, job_link, last_round, stamp, utc_column
 
@@ -372,7 +373,8 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         schedule = _schedule_of(task)
         zone = schedule.zone if schedule is not None else UTC_ZONE
         rows = []
-        for entry in history.recent(task.name, HISTORY, jobs_per_record=HISTORY_JOBS):
+        store = store_for(self.model.objects.db)
+        for entry in store.recent_records(task.name, HISTORY, jobs_per_record=HISTORY_JOBS):
             record = entry.record
             first, last = record.occurrence, record.last_occurrence
             rows.append(

@@ -1,20 +1,25 @@
-"""The app's raw PostgreSQL statements, by name: a scheduler round's, the worker's claim/finish.
+"""The PostgreSQL store's statements, by name: a scheduler round's, the worker's claim and
+finish, the relay's claim.
 
 Each takes its rows as arrays, one JSON parameter or one COPY, so a round is the same handful
-of statements whether it carries ten tasks or ten thousand. Other databases go through the ORM.
+of statements whether it carries ten tasks or ten thousand. The statements that write new job
+rows take their columns from ``columns.NEW_JOB_COLUMNS``. ``portable.py`` does the same
+through the ORM.
 """
 
 from __future__ import annotations
 
-from .models import Job, Occurrence, Task
+from ..models import Job, Occurrence, Task
+from .columns import CARRIED, CLAIMED_COLUMNS, NEW_JOB_COLUMNS, NEW_JOB_NAMES
 
 _TASK = Task._meta.db_table
 _JOB = Job._meta.db_table
 _OCCURRENCE = Occurrence._meta.db_table
 
 #: Every task's watermark (as whole microseconds since the epoch) and pause, in no order. An
-#: integer, not a timestamptz: Django's timestamptz loader is Python, ~20 us a row. Exact:
-#: extract() returns numeric from PostgreSQL 14 on, the oldest Django 5.2 supports.
+#: integer, not a timestamptz: Django's timestamptz loader runs in Python for every row, an
+#: integer loads in C. Exact: extract() returns numeric from PostgreSQL 14 on, the oldest
+#: Django 5.2 supports.
 TASK_STATES = f"""
 SELECT name, (extract(epoch FROM last_fired_at) * 1000000)::bigint, paused FROM {_TASK}
 """
@@ -40,11 +45,11 @@ ON CONFLICT (name) DO NOTHING
 #: holds the watermark the round planned from (re-checked after any concurrent update), and the
 #: count returned says whether every row did. Run after the fence, inside the round's
 #: transaction. The rows come as one JSON array of ``[name, expected, watermark]``: psycopg
-#: builds arrays in Python, and 10,000 rows as objects were 2 MB of dicts. As jsonb, parsed
-#: once: ``->>`` on json scans the element's text at each of its three reads (EXPLAIN ANALYZE:
-#: 24 against 20 ms at 1,000 rows, 170 against 137 ms at 10,000). The function scan joins the
-#: task rows through their name index, whatever its row estimate. A count rather than the
-#: names: at 10,000 rows those were 1.7 MB of tuples and strings read back for nothing.
+#: builds arrays in Python, and rows as objects repeat their keys in every row. As jsonb,
+#: parsed once: ``->>`` on json scans the element's text at each of its three reads. The
+#: function scan joins the task rows through their name index, whatever its row estimate. A
+#: count rather than the names: the names would be read back, a tuple and a string a row,
+#: for nothing.
 SWAP_WATERMARKS = f"""
 WITH swapped AS (
     UPDATE {_TASK} AS t SET last_fired_at = (e->>2)::timestamptz
@@ -74,50 +79,46 @@ WHERE t.name = v.name
 """
 
 #: Ids for a round's new jobs, taken from the table's own sequence, so COPY can write them.
-#: The sequence is looked up once, in a subquery: called in ``nextval``'s argument it was
-#: looked up for every id (5.4 against 1.2 ms for 1,000 ids, 52 against 9 ms for 10,000).
+#: The sequence is looked up once, in a subquery: called in ``nextval``'s argument it is
+#: looked up again for every id.
 RESERVE_JOB_IDS = f"""
 SELECT nextval((SELECT pg_get_serial_sequence('{_JOB}', 'id')::regclass))
 FROM generate_series(1, %s)
 """
 
-#: The columns ``COPY_JOBS`` takes, in order.
-JOB_COLUMNS = (
-    "id", "name", "key", "input", "status", "queue", "attempts", "max_attempts", "run_at",
-    "created_at", "last_error", "task", "occurrence", "catch_up", "enqueued_by", "worker",
-    "priority", "backend", "relay",
-)  # fmt: skip
-#: A round's jobs in one COPY: no key may exist yet (the caller falls back to ``INSERT_JOBS``).
-#: Columns left out (args, return_value, error_class, traceback, relayed_at, engine_id,
-#: done_at, started_at, finished_at) take their database defaults, empty or NULL.
-COPY_JOBS = f"COPY {_JOB} ({', '.join(JOB_COLUMNS)}) FROM STDIN"
+_NEW_JOB = ", ".join(NEW_JOB_NAMES)
+#: A round's jobs in one COPY, with their ids: no key may exist yet (else ``INSERT_JOBS``).
+COPY_JOBS = f"COPY {_JOB} (id, {_NEW_JOB}) FROM STDIN"
+# What INSERT_JOBS writes to each column from its JSON row ``r``.
+_FROM_JSON = ", ".join(
+    column.new
+    or (f"COALESCE(r.{column.name}, {column.default})" if column.default else f"r.{column.name}")
+    for column in NEW_JOB_COLUMNS
+)
+_JSON_ROW = ", ".join(f"{column.name} {column.type}" for column in CARRIED)
+# What INSERT_TASK writes to each column from its named parameters.
+_FROM_PARAMS = ", ".join(
+    column.new or (f"%({column.name})s::jsonb" if column.type == "jsonb" else f"%({column.name})s")
+    for column in NEW_JOB_COLUMNS
+)
 
-#: Insert jobs from a JSON array; existing keys are left alone. Returns the created ones.
+#: Insert jobs from a JSON array of ``columns.job_fields`` rows; existing keys are left alone.
+#: Returns the created ones.
 INSERT_JOBS = f"""
-INSERT INTO {_JOB} (name, key, input, status, queue, attempts, max_attempts, run_at,
-                    created_at, last_error, task, occurrence, catch_up, enqueued_by, worker,
-                    priority, backend, relay)
-SELECT r.name, r.key, r.input, COALESCE(r.status, 'queued'), r.queue, 0, r.max_attempts, r.run_at,
-       r.created_at, '', r.task, r.occurrence, r.catch_up, r.enqueued_by, '',
-       r.priority, r.backend, COALESCE(r.relay, '')
-FROM jsonb_to_recordset(%s::jsonb) AS r(
-    name text, key text, input jsonb, status text, queue text, max_attempts integer,
-    run_at timestamptz, created_at timestamptz, task text, occurrence timestamptz,
-    catch_up boolean, enqueued_by text, priority integer, backend text, relay text)
+INSERT INTO {_JOB} ({_NEW_JOB})
+SELECT {_FROM_JSON}
+FROM jsonb_to_recordset(%s::jsonb) AS r({_JSON_ROW})
 ON CONFLICT (key) DO NOTHING
 RETURNING key, id
 """
 
-#: One Django Task's row and the NOTIFY that wakes a worker for its queue: one round trip,
-#: where an ORM insert and a notify take two. A NOTIFY in a transaction is sent at commit.
+#: One Django Task's row (``columns.job_fields`` by name, and ``args``) and the NOTIFY that
+#: wakes a worker for its queue: one round trip, where an ORM insert and a notify take two. A
+#: NOTIFY in a transaction is sent at commit.
 INSERT_TASK = f"""
 WITH job AS (
-    INSERT INTO {_JOB} (name, key, input, args, status, queue, attempts, max_attempts, run_at,
-                        created_at, last_error, task, catch_up, enqueued_by, worker, priority,
-                        backend)
-    VALUES (%(name)s, %(key)s, %(input)s::jsonb, %(args)s::jsonb, 'queued', %(queue)s, 0,
-            %(max_attempts)s, %(run_at)s, %(created_at)s, '', '', false, %(enqueued_by)s, '',
-            %(priority)s, %(backend)s)
+    INSERT INTO {_JOB} ({_NEW_JOB}, args)
+    VALUES ({_FROM_PARAMS}, %(args)s::jsonb)
     RETURNING id, queue
 )
 SELECT job.id, pg_notify(%(channel)s, job.queue) FROM job
@@ -139,20 +140,8 @@ COPY {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up,
                     recorded_at, node, "user", detail) FROM STDIN
 """
 
-#: The columns a claim returns, in ``jobstore.ClaimedJob``'s order.
-CLAIMED_COLUMNS = (
-    "id",
-    "name",
-    "key",
-    "input",
-    "queue",
-    "attempts",
-    "max_attempts",
-    "run_at",
-    "priority",
-    "backend",
-)
-# run_at as microseconds since the epoch: see ``db.instants_from_microseconds``.
+# What a claim returns: ``CLAIMED_COLUMNS``, run_at as microseconds since the epoch (see
+# ``db.instants_from_microseconds``).
 _RETURNING = ", ".join(
     "(extract(epoch FROM job.run_at) * 1000000)::bigint" if column == "run_at" else f"job.{column}"
     for column in CLAIMED_COLUMNS
@@ -180,7 +169,7 @@ WHERE job.id = due.id
 RETURNING {returning}
 """
 #: Run before a claim, in its transaction: the claim's plan must never sort (see
-#: ``jobstore.finish_and_claim``).
+#: ``PostgresStore.finish_and_claim``).
 NO_SORT = "SET LOCAL enable_sort = off"
 #: After a claim inside a caller's transaction: the caller's statements plan as before.
 SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"
@@ -196,9 +185,9 @@ CLAIM_QUEUES = _CLAIM.format(
 )
 
 # Write how a batch of attempts ended, given as one JSON array of objects, one a finish: one
-# quoted text rather than six arrays quoted element by element (12x cheaper to send for a
-# batch of 100, the worker's busiest statement). Each row changes only
-# while it is still running as this worker's same attempt: a job recovered by another worker,
+# quoted text rather than six arrays quoted element by element, far cheaper to send for the
+# worker's busiest statement. Each row changes only while it is still running as this
+# worker's same attempt: a job recovered by another worker,
 # cancelled, or claimed again since is left alone (and its id is not returned). A retry goes
 # back to the queue at its own run_at with no worker; the others keep run_at and worker.
 _FINISH = """

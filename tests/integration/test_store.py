@@ -1,0 +1,296 @@
+"""The job store against a real database: every transition is conditional on the row's owner."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.integration.factories import demo_ping
+from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, PostgresStore, store_for
+from ultimat3_jobs.store.columns import (
+    CARRIED,
+    NEW_JOB_NAMES,
+    copy_row,
+    job_fields,
+    scheduled_row,
+)
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> Job:
+    return Job.objects.create(
+        name="demo.ping",
+        key=f"demo.ping:{uuid.uuid4().hex}",
+        input={"label": "x"},
+        status=JobStatus.RUNNING,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        run_at=T0,
+        created_at=T0,
+        worker=worker,
+    )
+
+
+def claimed(job: Job) -> ClaimedJob:
+    return ClaimedJob(
+        job.pk, job.name, job.key, job.input, job.queue, job.attempts, job.max_attempts, job.run_at
+    )
+
+
+def written(worker: str, *finishes: Finish) -> set[int]:
+    return store_for("default").finish(worker=worker, finishes=finishes)
+
+
+def status_of(job: Job) -> tuple[str, str, str]:
+    row = Job.objects.get(pk=job.pk)
+    return row.status, row.worker, row.last_error
+
+
+@pytest.mark.django_db
+def test_succeed__writes_only_a_job_the_worker_still_holds() -> None:
+    mine, theirs = running("w1"), running("w2")
+    done = [Finish.succeeded(claimed(job), now=T0) for job in (mine, theirs)]
+    assert written("w1", *done) == {mine.pk}
+    assert status_of(mine) == (JobStatus.SUCCEEDED, "w1", "")
+    assert status_of(theirs) == (JobStatus.RUNNING, "w2", "")
+
+
+@pytest.mark.django_db
+def test_retry__queues_the_job_again_with_its_error_and_no_owner() -> None:
+    job = running("w1")
+    later = T0 + timedelta(seconds=4)
+    assert written("w1", Finish.retrying(claimed(job), run_at=later, error="boom")) == {job.pk}
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.worker, row.last_error, row.run_at) == (
+        JobStatus.QUEUED,
+        "",
+        "boom",
+        later,
+    )
+    # Queued now, so a second outcome for the same attempt is refused.
+    assert written("w1", Finish.failed(claimed(job), now=T0, error="x")) == set()
+
+
+@pytest.mark.django_db
+def test_give_back__requeues_or_fails_by_attempts_left() -> None:
+    spare, spent, other = running("w1"), running("w1", attempts=3), running("w2")
+    store_for("default").give_back(job_ids=[spare.pk, spent.pk, other.pk], worker="w1", now=T0)
+    assert status_of(spare)[0] == JobStatus.QUEUED
+    assert status_of(spent)[0] == JobStatus.FAILED
+    assert status_of(spent)[2].endswith("no attempts left")
+    assert status_of(other) == (JobStatus.RUNNING, "w2", "")
+
+
+@pytest.mark.django_db
+def test_retry_failed_and_cancel_queued__move_only_rows_in_the_right_status() -> None:
+    failed = running("w1")
+    written("w1", Finish.failed(claimed(failed), now=T0, error="boom"))
+    queued = Job.objects.create(
+        name="demo.ping", key="q:1", input={}, run_at=T0, created_at=T0, status=JobStatus.QUEUED
+    )
+    busy = running("w3")
+    every = Job.objects.filter(pk__in=[failed.pk, queued.pk, busy.pk])
+    assert store_for("default").retry_failed(every, now=T0) == 1
+    row = Job.objects.get(pk=failed.pk)
+    assert (row.status, row.attempts, row.last_error) == (JobStatus.QUEUED, 0, "boom")
+    # The retried one and the queued one.
+    assert store_for("default").cancel_queued(every, now=T0) == 2
+    assert status_of(busy)[0] == JobStatus.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_round__reports_created_and_existing_keys() -> None:
+    ping = demo_ping()
+
+    def row(key: str) -> dict[str, Any]:
+        return job_fields(
+            ping, {"label": key}, key=key, run_at=None, queue=None, enqueued_by="scheduler", now=T0
+        )
+
+    first = store_for().insert_round([row("a"), row("b")])
+    again = store_for().insert_round([row("b"), row("c")])
+    assert {key: created for key, (_, created) in first.items()} == {"a": True, "b": True}
+    assert {key: created for key, (_, created) in again.items()} == {"b": False, "c": True}
+    assert again["b"][0] == first["b"][0]
+    assert Job.objects.filter(key__in=["a", "b", "c"]).count() == 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_insert_round__copy_and_insert_write_the_same_columns_and_wake_the_relays() -> None:
+    from ultimat3_jobs.db import dedicated_connection
+    from ultimat3_jobs.listener import NOTIFY_CHANNEL, RELAY_PAYLOAD
+
+    ping = demo_ping()
+    extra = {"status": JobStatus.OUTBOX, "relay": "celery", "priority": 7, "backend": "other"}
+
+    def row(key: str) -> dict[str, Any]:
+        fields = job_fields(
+            ping, {"label": key}, key=key, run_at=None, queue=None, enqueued_by="scheduler", now=T0
+        )
+        return {**fields, **extra}
+
+    listener = dedicated_connection("default", "test-insert-round")
+    try:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        store_for().insert_round([row("copied")])  # No key taken yet: one COPY.
+        store_for().insert_round([row("copied"), row("inserted")])  # A taken key: INSERT.
+        payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=2)]
+    finally:
+        listener.close()
+    assert payloads == [RELAY_PAYLOAD, RELAY_PAYLOAD]
+    columns = ("status", "relay", "priority", "backend", "error_class", "traceback", "engine_id")
+    stored = {
+        key: values
+        for key, *values in Job.objects.filter(key__in=["copied", "inserted"]).values_list(
+            "key", *columns
+        )
+    }
+    expected = ["outbox", "celery", 7, "other", "", "", ""]
+    assert stored == {"copied": expected, "inserted": expected}
+
+
+@pytest.mark.parametrize("kind", ["job", "job with its own queue and attempts", "outbox"])
+def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
+    kind: str, settings: Any
+) -> None:
+    from ultimat3_jobs.conf import get_settings
+    from ultimat3_jobs.db import instant_texts
+    from ultimat3_jobs.registry import JobHandle
+
+    def noop(label: str) -> None:
+        return None
+
+    handle = demo_ping()
+    if kind != "job":
+        handle = JobHandle(noop, name="t.own", key=None, max_attempts=7, queue="reports")
+    if kind == "outbox":
+        handle.relay, handle.priority, handle.backend = "celery", 3, "other"
+    fields: dict[str, Any] = {
+        "key": "t:1:k", "task": "t", "occurrence": T0, "catch_up": True, "now": T0,
+        "config": get_settings(),
+    }  # fmt: skip
+    data = {"label": "x", "n": 1}
+    made = scheduled_row(handle, data, **fields, at=instant_texts())
+    row = job_fields(handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields)
+    expected = copy_row(row, instant_texts())
+    assert made == expected
+    assert made[3] == ("outbox" if kind == "outbox" else "queued")
+
+
+# -- one store per database -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_store_for__one_store_per_alias_chosen_by_its_engine() -> None:
+    from django.db import connection
+
+    store = store_for("default")
+    assert store is store_for("default") is store_for()
+    assert store.using == "default"
+    expected = PostgresStore if connection.vendor == "postgresql" else PortableStore
+    assert type(store) is expected
+    assert store.notifies == (connection.vendor == "postgresql")
+
+
+# -- the new job row's columns --------------------------------------------------------------------
+
+
+def test_new_job_columns__are_every_column_of_the_table_but_those_left_to_their_defaults() -> None:
+    left_out = {"args", "return_value", "error_class", "traceback", "relayed_at", "engine_id"}
+    left_out |= {"done_at", "started_at", "finished_at"}
+    columns = {field.column for field in Job._meta.concrete_fields} - {"id"}
+    assert set(NEW_JOB_NAMES) == columns - left_out
+    assert len(NEW_JOB_NAMES) == len(set(NEW_JOB_NAMES))
+
+
+def test_copy_row__puts_each_column_where_new_job_columns_says() -> None:
+    instant = {name: T0 + timedelta(minutes=n) for n, name in enumerate(("run", "created", "occ"))}
+    row = {
+        "name": "t.name", "key": "t:key", "input": {"label": "x"}, "status": "outbox",
+        "queue": "q", "max_attempts": 7, "run_at": instant["run"],
+        "created_at": instant["created"], "task": "t", "occurrence": instant["occ"],
+        "catch_up": True, "enqueued_by": "by", "priority": 5, "backend": "b", "relay": "celery",
+    }  # fmt: skip
+    assert set(row) == {column.name for column in CARRIED}
+
+    def at(value: datetime | None) -> str | None:
+        return None if value is None else f"at {value.isoformat()}"
+
+    made = dict(zip(NEW_JOB_NAMES, copy_row(row, at), strict=True))
+    assert made == {
+        **row,
+        "input": '{"label":"x"}',
+        "run_at": at(instant["run"]),
+        "created_at": at(instant["created"]),
+        "occurrence": at(instant["occ"]),
+        "attempts": 0,
+        "last_error": "",
+        "worker": "",
+    }
+
+
+def _planned(keys: list[str]) -> list[Any]:
+    from ultimat3_jobs.planner import PlannedJob, PlannedOccurrence
+
+    ping = demo_ping()
+    return [
+        PlannedOccurrence(
+            "t.streamed",
+            T0 + timedelta(minutes=n),
+            n == 0,
+            (PlannedJob(ping, json.dumps({"label": key}), key),),
+        )
+        for n, key in enumerate(keys)
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_streamed__writes_the_rows_insert_round_writes() -> None:
+    from django.db import transaction
+
+    store = store_for()
+    with transaction.atomic():
+        enqueued = store.insert_streamed(iter(_planned(["s:1", "s:2"])), 2, now=T0)
+    assert enqueued is not None
+    assert {key: created for key, (_, created) in enqueued.items()} == {"s:1": True, "s:2": True}
+    columns = [name for name in NEW_JOB_NAMES if name != "key"]
+    streamed = {
+        key: values
+        for key, *values in Job.objects.filter(key__in=["s:1", "s:2"]).values_list("key", *columns)
+    }
+    Job.objects.all().delete()
+    rows = [
+        job_fields(
+            p.job, json.loads(p.data), key=p.key, run_at=None, queue=None,
+            enqueued_by="scheduler", now=T0, task=f.task, occurrence=f.occurrence,
+            catch_up=f.catch_up,
+        )
+        for f in _planned(["s:1", "s:2"])
+        for p in f.jobs
+    ]  # fmt: skip
+    store.insert_round(rows)
+    inserted = {
+        key: values
+        for key, *values in Job.objects.filter(key__in=["s:1", "s:2"]).values_list("key", *columns)
+    }
+    assert streamed == inserted
+
+
+@pytest.mark.django_db
+def test_delete_finished__leaves_queued_running_and_outbox_jobs() -> None:
+    done = running("w1")
+    written("w1", Finish.succeeded(claimed(done), now=T0))
+    busy = running("w2")
+    waiting = Job.objects.create(
+        name="demo.ping", key="o:1", input={}, run_at=T0, created_at=T0, status=JobStatus.OUTBOX
+    )
+    every = Job.objects.filter(pk__in=[done.pk, busy.pk, waiting.pk])
+    assert store_for().delete_finished(every) == 1
+    assert set(Job.objects.values_list("pk", flat=True)) == {busy.pk, waiting.pk}

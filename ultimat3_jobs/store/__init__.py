@@ -1,0 +1,431 @@
+"""The job store: the one writer of job rows, and of the rows a round writes with them.
+
+Enqueue (one job, or a scheduler round's in bulk), claim, finish, retry, recover, give back,
+relay, cancel, retry-failed, delete and prune all go through a ``JobStore``, so the rules a
+job row follows are read in one place. Each database alias has one, chosen once by
+``store_for``: ``PostgresStore`` (``postgres.py``, named statements from ``sql.py``) on
+PostgreSQL, ``PortableStore`` (``portable.py``, the ORM) elsewhere. The roles (scheduler state,
+worker, relay, backfill, manual runs, retention, the admin) take a store, defaulting to
+``store_for(using)``, so a test can hand them another.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .portable import PortableStore
+from .postgres import PostgresStore
+from .values import (
+    FINISHED,
+    ClaimedJob,
+    Copied,
+    DecidedRecord,
+    Enqueued,
+    EnqueueResult,
+    Finish,
+    FiredOccurrence,
+    Recovered,
+    Rows,
+    ScheduledJob,
+    TaskState,
+)
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from ..errors import TaskSyncError
+    from ..history import HistoryEntry
+    from ..models import Job, Occurrence
+    from ..registry import JobHandle, TaskHandle
+
+
+class JobStore(Protocol):
+    """Every read and write of job rows the app makes, and the round's writes beside them.
+
+    Every method runs on the store's database, in the caller's transaction when there is one.
+    Transitions of a claimed job are conditional on the row still being the claimer's: a
+    worker that lost a job (recovered by another, cancelled) never overwrites it.
+    """
+
+    #: The database alias.
+    using: str
+    #: Whether a new row wakes LISTENing workers and relays (NOTIFY, at commit); elsewhere
+    #: they poll.
+    notifies: bool
+
+    def can_stream(self) -> bool:
+        """Whether ``insert_streamed`` may write a round while its rows are still being made
+        in another thread (a connection of its own): PostgreSQL, outside a caller's
+        transaction."""
+        ...
+
+    # -- new jobs ---------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        handle: JobHandle,
+        data: dict[str, Any],
+        *,
+        key: str,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        enqueued_by: str = "code",
+        task: str = "",
+    ) -> EnqueueResult:
+        """Insert one job, or return the one that already holds ``key``.
+
+        The key and ``run_at`` are checked here too, so no caller reaches the table with a
+        value it refuses (``InvalidJobKeyError``, ``InvalidRunAtError``).
+        """
+        ...
+
+    def enqueue_task(
+        self,
+        handle: JobHandle,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        run_at: datetime | None,
+    ) -> Job:
+        """Insert one Django Task's row in the caller's transaction: its rollback leaves nothing.
+
+        The key is fresh: the framework has no idempotency key, so every enqueue is a run.
+        """
+        ...
+
+    def insert_round(self, rows: Rows) -> Enqueued:
+        """A round's or a backfill's jobs (``columns.job_fields`` dicts), in the caller's
+        transaction, whatever their count in a constant number of statements; ``{key: (id,
+        created)}``: a key that exists keeps its job. Workers are notified at commit."""
+        ...
+
+    def insert_reporting(self, rows: Sequence[dict[str, Any]]) -> Enqueued:
+        """``insert_round``, for rows some of whose keys are known to exist: after an
+        ``insert_streamed`` that returned None."""
+        ...
+
+    def insert_streamed(
+        self, fired: Iterable[FiredOccurrence], expected: int, *, now: datetime
+    ) -> Enqueued | None:
+        """The jobs of a round's occurrences, read as they come, ``expected`` occurrences of
+        them (a streamed round knows how many it fires, not how many jobs their tasks return),
+        in the caller's transaction.
+
+        None when a key exists: nothing is written, and the caller writes the round again with
+        ``insert_reporting``, which reports the existing jobs.
+        """
+        ...
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def read_task(self, job_id: int, *, backend: str) -> Job | None:
+        """The row of a Django Task enqueued through ``backend``; None for any other id."""
+        ...
+
+    def load_job(self, job_id: int) -> Job:
+        """The whole row of a claimed job, for what needs more than a ``ClaimedJob`` carries."""
+        ...
+
+    def ids_of(self, keys: Iterable[str]) -> dict[str, int]:
+        """The ids of the jobs that hold ``keys`` (missing keys are left out)."""
+        ...
+
+    def busy_occurrences(self, tasks: Iterable[str]) -> dict[str, datetime]:
+        """Per task, the earliest occurrence with a job still queued or running: one statement.
+
+        Only jobs of occurrences count (scheduled or backfilled); a direct or manual enqueue
+        has none. Read inside the round's transaction, for the overlap policy.
+        """
+        ...
+
+    def recent_records(
+        self, task: str, limit: int, *, jobs_per_record: int | None = None
+    ) -> list[HistoryEntry]:
+        """The latest ``limit`` occurrence records of ``task``, newest first, with the id of
+        each of their jobs that still exists: two queries.
+
+        ``jobs_per_record`` keeps only the first jobs of each record (a backfill has one per
+        occurrence), so a page of history never looks up thousands of keys.
+        """
+        ...
+
+    # -- the worker's transitions -----------------------------------------------------------------
+
+    def claim(
+        self, *, worker: str, limit: int, now: datetime, queues: frozenset[str] | None = None
+    ) -> list[ClaimedJob]:
+        """Mark up to ``limit`` due jobs running on ``worker``: highest priority first, then
+        the longest due."""
+        ...
+
+    def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
+        """Write how ``finishes`` ended, in one statement on PostgreSQL; the ids written.
+
+        A finish whose row is no longer ``worker``'s running attempt (recovered by another
+        worker, cancelled) is not written and its id is not returned.
+        """
+        ...
+
+    def finish_and_claim(
+        self,
+        *,
+        worker: str,
+        finishes: Sequence[Finish],
+        limit: int,
+        now: datetime | None = None,
+        queues: frozenset[str] | None = None,
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """Write ``finishes`` and claim up to ``limit`` due jobs, in one round trip on
+        PostgreSQL: the ids of the finishes written (see ``finish``) and the jobs claimed (see
+        ``claim``)."""
+        ...
+
+    def release(self, *, jobs: Sequence[ClaimedJob], worker: str) -> int:
+        """Claimed jobs that never started go back to the queue as they were; how many did.
+
+        Their attempt is uncounted, since it never ran; a row no longer ``worker``'s same
+        attempt is left alone. Other workers are woken for them.
+        """
+        ...
+
+    def release_unheld(self, *, worker: str, held: Iterable[int]) -> int:
+        """Jobs running as ``worker``'s that it does not hold go back to the queue, attempt
+        uncounted; how many did.
+
+        After a claim failed with the connection, it may have committed all the same: its jobs
+        are ``worker``'s, yet no thread has them, and a live worker's jobs are never recovered.
+        """
+        ...
+
+    def task_succeeded(self, *, job_id: int, worker: str, now: datetime, return_value: Any) -> bool:
+        """A Django Task's run succeeded: running -> succeeded with its JSON return value."""
+        ...
+
+    def task_failed(
+        self, *, job_id: int, worker: str, now: datetime, error: str, error_class: str, tb: str
+    ) -> bool:
+        """A Django Task raised: running -> failed after its one run (the framework never
+        retries)."""
+        ...
+
+    def recover(self, *, stale_after: timedelta, now: datetime) -> Recovered:
+        """Return the running jobs of workers that stopped heartbeating to the queue.
+
+        Staleness is judged by the database clock, which every heartbeat is written with. The
+        attempt they were on stays counted; a job whose attempts are used up ends ``failed``:
+        it kept killing the workers that ran it. A batch at a time; the rest wait for the next.
+        """
+        ...
+
+    def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:
+        """Jobs a worker abandons (its drain ran out of grace) go back like a dead worker's."""
+        ...
+
+    # -- the relay's outbox (``relay.py``, ``celery.py``) ----------------------------------------
+
+    def claim_outbox(
+        self, *, limit: int, now: datetime, resend: Sequence[str], resend_before: datetime
+    ) -> list[Job]:
+        """Lock up to ``limit`` rows to send, oldest first: outbox rows due by ``now``, and rows
+        of the ``resend`` relays handed over before ``resend_before`` and not done since.
+
+        Call it inside the transaction that records them sent; the locks end with it.
+        """
+        ...
+
+    def record_relayed(self, *, job_id: int, engine_id: str, now: datetime) -> bool:
+        """The row was handed to its engine: keep the engine's id and when; count the send.
+
+        A row the engine already reported done (it can run before we record) keeps its status.
+        """
+        ...
+
+    def relay_refused(self, *, job_id: int, now: datetime, error: str) -> bool:
+        """The row cannot be sent (its task is not known here): failed, with the reason."""
+        ...
+
+    def lock_relayed(self, *, job_id: int) -> Job | None:
+        """The outbox row, locked until the caller's transaction ends (``SELECT ... FOR
+        UPDATE``). Two copies of one message wait for each other here, so only one runs the
+        body."""
+        ...
+
+    def relayed_done(
+        self,
+        *,
+        job_id: int,
+        now: datetime,
+        ok: bool = True,
+        return_value: Any = None,
+        error: str = "",
+        engine_id: str = "",
+    ) -> bool:
+        """The engine reported the row done: succeeded (or failed) at ``now``, unless it
+        already was."""
+        ...
+
+    def relayed_tasks(self, *, backends: Sequence[str], after: int, limit: int) -> list[Job]:
+        """Relayed Django Task rows of ``backends`` with an id above ``after``, in id order;
+        locked (``SKIP LOCKED`` where the database has it) until the caller's transaction
+        ends."""
+        ...
+
+    def relay_counts(self, *, stuck_before: datetime) -> dict[str, int]:
+        """Outbox rows by state: waiting, relayed, done, failed, and relayed ones not done since
+        ``stuck_before`` (stuck)."""
+        ...
+
+    def stuck_relayed(self, *, before: datetime) -> int:
+        """Relayed Celery rows handed over before ``before`` and not reported done since.
+
+        Only Celery reports done; another Tasks backend's row is done when its ``enqueue()``
+        ran it.
+        """
+        ...
+
+    # -- what staff do from the admin -------------------------------------------------------------
+
+    def retry_failed(self, jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
+        """Failed -> queued (a relayed one: back to the outbox), due now, with a fresh set of
+        attempts; how many moved.
+
+        ``attempts`` goes back to 0, so the job gets its full ``max_attempts`` again and the
+        first retry is not delayed by the backoff of the failures before it. ``last_error``
+        stays until the next attempt writes its own, so the reason is still in view.
+        """
+        ...
+
+    def cancel_queued(self, jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
+        """Queued (or unsent outbox) -> cancelled; how many moved. A claimed job is left alone."""
+        ...
+
+    def delete_finished(self, jobs: QuerySet[Job]) -> int:
+        """Delete those of ``jobs`` that are finished (``FINISHED``), freeing their keys; how
+        many went. A queued or running one is left alone."""
+        ...
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def prune(
+        self, cutoff: datetime, *, batch_size: int, dry_run: bool = False
+    ) -> tuple[int, int, int]:
+        """Delete finished jobs, occurrence records and nodes silent since before ``cutoff``,
+        ``batch_size`` rows to a statement; how many of each went (``dry_run``: would go).
+
+        Queued and running jobs are never among them, however old.
+        """
+        ...
+
+    # -- occurrence records (``history.py`` gives their shape) -----------------------------------
+
+    def write_records(
+        self,
+        fired: Iterable[FiredOccurrence],
+        decided: Iterable[DecidedRecord],
+        enqueued: Enqueued,
+        *,
+        at: datetime,
+        node: str,
+    ) -> None:
+        """A round's records, in the caller's transaction: one per occurrence fired (with its
+        jobs as ``enqueued`` says) and one per record of occurrences decided without firing."""
+        ...
+
+    def insert_record(self, row: dict[str, Any]) -> Occurrence:
+        """One record (``history.manual``, ``history.backfill``), returned saved."""
+        ...
+
+    # -- the task table: declarations and watermarks ---------------------------------------------
+
+    def sync_tasks(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
+        """Mirror the declarations in the task table; mark stored tasks no longer declared.
+
+        Returns the tasks whose declaration the database refused (a value past a column's
+        limit that slipped past ``@task``): each is tried alone so the others still sync.
+        """
+        ...
+
+    def task_states(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
+        """Watermarks and pauses of ``names`` (None: every stored task), in one read."""
+        ...
+
+    def swap_watermarks(
+        self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
+    ) -> str | None:
+        """Compare-and-set ``{task: (expected, new)}``, locking the rows; None when every row
+        held its expected watermark and now holds the new one, else a task that did not.
+
+        Call it inside a transaction, and roll that back when a task is returned: some rows
+        may have moved.
+        """
+        ...
+
+    def set_watermarks(self, watermarks: Mapping[str, datetime]) -> None:
+        """Set watermarks without comparing, on rows ``swap_watermarks`` locked in this
+        transaction."""
+        ...
+
+
+def store_for(using: str = DEFAULT_DB_ALIAS) -> JobStore:
+    """The job store of the database ``using``: one per alias, chosen by its engine."""
+    return _store_of(using)
+
+
+@functools.cache
+def _store_of(using: str) -> JobStore:
+    if connections[using].vendor == "postgresql":
+        return PostgresStore(using)
+    return PortableStore(using)
+
+
+def _forget_stores(*, setting: str, **kwargs: Any) -> None:
+    # A test that points DATABASES elsewhere gets the stores of those databases.
+    if setting == "DATABASES":
+        _store_of.cache_clear()
+
+
+setting_changed.connect(_forget_stores)
+
+
+def enqueue(
+    handle: JobHandle,
+    data: dict[str, Any],
+    *,
+    key: str,
+    run_at: datetime | None = None,
+    queue: str | None = None,
+    enqueued_by: str = "code",
+    task: str = "",
+    using: str = DEFAULT_DB_ALIAS,
+) -> EnqueueResult:
+    """``JobStore.enqueue`` on the store of ``using``."""
+    return store_for(using).enqueue(
+        handle, data, key=key, run_at=run_at, queue=queue, enqueued_by=enqueued_by, task=task
+    )
+
+
+__all__ = [
+    "FINISHED",
+    "ClaimedJob",
+    "Copied",
+    "DecidedRecord",
+    "EnqueueResult",
+    "Enqueued",
+    "Finish",
+    "FiredOccurrence",
+    "JobStore",
+    "PortableStore",
+    "PostgresStore",
+    "Recovered",
+    "Rows",
+    "ScheduledJob",
+    "TaskState",
+    "enqueue",
+    "store_for",
+]

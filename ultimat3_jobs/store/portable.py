@@ -1,0 +1,735 @@
+"""The job store through Django's ORM: every database Django supports (SQLite, the default).
+
+``PostgresStore`` (``postgres.py``) replaces what PostgreSQL does in fewer statements or round
+trips; what both do alike is written here once. Every transition of a claimed job is
+conditional on the row still being the claimer's, so a worker that lost a job (recovered by
+another, cancelled) can never overwrite it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DataError, IntegrityError, connections, transaction
+from django.db.models import (
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Min,
+    Model,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.db.models.functions import Concat, Now
+
+from .. import clock, history
+from ..conf import get_settings
+from ..errors import TaskSyncError
+from ..models import Job, JobStatus, Node, Occurrence, Task
+from ..registry import check_key, check_run_at
+from .columns import (
+    CLAIMED_COLUMNS,
+    DECLARED,
+    build_job,
+    declaration,
+    declared,
+    job_fields,
+    job_names,
+    wake_payload,
+)
+from .values import (
+    FINISHED,
+    ClaimedJob,
+    DecidedRecord,
+    Enqueued,
+    EnqueueResult,
+    Finish,
+    FiredOccurrence,
+    Recovered,
+    Rows,
+    TaskState,
+)
+
+if TYPE_CHECKING:
+    from ..registry import JobHandle, TaskHandle
+
+#: Orphaned jobs recovered per pass; the rest wait for the next pass.
+RECOVER_BATCH = 1000
+#: Past this many names, ``task_states`` reads every row: a long IN list costs more to build
+#: and plan than reading every row does.
+EVERY_TASK_FROM = 500
+
+
+class PortableStore:
+    """The job store of the database ``using``, through the ORM (see ``JobStore``)."""
+
+    #: No NOTIFY here: workers and relays poll.
+    notifies = False
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.using}>"
+
+    def _jobs(self) -> QuerySet[Job]:
+        return Job.objects.using(self.using)
+
+    def _notify(self, payloads: Iterable[str]) -> None:
+        """Wake the workers of these queues (or the relays) at commit; here, nobody listens."""
+
+    def can_stream(self) -> bool:
+        return False
+
+    # -- new jobs ---------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        handle: JobHandle,
+        data: dict[str, Any],
+        *,
+        key: str,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        enqueued_by: str = "code",
+        task: str = "",
+    ) -> EnqueueResult:
+        check_key(handle.name, key)
+        check_run_at(handle.name, run_at)
+        job = build_job(
+            handle,
+            data,
+            key=key,
+            run_at=run_at,
+            queue=queue,
+            enqueued_by=enqueued_by,
+            now=clock.now(),
+            task=task,
+        )
+        try:
+            with transaction.atomic(using=self.using):
+                job.save(force_insert=True, using=self.using)
+                self._notify([wake_payload(job.queue, job.relay)])
+        except IntegrityError:
+            existing = self._jobs().filter(key=key).values_list("pk", flat=True).first()
+            if existing is None:
+                raise
+            return EnqueueResult(created=False, job_id=existing, key=key)
+        return EnqueueResult(created=True, job_id=job.pk, key=key)
+
+    def enqueue_task(
+        self,
+        handle: JobHandle,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        run_at: datetime | None,
+    ) -> Job:
+        job = Job(**self._task_fields(handle, kwargs, run_at=run_at))
+        job.args = args
+        job.save(force_insert=True, using=self.using)
+        self._notify([job.queue])
+        return job
+
+    def _task_fields(
+        self, handle: JobHandle, kwargs: dict[str, Any], *, run_at: datetime | None
+    ) -> dict[str, Any]:
+        # A fresh key: the framework has no idempotency key, so every enqueue is a run.
+        key = f"{handle.name}:{uuid.uuid4().hex}"[-255:]
+        return job_fields(
+            handle, kwargs, key=key, run_at=run_at, queue=None, enqueued_by="code", now=clock.now()
+        )
+
+    def insert_round(self, rows: Rows) -> Enqueued:
+        if not len(rows):
+            return {}
+        jobs = [Job(**row) for row in rows]
+        enqueued = self.insert_many(jobs)
+        self._notify({wake_payload(job.queue, job.relay) for job in jobs})
+        return enqueued
+
+    def insert_reporting(self, rows: Sequence[dict[str, Any]]) -> Enqueued:
+        return self.insert_round(rows)
+
+    def insert_streamed(
+        self, fired: Iterable[FiredOccurrence], expected: int, *, now: datetime
+    ) -> Enqueued | None:
+        # The rows are made once every occurrence is read: nothing is written meanwhile.
+        config = get_settings()
+        rows = [
+            job_fields(
+                p.job,
+                json.loads(p.data) if isinstance(p.data, str) else p.data,
+                key=p.key,
+                run_at=None,
+                queue=None,
+                enqueued_by="scheduler",
+                now=now,
+                task=f.task,
+                occurrence=f.occurrence,
+                catch_up=f.catch_up,
+                config=config,
+            )
+            for f in fired
+            for p in f.jobs
+        ]
+        return self.insert_round(rows)
+
+    def insert_many(self, jobs: Sequence[Job]) -> Enqueued:
+        """Insert unsaved ``jobs``, skipping keys that exist; ``{key: (id, created)}``.
+
+        Three statements whatever the count: the keys already there, one insert with ON
+        CONFLICT DO NOTHING, the ids. Wakes nobody: ``insert_round`` does.
+        """
+        if not jobs:
+            return {}
+        keys = [job.key for job in jobs]
+        rows = self._jobs()
+        before = set(rows.filter(key__in=keys).values_list("key", flat=True))
+        rows.bulk_create(jobs, ignore_conflicts=True)
+        ids = dict(rows.filter(key__in=keys).values_list("key", "pk"))
+        return {key: (ids[key], key not in before) for key in keys if key in ids}
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def read_task(self, job_id: int, *, backend: str) -> Job | None:
+        return self._jobs().filter(pk=job_id, backend=backend).first()
+
+    def load_job(self, job_id: int) -> Job:
+        return self._jobs().get(pk=job_id)
+
+    def ids_of(self, keys: Iterable[str]) -> dict[str, int]:
+        wanted = [key for key in keys if key]
+        if not wanted:
+            return {}
+        return dict(self._jobs().filter(key__in=wanted).values_list("key", "pk"))
+
+    def busy_occurrences(self, tasks: Iterable[str]) -> dict[str, datetime]:
+        names = sorted(set(tasks))
+        if not names:
+            return {}
+        return self._busy_occurrences(names)
+
+    def _busy_occurrences(self, names: list[str]) -> dict[str, datetime]:
+        rows = (
+            self._jobs()
+            .filter(
+                task__in=names,
+                status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                occurrence__isnull=False,
+            )
+            .values("task")
+            .annotate(earliest=Min("occurrence"))
+            .order_by()
+        )
+        return {row["task"]: row["earliest"] for row in rows}
+
+    def recent_records(
+        self, task: str, limit: int, *, jobs_per_record: int | None = None
+    ) -> list[history.HistoryEntry]:
+        records = list(Occurrence.objects.using(self.using).filter(task=task)[:limit])
+        parsed = [(record, history.recorded_jobs(record)[:jobs_per_record]) for record in records]
+        ids = self.ids_of({job.key for _, jobs in parsed for job in jobs})
+        return [
+            history.HistoryEntry(record, [(job, ids.get(job.key)) for job in jobs])
+            for record, jobs in parsed
+        ]
+
+    # -- the worker's transitions -----------------------------------------------------------------
+
+    def claim(
+        self, *, worker: str, limit: int, now: datetime, queues: frozenset[str] | None = None
+    ) -> list[ClaimedJob]:
+        return self.finish_and_claim(
+            worker=worker, finishes=(), limit=limit, now=now, queues=queues
+        )[1]
+
+    def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
+        return self.finish_and_claim(worker=worker, finishes=finishes, limit=0)[0]
+
+    def finish_and_claim(
+        self,
+        *,
+        worker: str,
+        finishes: Sequence[Finish],
+        limit: int,
+        now: datetime | None = None,
+        queues: frozenset[str] | None = None,
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        limit = max(limit, 0)
+        if not finishes and not limit:
+            return set(), []
+        rows = self._jobs()
+        written = set()
+        for done in finishes:
+            ours = rows.filter(
+                pk=done.job_id, status=JobStatus.RUNNING, worker=worker, attempts=done.attempts
+            )
+            changes: dict[str, Any] = {
+                "status": done.status,
+                "finished_at": done.finished_at,
+                "last_error": done.error,
+            }
+            if done.status == JobStatus.QUEUED:
+                changes.update(run_at=done.run_at, worker="")
+            if ours.update(**changes):
+                written.add(done.job_id)
+        if not limit:
+            return written, []
+        now = now or clock.now()
+        # Without SKIP LOCKED: each row is taken by a conditional update of its own, which only
+        # one claimer can win, so a job is never claimed twice even by racing workers.
+        due = rows.filter(status=JobStatus.QUEUED, run_at__lte=now)
+        if queues is not None:
+            due = due.filter(queue__in=sorted(queues))
+        ids = list(due.order_by("-priority", "run_at", "pk").values_list("pk", flat=True)[:limit])
+        won = [
+            pk
+            for pk in ids
+            if rows.filter(pk=pk, status=JobStatus.QUEUED).update(
+                status=JobStatus.RUNNING,
+                attempts=F("attempts") + 1,
+                started_at=now,
+                finished_at=None,
+                worker=worker,
+            )
+        ]
+        claimed = (
+            rows.filter(pk__in=won)
+            .order_by("-priority", "run_at", "pk")
+            .values_list(*CLAIMED_COLUMNS)
+        )
+        return written, [ClaimedJob(*row) for row in claimed]
+
+    def release(self, *, jobs: Sequence[ClaimedJob], worker: str) -> int:
+        if not jobs:
+            return 0
+        attempt = Q()
+        for job in jobs:
+            attempt |= Q(pk=job.id, attempts=job.attempts)
+        ours = self._jobs().filter(attempt, status=JobStatus.RUNNING, worker=worker)
+        count = ours.update(
+            status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
+        )
+        self._notify([job.queue for job in jobs])
+        return count
+
+    def release_unheld(self, *, worker: str, held: Iterable[int]) -> int:
+        ours = self._jobs().filter(status=JobStatus.RUNNING, worker=worker)
+        return ours.exclude(pk__in=list(held)).update(
+            status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
+        )
+
+    def _if_ours(self, job_id: int, claimed_by: str, **changes: Any) -> bool:
+        rows = self._jobs().filter(pk=job_id, status=JobStatus.RUNNING, worker=claimed_by)
+        return bool(rows.update(**changes))
+
+    def task_succeeded(self, *, job_id: int, worker: str, now: datetime, return_value: Any) -> bool:
+        return self._if_ours(
+            job_id,
+            worker,
+            status=JobStatus.SUCCEEDED,
+            finished_at=now,
+            last_error="",
+            return_value=return_value,
+            # A retried row that failed before succeeds without its earlier error.
+            error_class="",
+            traceback="",
+        )
+
+    def task_failed(
+        self, *, job_id: int, worker: str, now: datetime, error: str, error_class: str, tb: str
+    ) -> bool:
+        return self._if_ours(
+            job_id,
+            worker,
+            status=JobStatus.FAILED,
+            finished_at=now,
+            last_error=error,
+            error_class=error_class,
+            traceback=tb,
+        )
+
+    def recover(self, *, stale_after: timedelta, now: datetime) -> Recovered:
+        stale_before = ExpressionWrapper(
+            Now() - Value(stale_after, output_field=DurationField()), output_field=DateTimeField()
+        )
+        alive = Node.objects.using(self.using).filter(
+            role="worker", stopped_at__isnull=True, last_seen_at__gte=stale_before
+        )
+        orphans = (
+            self._jobs()
+            .filter(status=JobStatus.RUNNING)
+            .exclude(worker__in=alive.values("node_id"))
+        )
+        found = list(orphans.values_list("pk", flat=True)[:RECOVER_BATCH])
+        if not found:
+            return Recovered(0, 0)
+        died = Concat(
+            Value("worker "), F("worker"), Value(" stopped heartbeating during this attempt")
+        )
+        # Re-checked in the update: a job finished and claimed again by a live worker since the
+        # read above is no longer an orphan.
+        requeued, failed = _requeue_or_fail(
+            orphans.filter(pk__in=found),
+            now=now,
+            note=died,
+            exhausted="; no attempts left: the job kept killing its worker",
+        )
+        return Recovered(requeued, failed, tuple(found))
+
+    def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:
+        if not job_ids:
+            return
+        ours = self._jobs().filter(pk__in=list(job_ids), status=JobStatus.RUNNING, worker=worker)
+        note = Value(f"worker {worker} stopped before this attempt finished")
+        _requeue_or_fail(ours, now=now, note=note, exhausted="; no attempts left")
+
+    # -- the relay's outbox -----------------------------------------------------------------------
+
+    def claim_outbox(
+        self, *, limit: int, now: datetime, resend: Sequence[str], resend_before: datetime
+    ) -> list[Job]:
+        if limit < 1:
+            return []
+        # One relay at a time: SQLite's write lock serialises whole transactions.
+        due = Q(status=JobStatus.OUTBOX, run_at__lte=now) | Q(
+            status=JobStatus.RELAYED, relay__in=list(resend), relayed_at__lt=resend_before
+        )
+        return list(self._jobs().select_for_update().filter(due).order_by("run_at", "pk")[:limit])
+
+    def record_relayed(self, *, job_id: int, engine_id: str, now: datetime) -> bool:
+        rows = self._jobs().filter(pk=job_id)
+        changed = rows.filter(status=JobStatus.OUTBOX).update(
+            status=JobStatus.RELAYED,
+            relayed_at=now,
+            engine_id=engine_id,
+            attempts=F("attempts") + 1,
+            last_error="",
+        )
+        if not changed:
+            changed = rows.update(relayed_at=now, engine_id=engine_id, attempts=F("attempts") + 1)
+        return bool(changed)
+
+    def relay_refused(self, *, job_id: int, now: datetime, error: str) -> bool:
+        rows = self._jobs().filter(pk=job_id, status__in=[JobStatus.OUTBOX, JobStatus.RELAYED])
+        return bool(rows.update(status=JobStatus.FAILED, finished_at=now, last_error=error))
+
+    def lock_relayed(self, *, job_id: int) -> Job | None:
+        return self._jobs().select_for_update().filter(pk=job_id).first()
+
+    def relayed_done(
+        self,
+        *,
+        job_id: int,
+        now: datetime,
+        ok: bool = True,
+        return_value: Any = None,
+        error: str = "",
+        engine_id: str = "",
+    ) -> bool:
+        changes: dict[str, Any] = {
+            "status": JobStatus.SUCCEEDED if ok else JobStatus.FAILED,
+            "done_at": now,
+            "finished_at": now,
+            "return_value": return_value,
+            "last_error": error,
+        }
+        if engine_id:
+            changes["engine_id"] = engine_id
+        rows = self._jobs().filter(pk=job_id, relay__gt="")
+        return bool(rows.exclude(status__in=FINISHED).update(**changes))
+
+    def relayed_tasks(self, *, backends: Sequence[str], after: int, limit: int) -> list[Job]:
+        rows = self._jobs().filter(
+            relay="tasks", status=JobStatus.RELAYED, backend__in=list(backends), pk__gt=after
+        )
+        if connections[self.using].features.has_select_for_update_skip_locked:
+            rows = rows.select_for_update(skip_locked=True)
+        return list(rows.order_by("pk")[:limit])
+
+    def relay_counts(self, *, stuck_before: datetime) -> dict[str, int]:
+        rows = self._jobs().exclude(relay="")
+        grouped = rows.order_by().values("status").annotate(n=Count("pk"))
+        by_status = {row["status"]: row["n"] for row in grouped}
+        return {
+            "outbox": by_status.get(JobStatus.OUTBOX, 0),
+            "relayed": by_status.get(JobStatus.RELAYED, 0),
+            "done": by_status.get(JobStatus.SUCCEEDED, 0),
+            "failed": by_status.get(JobStatus.FAILED, 0),
+            "stuck": self.stuck_relayed(before=stuck_before),
+        }
+
+    def stuck_relayed(self, *, before: datetime) -> int:
+        return (
+            self._jobs()
+            .filter(status=JobStatus.RELAYED, relay__startswith="celery", relayed_at__lt=before)
+            .count()
+        )
+
+    # -- what staff do from the admin -------------------------------------------------------------
+
+    def retry_failed(self, jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
+        failed = self._of(jobs).filter(status=JobStatus.FAILED)
+        queues = list(failed.values_list("queue", "relay").distinct())
+        changes: dict[str, Any] = {
+            "attempts": 0,
+            "run_at": now or clock.now(),
+            "started_at": None,
+            "finished_at": None,
+            "worker": "",
+        }
+        count = failed.filter(relay="").update(status=JobStatus.QUEUED, **changes)
+        # A relayed job goes back to the outbox, to be sent to its engine again.
+        count += failed.exclude(relay="").update(
+            status=JobStatus.OUTBOX, relayed_at=None, done_at=None, **changes
+        )
+        self._notify([wake_payload(queue, relay) for queue, relay in queues])
+        return count
+
+    def cancel_queued(self, jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
+        return (
+            self._of(jobs)
+            .filter(status__in=[JobStatus.QUEUED, JobStatus.OUTBOX])
+            .update(status=JobStatus.CANCELLED, finished_at=now or clock.now())
+        )
+
+    def delete_finished(self, jobs: QuerySet[Job]) -> int:
+        # Re-checked in the statement: a worker may have claimed one since the caller read it.
+        count, _ = self._of(jobs).filter(status__in=FINISHED).delete()
+        return count
+
+    def _of(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        """``jobs`` on this store's database."""
+        return jobs.using(self.using)
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def prune(
+        self, cutoff: datetime, *, batch_size: int, dry_run: bool = False
+    ) -> tuple[int, int, int]:
+        # A job cancelled before it ever ran has no finished_at: its age is its creation.
+        old = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff)
+        jobs = self._jobs().filter(old, status__in=FINISHED)
+        occurrences = Occurrence.objects.using(self.using).filter(recorded_at__lt=cutoff)
+        # A node silent for the whole retention period is long dead; its jobs were recovered.
+        nodes = Node.objects.using(self.using).filter(last_seen_at__lt=cutoff)
+        if dry_run:
+            return jobs.count(), occurrences.count(), nodes.count()
+        jobs_deleted = _delete_in_batches(jobs, batch_size)
+        return (
+            jobs_deleted,
+            _delete_in_batches(occurrences, batch_size),
+            _delete_in_batches(nodes, batch_size),
+        )
+
+    # -- occurrence records -----------------------------------------------------------------------
+
+    def write_records(
+        self,
+        fired: Iterable[FiredOccurrence],
+        decided: Iterable[DecidedRecord],
+        enqueued: Enqueued,
+        *,
+        at: datetime,
+        node: str,
+    ) -> None:
+        records = [
+            history.fired(
+                f.task,
+                f.occurrence,
+                catch_up=f.catch_up,
+                jobs=[history.RecordedJob(p.job.name, p.key, enqueued[p.key][1]) for p in f.jobs],
+                at=at,
+                node=node,
+            )
+            for f in fired
+        ]
+        records.extend(
+            history.decided(r.task, r.outcome, r.span, detail=r.detail, at=at, node=node)
+            for r in decided
+        )
+        Occurrence.objects.using(self.using).bulk_create([Occurrence(**row) for row in records])
+
+    def insert_record(self, row: dict[str, Any]) -> Occurrence:
+        return Occurrence.objects.using(self.using).create(**row)
+
+    # -- the task table ---------------------------------------------------------------------------
+
+    def sync_tasks(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
+        try:
+            with transaction.atomic(using=self.using):
+                stored = self._sync(tasks, every=True)
+                names = {handle.name for handle in tasks}
+                gone = [name for name, found in stored.items() if name not in names and found[1]]
+                if gone:
+                    self._tasks().filter(name__in=gone).update(declared=False)
+            return {}
+        except (DataError, IntegrityError):
+            pass
+        refused: dict[str, TaskSyncError] = {}
+        with transaction.atomic(using=self.using):
+            for handle in tasks:
+                try:
+                    with transaction.atomic(using=self.using):
+                        self._sync([handle], every=False)
+                except (DataError, IntegrityError) as error:
+                    refused[handle.name] = TaskSyncError(
+                        f'the database refused the declaration of task "{handle.name[:80]}": '
+                        f"{error}".strip(),
+                        fix="keep the task's name to 200 characters and max_catch_up below "
+                        "2**31 (the task table's limits); the other tasks run meanwhile",
+                        cause=error,
+                    )
+            self._mark_gone(tasks)
+        return refused
+
+    def _tasks(self) -> QuerySet[Task]:
+        return Task.objects.using(self.using)
+
+    def _sync(
+        self, tasks: Sequence[TaskHandle], *, every: bool
+    ) -> dict[str, tuple[tuple[Any, ...], bool, bool]]:
+        """Create or update the rows of ``tasks``, reading ``every`` row or only theirs.
+
+        Returns the rows read: name -> (declaration, declared, has jobs). Declarations are
+        compared as plain tuples: model instances for every row would cost most of a start
+        with many tasks.
+        """
+        mirrored = (
+            self._every_declaration()
+            if every
+            else self._declarations([handle.name for handle in tasks])
+        )
+        stored = {
+            name: (tuple(declaration), is_declared, bool(jobs))
+            for name, *declaration, is_declared, jobs in mirrored
+        }
+        new, changed = [], []
+        for handle in tasks:
+            found = stored.get(handle.name)
+            if found is None:
+                new.append(handle)
+            elif not (found[2] and found[1] and found[0] == declared(handle)):
+                changed.append(handle)
+            # Unchanged: a restart does not call every task's function.
+        if new:
+            self._insert_tasks(new)
+        if changed:
+            rows = self._tasks().order_by()
+            current = list(rows.filter(name__in=[handle.name for handle in changed]))
+            by_name = {handle.name: handle for handle in changed}
+            for task in current:
+                handle = by_name[task.name]
+                for key, value in zip(DECLARED, declared(handle), strict=True):
+                    setattr(task, key, value)
+                task.declared = True
+                task.jobs = job_names(handle)
+            rows.bulk_update(current, [*DECLARED, "jobs", "declared"])
+        return stored
+
+    def _every_declaration(self) -> Iterable[Sequence[Any]]:
+        """Every task row as (name, *DECLARED, declared, jobs or anything that is as truthy)."""
+        return self._declarations(None)
+
+    def _declarations(self, names: list[str] | None) -> Iterable[Sequence[Any]]:
+        # Unordered: sorting every row by name is work nobody reads.
+        rows = self._tasks().order_by()
+        if names is not None:
+            rows = rows.filter(name__in=names)
+        return rows.values_list("name", *DECLARED, "declared", "jobs")
+
+    def _mark_gone(self, tasks: Sequence[TaskHandle]) -> None:
+        rows = self._tasks()
+        names = {handle.name for handle in tasks}
+        stored = rows.filter(declared=True).values_list("name", flat=True)
+        rows.filter(name__in=[name for name in stored if name not in names]).update(declared=False)
+
+    def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
+        """Rows for tasks seen for the first time; one another node just wrote is left alone."""
+        self._tasks().bulk_create(
+            [
+                Task(name=handle.name, jobs=job_names(handle), **declaration(handle))
+                for handle in handles
+            ],
+            ignore_conflicts=True,
+        )
+
+    def task_states(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
+        every = names is None or len(names) > EVERY_TASK_FROM
+        found = self._every_task_state() if every else self._task_states(list(names or ()))
+        wanted = None if names is None else set(names)
+        return {
+            name: TaskState(watermark, paused)
+            for name, watermark, paused in found
+            if wanted is None or name in wanted
+        }
+
+    def _every_task_state(self) -> Iterable[tuple[str, datetime | None, bool]]:
+        return self._task_states(None)
+
+    def _task_states(self, names: list[str] | None) -> Iterable[tuple[str, datetime | None, bool]]:
+        rows = self._tasks().order_by()
+        if names is not None:
+            rows = rows.filter(name__in=names)
+        return rows.values_list("name", "last_fired_at", "paused")
+
+    def swap_watermarks(
+        self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
+    ) -> str | None:
+        tasks = self._tasks()
+        locked = list(
+            tasks.select_for_update()
+            .filter(name__in=list(watermarks))
+            .only("pk", "name", "last_fired_at")
+        )
+        stored = {row.name: row.last_fired_at for row in locked}
+        for name, (expected, _) in watermarks.items():
+            if name not in stored or stored[name] != expected:
+                return name
+        for row in locked:
+            row.last_fired_at = watermarks[row.name][1]
+        tasks.bulk_update(locked, ["last_fired_at"])
+        return None
+
+    def set_watermarks(self, watermarks: Mapping[str, datetime]) -> None:
+        rows = list(self._tasks().filter(name__in=list(watermarks)).only("pk", "name"))
+        for row in rows:
+            row.last_fired_at = watermarks[row.name]
+        self._tasks().bulk_update(rows, ["last_fired_at"])
+
+
+def _requeue_or_fail(
+    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str
+) -> tuple[int, int]:
+    """Send ``rows`` back to the queue with their attempts counted; those out of attempts fail.
+
+    Returns how many were requeued and how many failed.
+    """
+    requeued = rows.filter(attempts__lt=F("max_attempts")).update(
+        status=JobStatus.QUEUED, run_at=now, worker="", last_error=note
+    )
+    failed = rows.filter(attempts__gte=F("max_attempts")).update(
+        status=JobStatus.FAILED, finished_at=now, last_error=Concat(note, Value(exhausted))
+    )
+    return requeued, failed
+
+
+def _delete_in_batches(rows: QuerySet[Any], batch_size: int) -> int:
+    """Delete ``rows`` a batch at a time, so a first prune of a large table never holds one huge
+    transaction; how many went."""
+    model: type[Model] = rows.model
+    deleted = 0
+    while True:
+        ids = list(rows.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            return deleted
+        count, _ = model._default_manager.using(rows.db).filter(pk__in=ids).delete()
+        deleted += count

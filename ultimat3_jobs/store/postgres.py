@@ -1,0 +1,399 @@
+"""The job store on PostgreSQL: the named statements of ``sql.py`` where the ORM would take
+more statements or round trips (a round's COPY, the worker's one-statement finish-and-claim,
+the relay's ``SKIP LOCKED`` claim), and NOTIFY to wake workers and relays at commit.
+
+Everything else is ``PortableStore``'s, which this store extends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+from django.db import connections, transaction
+from psycopg.types.json import Jsonb
+
+from .. import clock, history
+from ..conf import get_settings
+from ..db import (
+    Ahead,
+    copy_rows,
+    dumps,
+    execute_bound,
+    instant_texts,
+    instants_from_microseconds,
+    json_rows,
+)
+from ..listener import NOTIFY_CHANNEL
+from ..models import Job
+from . import sql
+from .columns import (
+    KEY,
+    QUEUE,
+    RELAY,
+    copy_row,
+    declaration,
+    job_names,
+    scheduled_row,
+    wake_payload,
+)
+from .portable import PortableStore
+from .values import (
+    ClaimedJob,
+    Copied,
+    DecidedRecord,
+    Enqueued,
+    Finish,
+    FiredOccurrence,
+    Rows,
+)
+
+if TYPE_CHECKING:
+    from ..registry import JobHandle, TaskHandle
+
+#: New task rows written per statement at start.
+SYNC_SLICE = 1000
+
+
+class PostgresStore(PortableStore):
+    """The job store of the PostgreSQL database ``using`` (see ``JobStore``)."""
+
+    #: New rows NOTIFY the workers of their queue (or the relays), at commit.
+    notifies = True
+
+    def _notify(self, payloads: Iterable[str]) -> None:
+        names = sorted(set(payloads))
+        if not names:
+            return
+        # Inside a transaction PostgreSQL delivers a NOTIFY at commit.
+        with connections[self.using].cursor() as cursor:
+            for name in names:
+                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, name])
+
+    def can_stream(self) -> bool:
+        # Outside the caller's transaction only: the task functions then run in a thread, on
+        # a connection of their own, and would neither see that transaction nor be able to
+        # wait on its locks.
+        return not connections[self.using].in_atomic_block
+
+    # -- new jobs ---------------------------------------------------------------------------------
+
+    def enqueue_task(
+        self,
+        handle: JobHandle,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        run_at: datetime | None,
+    ) -> Job:
+        fields = self._task_fields(handle, kwargs, run_at=run_at)
+        params = {
+            **fields,
+            "input": json.dumps(kwargs),
+            "args": json.dumps(args),
+            "channel": NOTIFY_CHANNEL,
+        }
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.INSERT_TASK, params)
+            row = cursor.fetchone()
+        assert row is not None  # The INSERT returns its row.
+        job = Job(pk=row[0], **fields)
+        job.args = args
+        job._state.adding = False
+        job._state.db = self.using
+        return job
+
+    def insert_round(self, rows: Rows) -> Enqueued:
+        """One COPY writes every row, with ids reserved from the sequence first, inside a
+        savepoint; a key that already exists (a watermark moved back by hand) rolls that back
+        to ``insert_reporting``."""
+        if not len(rows):
+            return {}
+        at = instant_texts()
+        enqueued = self._copy_new((copy_row(row, at) for row in rows), len(rows))
+        return enqueued if enqueued is not None else self.insert_reporting(list(rows))
+
+    def insert_reporting(self, rows: Sequence[dict[str, Any]]) -> Enqueued:
+        """One ``INSERT ... ON CONFLICT DO NOTHING``, then the ids of the keys that existed."""
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.INSERT_JOBS, [json_rows(rows)])
+            enqueued = {key: (pk, True) for key, pk in cursor.fetchall()}
+            existing = [row["key"] for row in rows if row["key"] not in enqueued]
+            if existing:
+                cursor.execute(sql.EXISTING_JOBS, [existing])
+                enqueued.update({key: (pk, False) for key, pk in cursor.fetchall()})
+        self._notify({wake_payload(row["queue"], row.get("relay", "")) for row in rows})
+        return enqueued
+
+    def insert_streamed(
+        self, fired: Iterable[FiredOccurrence], expected: int, *, now: datetime
+    ) -> Enqueued | None:
+        """Each row is written as its occurrence comes, in one COPY (see ``_copy_new``)."""
+        config, at = get_settings(), instant_texts()
+        rows = (
+            scheduled_row(
+                p.job, p.data, key=p.key, task=f.task, occurrence=f.occurrence,
+                catch_up=f.catch_up, now=now, config=config, at=at,
+            )
+            for f in fired
+            for p in f.jobs
+        )  # fmt: skip
+        return self._copy_new(rows, expected)
+
+    def _copy_new(self, copied: Iterable[tuple[Any, ...]], expected: int) -> Enqueued | None:
+        """Jobs none of whose keys exists (COPY rows but for their ids), in the caller's
+        transaction, each row taken as it comes, ``expected`` of them (a streamed round knows
+        how many occurrences it fires, not how many jobs their tasks return).
+
+        One COPY writes the first ``expected`` rows with ids reserved before it; the rows past
+        them, if any, wait for a second reservation and COPY. None when a key exists: the COPY
+        is rolled back to its savepoint and nothing is written. Workers are notified at commit.
+        """
+        enqueued = Copied()
+        created = enqueued.ids
+        wakes: set[str] = set()
+        beyond: list[tuple[Any, ...]] = []
+
+        def with_ids(rows: Iterable[tuple[Any, ...]], ids: list[int]) -> Iterator[tuple[Any, ...]]:
+            free = iter(ids)
+            for row in rows:
+                pk = next(free, None)
+                if pk is None:
+                    beyond.append(row)
+                    continue
+                created[row[KEY]] = pk
+                wakes.add(wake_payload(row[QUEUE], row[RELAY]))
+                yield (pk, *row)
+
+        try:
+            with transaction.atomic(using=self.using):
+                copy_rows(self.using, sql.COPY_JOBS, with_ids(copied, self._reserve_ids(expected)))
+                if beyond:
+                    more = self._reserve_ids(len(beyond))
+                    copy_rows(self.using, sql.COPY_JOBS, with_ids(beyond, more))
+        except psycopg.errors.UniqueViolation:
+            return None
+        self._notify(wakes)
+        return enqueued
+
+    def _reserve_ids(self, count: int) -> list[int]:
+        """``count`` ids from the job table's sequence, for rows written by COPY."""
+        if count <= 0:
+            return []
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.RESERVE_JOB_IDS, [count])
+            return [pk for (pk,) in cursor.fetchall()]
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def _busy_occurrences(self, names: list[str]) -> dict[str, datetime]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.BUSY_OCCURRENCES, [names])
+            return dict(cursor.fetchall())
+
+    # -- the worker's transitions -----------------------------------------------------------------
+
+    def finish_and_claim(
+        self,
+        *,
+        worker: str,
+        finishes: Sequence[Finish],
+        limit: int,
+        now: datetime | None = None,
+        queues: frozenset[str] | None = None,
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """One statement, and one round trip, for the finishes and the claim together."""
+        limit = max(limit, 0)
+        if not finishes and not limit:
+            return set(), []
+        params: dict[str, Any] = {}
+        if limit:
+            params.update(_claim_params(worker, limit, now or clock.now(), queues))
+        if finishes:
+            params.update(_finish_params(worker, finishes))
+        connection = connections[self.using]
+        if not limit:
+            with connection.cursor() as cursor:
+                cursor.execute(sql.FINISH, params)
+                return {row[0] for row in cursor.fetchall()}, []
+        if finishes:
+            statement = (
+                sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
+            )
+        else:
+            statement = sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES
+        # A caller's transaction outlives ours: the setting must not outlive the claim in it.
+        inside_caller = connection.in_atomic_block
+        with transaction.atomic(using=self.using), connection.cursor() as cursor:
+            # Statistics taken while no job was queued (a fresh table, or one holding only
+            # history) make the planner expect a few due rows: it then reads every due row and
+            # sorts them behind a burst. Without sorts it walks the ready index in order and
+            # stops at the limit, whatever the statistics say.
+            cursor.execute(sql.NO_SORT)
+            cursor.execute(statement, params)
+            rows = cursor.fetchall()
+            if inside_caller:
+                cursor.execute(sql.SORT_AGAIN)
+        if not finishes:
+            return set(), _claimed_rows(rows)
+        written = {row[1] for row in rows if not row[0]}
+        jobs = _claimed_rows(row[1:] for row in rows if row[0])
+        return written, jobs
+
+    # -- the relay's outbox -----------------------------------------------------------------------
+
+    def claim_outbox(
+        self, *, limit: int, now: datetime, resend: Sequence[str], resend_before: datetime
+    ) -> list[Job]:
+        if limit < 1:
+            return []
+        params = {
+            "now": now,
+            "limit": limit,
+            "resend": list(resend),
+            "resend_before": resend_before,
+        }
+        return list(self._jobs().raw(sql.CLAIM_OUTBOX, params))
+
+    # -- occurrence records -----------------------------------------------------------------------
+
+    def write_records(
+        self,
+        fired: Iterable[FiredOccurrence],
+        decided: Iterable[DecidedRecord],
+        enqueued: Enqueued,
+        *,
+        at: datetime,
+        node: str,
+    ) -> None:
+        """One COPY, a fired occurrence's row made without its dict."""
+        text = instant_texts()
+
+        def rows() -> Iterator[tuple[Any, ...]]:
+            for f in fired:
+                jobs = [
+                    {"job": p.job.name, "key": p.key, "created": enqueued[p.key][1]} for p in f.jobs
+                ]
+                yield history.fired_copy_row(
+                    f.task, f.occurrence, f.catch_up, jobs, at=at, node=node, text=text
+                )
+            for r in decided:
+                record = history.decided(
+                    r.task, r.outcome, r.span, detail=r.detail, at=at, node=node
+                )
+                yield history.copy_row(record, text)
+
+        copy_rows(self.using, sql.COPY_OCCURRENCES, rows())
+
+    # -- the task table ---------------------------------------------------------------------------
+
+    def _every_declaration(self) -> Iterable[Sequence[Any]]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.TASK_DECLARATIONS)
+            return cursor.fetchall()
+
+    def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
+        # In slices: one statement for every new task would hold all their rows and their
+        # JSON text at once, the scheduler's peak of memory for the life of the process. With
+        # more than one slice, each is made in a thread (calling every task's function for its
+        # job names) while PostgreSQL inserts the one before.
+        texts: Iterable[str] = _new_task_slices(handles)
+        ahead = None
+        if len(handles) > SYNC_SLICE:
+            ahead = Ahead(texts, chunk=1, buffered=2, closes_connections=True)
+            texts = ahead.rows(0)
+        try:
+            with connections[self.using].cursor() as cursor:
+                for text in texts:
+                    cursor.execute(sql.INSERT_TASKS, [text])
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _every_task_state(self) -> Iterable[tuple[str, datetime | None, bool]]:
+        # By a plain cursor: over every task, the ORM's per-row work is most of the cost.
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.TASK_STATES)
+            instant = instants_from_microseconds()
+            return [(name, instant(us), paused) for name, us, paused in cursor.fetchall()]
+
+    def swap_watermarks(
+        self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
+    ) -> str | None:
+        """One statement; a second names a task that moved when they did not all swap."""
+        text = instant_texts()
+        rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
+        param = Jsonb(rows, orjson.dumps)
+        [(swapped,)] = execute_bound(self.using, sql.SWAP_WATERMARKS, [param])
+        if swapped == len(rows):
+            return None
+        found = execute_bound(self.using, sql.UNSWAPPED_WATERMARK, [param])
+        return found[0][0] if found else next(iter(watermarks))
+
+    def set_watermarks(self, watermarks: Mapping[str, datetime]) -> None:
+        moved = [{"name": name, "watermark": new} for name, new in watermarks.items()]
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.SET_WATERMARKS, [dumps(moved)])
+
+
+def _new_task_slices(handles: Sequence[TaskHandle]) -> Iterator[str]:
+    """``INSERT_TASKS``' rows for ``handles``, ``SYNC_SLICE`` to a statement, as JSON text."""
+    for start in range(0, len(handles), SYNC_SLICE):
+        rows = [
+            {"name": handle.name, **declaration(handle), "jobs": job_names(handle)}
+            for handle in handles[start : start + SYNC_SLICE]
+        ]
+        yield dumps(rows)
+
+
+def _claim_params(
+    worker: str, limit: int, now: datetime, queues: frozenset[str] | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker}
+    if queues is not None:
+        params["queues"] = sorted(queues)
+    return params
+
+
+def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
+    # Objects keyed as ``sql.FINISH`` reads them. Dicts: orjson writes slotted dataclasses
+    # far slower.
+    rows = [
+        {
+            "job_id": f.job_id,
+            "attempts": f.attempts,
+            "status": str(f.status),
+            "finished_at": f.finished_at,
+            "run_at": f.run_at,
+            "error": f.error,
+        }
+        for f in finishes
+    ]
+    return {"worker": worker, "finishes": dumps(rows)}
+
+
+def _claimed_rows(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+    """Claimed rows (``CLAIMED_COLUMNS``) as records, in the claim's order."""
+    instant = instants_from_microseconds()
+    jobs = []
+    for row in rows:
+        # Django loads jsonb as text for JSONField to decode; this bypasses the field.
+        data = row[3]
+        run_at = instant(row[7])
+        assert run_at is not None  # A NOT NULL column.
+        jobs.append(
+            ClaimedJob(
+                row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
+                row[4], row[5], row[6], run_at, *row[8:],
+            )
+        )  # fmt: skip
+    return sorted(jobs, key=_by_priority_then_due)
+
+
+def _by_priority_then_due(job: ClaimedJob) -> tuple[int, datetime, int]:
+    """The claim's order: highest priority first, then the longest due, then the oldest id."""
+    return -job.priority, job.run_at, job.id

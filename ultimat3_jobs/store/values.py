@@ -1,0 +1,167 @@
+"""What the job store takes and returns: plain records, none of them tied to a database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..models import JobStatus
+
+if TYPE_CHECKING:
+    from ..catchup import Span
+    from ..registry import JobHandle
+
+#: key -> (job id, created)
+Enqueued = Mapping[str, tuple[int, bool]]
+
+#: Done with: never claimed or sent again unless retried by hand; only these are deleted.
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class Copied(Mapping[str, tuple[int, bool]]):
+    """The jobs one COPY created, ``Enqueued`` without a tuple per job until one is read: a
+    round's thousands of jobs hold one id each for the rest of the round."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> tuple[int, bool]:
+        return self.ids[key], True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(slots=True)
+class EnqueueResult:
+    """``created`` is False when a job with this key already existed; ``job_id`` is that job."""
+
+    created: bool
+    job_id: int
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """How many jobs of dead workers went back to the queue, and how many ended failed."""
+
+    requeued: int
+    failed: int
+    jobs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker claimed: what running it needs, read in the claim itself.
+
+    A plain record rather than a model instance: a busy worker claims thousands a second.
+    The claim's statements return these fields, in this order (``sql.CLAIMED_COLUMNS``).
+    """
+
+    id: int
+    name: str
+    key: str
+    input: dict[str, Any]
+    queue: str
+    #: This attempt's number, counted at claim time.
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    priority: int = 0
+    #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
+    backend: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """How one attempt ended, to be written by ``finish`` (or with the next claim).
+
+    ``status`` is succeeded or failed (``finished_at`` set), or queued for a retry at
+    ``run_at``. ``attempts`` names the attempt, so a stale finish never lands on a later one.
+    """
+
+    job_id: int
+    attempts: int
+    status: str
+    finished_at: datetime | None = None
+    run_at: datetime | None = None
+    error: str = ""
+
+    @classmethod
+    def succeeded(cls, job: ClaimedJob, *, now: datetime) -> Finish:
+        """Running -> succeeded."""
+        return cls(job.id, job.attempts, JobStatus.SUCCEEDED, finished_at=now)
+
+    @classmethod
+    def retrying(cls, job: ClaimedJob, *, run_at: datetime, error: str) -> Finish:
+        """Running -> queued again at ``run_at``, keeping the error in view until the next try."""
+        return cls(job.id, job.attempts, JobStatus.QUEUED, run_at=run_at, error=error)
+
+    @classmethod
+    def failed(cls, job: ClaimedJob, *, now: datetime, error: str) -> Finish:
+        """Running -> failed for good."""
+        return cls(job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error)
+
+
+@dataclass(slots=True)
+class TaskState:
+    """A task's row as a round reads it: its watermark and whether it is paused."""
+
+    watermark: datetime | None
+    paused: bool = False
+
+
+class Rows(Protocol):
+    """Rows that know their count and may be made as they are read (a round's thousands need
+    not all exist at once). Reading them twice makes them twice."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+
+# What a round hands the store to write, as the planner makes it (``planner.PlannedOccurrence``,
+# ``PlannedJob`` and ``PlannedRecord`` fit): the store reads these fields and nothing else.
+
+
+class ScheduledJob(Protocol):
+    """One job an occurrence enqueues: its declaration, input (or the input's JSON text) and key."""
+
+    @property
+    def job(self) -> JobHandle: ...
+    @property
+    def data(self) -> dict[str, Any] | str: ...
+    @property
+    def key(self) -> str: ...
+
+
+class FiredOccurrence(Protocol):
+    """An occurrence a round fires, with the jobs it enqueues."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def occurrence(self) -> datetime: ...
+    @property
+    def catch_up(self) -> bool: ...
+    @property
+    def jobs(self) -> Sequence[ScheduledJob]: ...
+
+
+class DecidedRecord(Protocol):
+    """Occurrences a round decided not to fire: dropped, paused or overlapping."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def span(self) -> Span: ...
+    @property
+    def detail(self) -> str: ...

@@ -155,7 +155,9 @@ def listen(
     PostgreSQL can): there, polling alone finds the work."""
     if not store.notifies:
         return None
-    started = Listener(role=role, using=store.using, queues=queues, wake=wake, retry_after=retry_after)
+    started = Listener(
+        role=role, using=store.using, queues=queues, wake=wake, retry_after=retry_after
+    )
     started.start()
     return started
 

@@ -162,7 +162,7 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
 ) -> None:
     from ultimat3_jobs.conf import get_settings
     from ultimat3_jobs.db import instant_texts
-    from ultimat3_jobs.registry import JobHandle
+    from ultimat3_jobs.handles import JobHandle
 
     def noop(label: str) -> None:
         return None

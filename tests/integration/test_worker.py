@@ -22,9 +22,9 @@ from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
-from ultimat3_jobs.store import ClaimedJob, store_for
 from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.retention import prune
+from ultimat3_jobs.store import ClaimedJob, store_for
 from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Outcome, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -29,7 +29,7 @@ def test_job_handle__enqueue_before_the_app_is_ready_is_refused_with_a_fix() -> 
         "    print(error.code)\n"
         "    print(error.message)\n"
         "    print(error.fix)\n"
-        "print('ultimat3_jobs.jobstore' in sys.modules)\n"
+        "print('ultimat3_jobs.store' in sys.modules)\n"
     )
     code_line, message, fix, store_imported = _run(code)
     assert code_line == "jobs.app.not-ready"

@@ -114,26 +114,64 @@ def test_layout__no_import_cycle_counting_imports_inside_functions() -> None:
     assert _cycles(graph) == []
 
 
-#: The pure leaves, and the declarations above them: neither reaches the store or a role.
-LEAVES = {
-    "catchup", "clock", "conf", "cron", "db", "errors", "humanize", "inputs", "logs", "models",
-    "retries", "shutdown", "tasks_compat", "zones",
+#: Each module's layer, lowest first (a package's modules take the package's layer). A module
+#: imports its own layer and those below it, never one above, not even inside a function.
+LAYERS: dict[str, set[str]] = {
+    "leaves": {
+        "catchup", "clock", "conf", "cron", "db", "errors", "humanize", "inputs", "instruments",
+        "logs", "models", "retries", "shutdown", "tasks_compat", "zones",
+    },
+    "declarations": {"declarations", "handles", "registry"},
+    "store": {"history", "listener", "nodes", "store"},
+    "roles": {
+        "backends", "backfill", "celery", "celery_beat", "leaders", "lifecycle", "manual",
+        "outbox", "planner", "relay", "retention", "scheduler", "state", "worker",
+    },
+    "surfaces": {
+        "admin", "apps", "checks", "management", "metrics", "overview", "relay_checks", "status",
+        "tasks", "testing",
+    },
 }  # fmt: skip
-DECLARATIONS = {"declarations", "handles", "registry"}
+#: ``from ultimat3_jobs import job, task``: the public facade sits outside the layers.
+FACADE = "ultimat3_jobs"
 
 
-def test_layout__leaves_and_declarations_import_nothing_above_them_even_in_a_function() -> None:
+def _layer(module: str) -> int:
+    top = module.removeprefix(FACADE + ".").split(".")[0]
+    for rank, members in enumerate(LAYERS.values()):
+        if top in members:
+            return rank
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def test_layout__every_module_is_in_a_layer() -> None:
+    unplaced = []
+    for name in _modules():
+        try:
+            name == FACADE or _layer(name)
+        except AssertionError:
+            unplaced.append(name)
+    assert unplaced == []
+
+
+def test_layout__every_import_goes_down_the_layers_even_inside_a_function() -> None:
     modules = _modules()
-    above: dict[str, list[str]] = {}
-    for short, allowed in [(m, LEAVES) for m in LEAVES] + [
-        (m, LEAVES | DECLARATIONS) for m in DECLARATIONS
-    ]:
-        name = f"ultimat3_jobs.{short}"
-        targets = _edges(name, modules[name], modules, function_local=True)
-        higher = sorted(t for t in targets if t.removeprefix("ultimat3_jobs.") not in allowed)
-        if higher:
-            above[short] = higher
-    assert above == {}
+    names = list(LAYERS)
+    upward = sorted(
+        f"{source} ({names[_layer(source)]}) imports {target} ({names[_layer(target)]})"
+        for source, path in modules.items()
+        if source != FACADE
+        for target in _edges(source, path, modules, function_local=True)
+        if target != FACADE and _layer(target) > _layer(source)
+    )
+    assert upward == []
+
+
+def test_layout__the_layer_check_sees_a_back_edge() -> None:
+    # Guards the check itself: a declaration importing the store would be an upward edge.
+    assert _layer("ultimat3_jobs.handles") < _layer("ultimat3_jobs.store.postgres")
+    assert _layer("ultimat3_jobs.store") < _layer("ultimat3_jobs.worker")
+    assert _layer("ultimat3_jobs.worker") < _layer("ultimat3_jobs.admin.jobs")
 
 
 def test_layout__the_graph_reader_sees_a_known_edge() -> None:
@@ -148,8 +186,8 @@ def test_layout__the_graph_reader_sees_an_import_inside_a_function() -> None:
     # Guards the reader too: the backend imports the job store only when it enqueues.
     modules = _modules()
     backends = "ultimat3_jobs.backends"
-    assert "ultimat3_jobs.jobstore" not in _edges(backends, modules[backends], modules)
-    assert "ultimat3_jobs.jobstore" in _edges(
+    assert "ultimat3_jobs.store" not in _edges(backends, modules[backends], modules)
+    assert "ultimat3_jobs.store" in _edges(
         backends, modules[backends], modules, function_local=True
     )
 

@@ -40,9 +40,9 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
     from ..errors import TaskSyncError
+    from ..handles import JobHandle, TaskHandle
     from ..history import HistoryEntry
     from ..models import Job, Occurrence
-    from ..registry import JobHandle, TaskHandle
 
 
 class JobStore(Protocol):

@@ -25,7 +25,7 @@ from ..models import Job, JobStatus
 from .values import ClaimedJob
 
 if TYPE_CHECKING:
-    from ..registry import JobHandle, TaskHandle
+    from ..handles import JobHandle, TaskHandle
 
 
 @dataclass(frozen=True, slots=True)

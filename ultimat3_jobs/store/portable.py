@@ -32,8 +32,8 @@ from django.db.models.functions import Concat, Now
 from .. import clock, history
 from ..conf import get_settings
 from ..errors import TaskSyncError
+from ..inputs import check_key, check_run_at
 from ..models import Job, JobStatus, Node, Occurrence, Task
-from ..registry import check_key, check_run_at
 from .columns import (
     CLAIMED_COLUMNS,
     DECLARED,
@@ -58,7 +58,7 @@ from .values import (
 )
 
 if TYPE_CHECKING:
-    from ..registry import JobHandle, TaskHandle
+    from ..handles import JobHandle, TaskHandle
 
 #: Orphaned jobs recovered per pass; the rest wait for the next pass.
 RECOVER_BATCH = 1000

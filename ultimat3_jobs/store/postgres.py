@@ -53,7 +53,7 @@ from .values import (
 )
 
 if TYPE_CHECKING:
-    from ..registry import JobHandle, TaskHandle
+    from ..handles import JobHandle, TaskHandle
 
 #: New task rows written per statement at start.
 SYNC_SLICE = 1000

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..handles import EnqueueResult
 from ..models import JobStatus
 
 if TYPE_CHECKING:
     from ..catchup import Span
-    from ..registry import JobHandle
+    from ..handles import JobHandle
+
+__all__ = ["EnqueueResult"]  # Declared with the handles that return it; re-exported here.
 
 #: key -> (job id, created)
 Enqueued = Mapping[str, tuple[int, bool]]
@@ -37,15 +40,6 @@ class Copied(Mapping[str, tuple[int, bool]]):
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-@dataclass(slots=True)
-class EnqueueResult:
-    """``created`` is False when a job with this key already existed; ``job_id`` is that job."""
-
-    created: bool
-    job_id: int
-    key: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,8 +291,7 @@ class _FunctionDoc:
 class TaskHandle:
     """A named cron schedule in a zone. It returns entries; the scheduler enqueues them."""
 
-    # Slots: a site declares its tasks by the ten thousand, and a handle with an instance dict
-    # was 56 bytes more each.
+    # Slots: a site declares its tasks by the ten thousand, and an instance dict each adds up.
     __slots__ = (
         "catch_up", "dst_gap", "dst_repeat", "func", "max_catch_up", "name", "overlap",
         "schedule", "zone",

@@ -237,7 +237,7 @@ def check_run_at(job_name: str, run_at: object) -> datetime | None:
 def input_digest(value: dict[str, Any]) -> str:
     """A short stable digest of an input, equal on every node for equal input."""
     if _plain_flat(value):
-        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)  # 4x faster, same bytes.
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)  # Faster, the same bytes.
     else:
         text = _DIGEST_ENCODE(value).encode()
     return hashlib.sha256(text).hexdigest()[:16]

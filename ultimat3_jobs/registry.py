@@ -38,8 +38,8 @@ class Registry:
         self._lock = threading.RLock()
         self._by_kind: dict[str, dict[str, Any]] = {"task": {}, "job": {}}
         #: kind -> site -> id of the module instance's globals -> names declared there; a site
-        #: with one declaration holds (module, name) instead, 400 bytes less per site (a
-        #: ``tasks.py`` of 10,000 functions was 4.5 MB of dicts and sets of one name each).
+        #: with one declaration holds (module, name) instead: most sites declare one name, and
+        #: a dict and a set for each held a large ``tasks.py`` in memory many times over.
         self._sites: dict[str, dict[Site, SiteNames]] = {"task": {}, "job": {}}
         #: kind -> a registered function -> its name (the handle holds the function anyway).
         self._names: dict[str, dict[Callable[..., Any], str]] = {"task": {}, "job": {}}

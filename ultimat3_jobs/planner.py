@@ -44,6 +44,9 @@ class PlannedOccurrence:
     catch_up: bool
     #: A tuple: a list of one job and its array were 0.3 MB more at 10,000 occurrences.
     jobs: tuple[PlannedJob, ...]
+    #: The ``traceparent`` of the occurrence's span, which its jobs' runs continue; "" while
+    #: tracing is off (``tracing.RoundTrace.fire`` sets it).
+    trace_context: str = ""
 
 
 @dataclass(slots=True)

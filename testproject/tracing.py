@@ -15,11 +15,13 @@ from typing import IO
 
 
 def _service() -> str:
-    """The process's role, as the spans' ``service.name``: ``run_scheduler``, ``celery``..."""
-    argv = [Path(arg).name for arg in sys.argv]
-    if argv and argv[0] == "manage.py" and len(argv) > 1:
-        return argv[1]
-    return "celery" if "celery" in argv else (argv[0] if argv else "python")
+    """The process's role, as its spans' ``service.name``: ``run_scheduler``, ``celery``..."""
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    if program.name == "manage.py" and len(sys.argv) > 1:
+        return sys.argv[1]
+    if program.name == "__main__.py":  # python -m celery
+        return program.parent.name
+    return program.name
 
 
 def configure(destination: str) -> None:

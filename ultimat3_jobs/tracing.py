@@ -241,7 +241,6 @@ class RoundTrace:
     def fire(self, occurrence: FiredOccurrence, *, zone: str, cron: str) -> None:
         """Start ``occurrence``'s span and give it the ``traceparent`` its job rows keep."""
         at = occurrence.occurrence
-        keys = [planned.key for planned in occurrence.jobs]
         span = self._tracer.start_span(
             f"fire {occurrence.task}",
             context=self._parent,
@@ -249,15 +248,13 @@ class RoundTrace:
             attributes={
                 "messaging.system": SYSTEM,
                 "messaging.operation.type": "create",
-                "messaging.operation.name": "fire",
                 "faas.cron": cron,
                 "faas.time": at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
                 "ultimat3_jobs.task": occurrence.task,
                 "ultimat3_jobs.occurrence": at.isoformat(),
                 "ultimat3_jobs.zone": zone,
                 "ultimat3_jobs.catch_up": occurrence.catch_up,
-                "ultimat3_jobs.jobs": len(keys),
-                "ultimat3_jobs.keys": keys,
+                "ultimat3_jobs.keys": [planned.key for planned in occurrence.jobs],
             },
         )
         self._fired.append((occurrence, span))

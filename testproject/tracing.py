@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 def _service() -> str:
     """The process's role, as its spans' ``service.name``: ``run_scheduler``, ``celery``..."""
@@ -26,10 +28,16 @@ def _service() -> str:
 
 def configure(destination: str) -> None:
     """Set the process's tracer provider: spans exported as they end, to ``destination``."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+    except ImportError as error:
+        raise ImproperlyConfigured(
+            f"ULTIMAT3_TRACES is set and the OpenTelemetry SDK cannot be imported ({error}); "
+            "fix: pip install -e '.[dev]' (or opentelemetry-sdk), or unset ULTIMAT3_TRACES"
+        ) from error
 
     out: IO[str]
     if destination == "-":

@@ -330,7 +330,7 @@ class Scheduler:
         handles: dict[str, TaskHandle],
         names: list[str],
         now: datetime,
-        traced: tracing.RoundTrace | None = None,
+        traced: tracing.RoundTrace | None,
     ) -> Report:
         started = time.perf_counter()
         states = self.state.load(names)
@@ -470,7 +470,7 @@ class Scheduler:
         return Streamed(watermarks, planner.rows(0), occurrences), lines
 
     def _fire(
-        self, deferred: list[Deferred], plan: RoundPlan, traced: tracing.RoundTrace | None = None
+        self, deferred: list[Deferred], plan: RoundPlan, traced: tracing.RoundTrace | None
     ) -> Iterator[PlannedOccurrence]:
         """The occurrences of the tasks ``deferred``, as each task's entries are made.
 

@@ -12,7 +12,7 @@ WITH_DURABLE_PG := $(if $(DATABASE_URL),,$(PY) scripts/throwaway_postgres.py --d
 
 # Each extra alone, and none: a virtualenv each with the app, that extra and the test tools
 # (`.venv` has every extra). Built once, then again only when pyproject.toml changes.
-EXTRA_LEGS := none celery tasks
+EXTRA_LEGS := none celery tasks otel
 EXTRA_STAMPS := $(EXTRA_LEGS:%=.venv-extra-%/.installed)
 comma := ,
 

@@ -12,7 +12,9 @@
   round;
 - memory: the peak RSS of a fresh process that arms N tasks and runs one all-due round, as
   ``run_scheduler --once`` does, in the example project, again without Celery, and again with
-  the tasks declared with ``@task``, a function each.
+  the tasks declared with ``@task``, a function each;
+- tracing on: the same all-due round with an OpenTelemetry SDK provider set (a batch span
+  processor whose exporter drops what it is given), against the round above, without one.
 
 Each measurement runs in its own process so peak RSS belongs to it. Run: ``python -m bench``.
 """
@@ -104,6 +106,38 @@ def _json_logs_to_devnull() -> None:
 
 def _print_result(result: dict[str, Any]) -> None:
     sys.__stdout__.write(json.dumps(result) + "\n")  # type: ignore[union-attr]
+
+
+def _traces_dropped() -> None:
+    """A tracer provider as a project sets one (the SDK, a batch span processor) whose
+    exporter drops what it gets: the round's cost of making its spans, without a collector's.
+
+    Its queue holds a 10,000-occurrence round's spans; the SDK's default (2,048) would drop
+    most of them, logging that it does.
+    """
+    from collections.abc import Sequence
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped(), max_queue_size=32_768))
+    trace.set_tracer_provider(provider)
+
+
+def _tracing_sdk() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("opentelemetry") is not None and find_spec("opentelemetry.sdk") is not None
 
 
 def _pg_params() -> dict[str, Any]:
@@ -400,12 +434,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--without-celery", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--declared", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         from .setup import django_ready, without_celery
 
         if args.without_celery:
             without_celery()
+        if args.traced:
+            _traces_dropped()
 
         # The fresh process runs on the schema the children before it migrated, as a
         # scheduler does: loading every migration would be memory of the benchmark's.
@@ -427,6 +464,15 @@ def main(argv: list[str] | None = None) -> None:
         _child("--child", "round", "--n", str(n), "--repeats", str(args.repeats or _repeats(n)))
         for n in args.sizes
     ]
+    traced = []
+    if _tracing_sdk():
+        traced = [
+            _child(
+                "--child", "round", "--n", str(n), "--repeats", str(args.repeats or _repeats(n)),
+                "--traced",
+            )
+            for n in args.sizes
+        ]  # fmt: skip
     fresh = [_child("--child", "fresh", "--n", str(n)) for n in args.sizes]
     plain = [_child("--child", "fresh", "--n", str(n), "--without-celery") for n in args.sizes]
     declared = [_child("--child", "fresh", "--n", str(n), "--declared") for n in args.sizes]
@@ -451,6 +497,18 @@ def main(argv: list[str] | None = None) -> None:
     line("  of which this process's CPU", [_ms(r["due_cpu_s"]) for r in rounds])
     line("ours / floor", [f"{r['due_s'] / r['floor_s']:.2f}x" for r in rounds])
     line("statements in that round", [str(r["due_queries"]) for r in rounds])
+    if traced:
+        line("the same round, tracing on (spans dropped)", [_ms(r["due_s"]) for r in traced])
+        line(
+            "  tracing's overhead",
+            [
+                f"{(on['due_s'] - off['due_s']) / off['due_s'] * 100:+.0f}%"
+                for on, off in zip(traced, rounds, strict=True)
+            ],
+        )
+        line("  statements in it", [str(r["due_queries"]) for r in traced])
+    else:
+        print("tracing on: not measured (pip install opentelemetry-sdk)")
     line("round with nothing due", [_ms(r["idle_s"]) for r in rounds])
     line("statements in it", [str(r["idle_queries"]) for r in rounds])
     line("peak RSS (this timing process)", [f"{r['rss_mb']:.0f} MB" for r in rounds])

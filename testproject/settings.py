@@ -85,6 +85,13 @@ STATIC_URL = "static/"
 
 ULTIMAT3_JOBS = env.json("ULTIMAT3_JOBS", default={})
 
+# OpenTelemetry (the `otel` extra and an SDK): ULTIMAT3_TRACES=- prints every span, a path
+# appends them to that file (testproject/tracing.py).
+if env.str("ULTIMAT3_TRACES", default=""):
+    from testproject.tracing import configure as configure_tracing
+
+    configure_tracing(env.str("ULTIMAT3_TRACES"))
+
 # Django Tasks (the django-tasks backport, the `tasks` extra) as job rows. A project without
 # the extra has no TASKS setting, and neither has this one then.
 if find_spec("django_tasks") is not None:

@@ -99,6 +99,9 @@ class Job(models.Model):
     engine_id = models.CharField(max_length=255, blank=True, default="", db_default="")
     #: When the engine reported it done (an ``ExactlyOnceTask`` in its own transaction).
     done_at = models.DateTimeField(null=True, blank=True)
+    #: The W3C ``traceparent`` its run continues (``tracing.py``): the span of the occurrence
+    #: that fired it, or of the code that enqueued it; empty while tracing is off.
+    trace_context = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-id"]

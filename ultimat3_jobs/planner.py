@@ -44,6 +44,9 @@ class PlannedOccurrence:
     catch_up: bool
     #: A tuple: a list's spare array, times a round's occurrences, is memory the round holds.
     jobs: tuple[PlannedJob, ...]
+    #: The ``traceparent`` of the occurrence's span, which its jobs' runs continue; "" while
+    #: tracing is off (``tracing.RoundTrace.fire`` sets it).
+    trace_context: str = ""
 
 
 @dataclass(slots=True)

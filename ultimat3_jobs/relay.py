@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
 from . import clock as default_clock
-from . import instruments, nodes, tasks_compat
+from . import instruments, nodes, tasks_compat, tracing
 from .conf import get_settings
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .inputs import json_value
@@ -117,7 +117,12 @@ def send_celery(job: Job, using: str) -> Sent:
         task.apply_async(
             kwargs=dict(job.input or {}),
             task_id=task_id,
-            headers={JOB_HEADER: job.pk, DATABASE_HEADER: using, KEY_HEADER: job.key},
+            headers={
+                JOB_HEADER: job.pk,
+                DATABASE_HEADER: using,
+                KEY_HEADER: job.key,
+                **tracing.message_headers(job.trace_context),
+            },
             # Our own backoff retries a broker that is down; Celery's would hold the batch.
             retry=False,
         )
@@ -176,7 +181,10 @@ def _result_value(result: Any) -> Any:
 def send(job: Job, using: str) -> Sent:
     """Hand one outbox row to its engine."""
     if job.relay in (CELERY, CELERY_ONCE):
-        return send_celery(job, using)
+        # In the job's trace: Celery's publish span, when its instrumentation is on, is a
+        # child of the occurrence's span.
+        with tracing.continued(job.trace_context):
+            return send_celery(job, using)
     if job.relay == TASKS:
         return send_django_task(job)
     raise RelayTargetError(

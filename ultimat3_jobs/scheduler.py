@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import clock as default_clock
-from . import instruments
+from . import instruments, tracing
 from .catchup import Decision
 from .clock import ONE_MS
 from .db import Ahead, instant_texts
@@ -308,13 +308,30 @@ class Scheduler:
         pause_gc = len(names) >= GC_PAUSE_FROM and gc.isenabled()
         if pause_gc:
             gc.disable()
+        # Asked once a round: with no tracer provider set the round does no tracing work at all.
+        tracer = tracing.tracer()
+        traced = None
+        if tracer is not None:
+            traced = tracing.RoundTrace(tracer, due=len(names), node=self.state.node_id)
         try:
-            return self._dispatch(handles, names, now)
+            return self._dispatch(handles, names, now, traced)
+        except BaseException as error:
+            if traced is not None:
+                traced.failed(error)
+            raise
         finally:
+            if traced is not None:
+                traced.end()
             if pause_gc:
                 gc.enable()
 
-    def _dispatch(self, handles: dict[str, TaskHandle], names: list[str], now: datetime) -> Report:
+    def _dispatch(
+        self,
+        handles: dict[str, TaskHandle],
+        names: list[str],
+        now: datetime,
+        traced: tracing.RoundTrace | None,
+    ) -> Report:
         started = time.perf_counter()
         states = self.state.load(names)
         plan = RoundPlan(now=now, database=self.state.using)
@@ -362,11 +379,15 @@ class Scheduler:
                 step = TaskStep(now, failed=(None, error))
             steps.append(step)
         planned = time.perf_counter()
+        if traced is not None and not deferred:
+            # Before the rows are made: each job row keeps its occurrence's traceparent.
+            for fired in plan.fired:
+                traced.fire(fired, zone=handles[fired.task].tz, cron=handles[fired.task].cron)
         # The lines saying what fired are made while the round commits (after skip_overlaps,
         # which may take occurrences out of it) and written once it has.
         streamed, lines = None, None
         if deferred:
-            streamed, lines = self._stream(plan, deferred)
+            streamed, lines = self._stream(plan, deferred, traced)
         elif not plan.skip_overlap:
             ahead = len(plan.fired) >= LINES_AHEAD_FROM
             lines = self._dispatched_lines(plan.fired, ahead=ahead)
@@ -403,13 +424,18 @@ class Scheduler:
         if missing:
             # A row went missing under us: sync and rebuild next round.
             self._due = self._synced_for = None
+        created = sum(new for _, new in enqueued.values())
+        if traced is not None:
+            traced.committed(
+                plan.fired, jobs=len(enqueued), created=created, records=len(plan.records)
+            )
         emit(
             logger,
             "jobs.scheduler.round",
             due=len(names),
             fired=len(plan.fired),
             jobs=len(enqueued),
-            created=sum(created for _, created in enqueued.values()),
+            created=created,
             records=len(plan.records),
             plan_ms=round((planned - started) * 1000, 1),
             commit_ms=round((committed - planned) * 1000, 1),
@@ -429,19 +455,23 @@ class Scheduler:
             and not any(handles[name].overlap == "skip" for name in names)
         )
 
-    def _stream(self, plan: RoundPlan, deferred: list[Deferred]) -> tuple[Streamed, Lines]:
+    def _stream(
+        self, plan: RoundPlan, deferred: list[Deferred], traced: tracing.RoundTrace | None
+    ) -> tuple[Streamed, Lines]:
         """Start firing ``deferred`` in a thread: the round to write as it comes, and its
         lines, which that thread makes once every task has fired."""
         lines = self._dispatched_lines(plan.fired, ahead=False)
         watermarks = dict(plan.watermarks)  # Before the thread changes a failed task's.
         planner: Ahead[Any] = Ahead(
-            self._fire(deferred, plan), lines.tails or (), closes_connections=True
+            self._fire(deferred, plan, traced), lines.tails or (), closes_connections=True
         )
         lines.made_by(planner, 1)
         occurrences = sum(len(task.decision.fire) for task in deferred)
         return Streamed(watermarks, planner.rows(0), occurrences), lines
 
-    def _fire(self, deferred: list[Deferred], plan: RoundPlan) -> Iterator[PlannedOccurrence]:
+    def _fire(
+        self, deferred: list[Deferred], plan: RoundPlan, traced: tracing.RoundTrace | None
+    ) -> Iterator[PlannedOccurrence]:
         """The occurrences of the tasks ``deferred``, as each task's entries are made.
 
         Runs in a thread of its own (``db.Ahead``) while the round is written, so the task
@@ -456,9 +486,13 @@ class Scheduler:
                     plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
                     rest.step.next_due = first
                 return
-            yield from fire_task(
+            fired = fire_task(
                 task.handle, task.watermark, task.decision, task.step, plan, as_text=True
             )
+            if traced is not None:
+                for occurrence in fired:
+                    traced.fire(occurrence, zone=task.handle.tz, cron=task.handle.cron)
+            yield from fired
 
     def _commit(self, plan: RoundPlan, streamed: Streamed | None) -> Enqueued | None:
         """The round's writes; None when another node leads or moved a watermark meanwhile."""

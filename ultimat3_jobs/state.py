@@ -253,4 +253,5 @@ def _job_row(
         occurrence=fired.occurrence,
         catch_up=fired.catch_up,
         config=config,
+        trace_context=fired.trace_context,
     )

@@ -31,7 +31,7 @@ from django.db import (
 )
 
 from . import clock as default_clock
-from . import instruments, nodes, shutdown
+from . import instruments, nodes, shutdown, tracing
 from .conf import get_settings, stale_after_problem
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
@@ -200,8 +200,11 @@ class Worker:
         from . import backends
 
         started = time.monotonic()
-        row = self.store.load_job(job.id)
-        run = backends.run_task(row)
+        with tracing.job_run(job, worker=self.node_id) as span:
+            row = self.store.load_job(job.id)
+            run = backends.run_task(row)
+            if run.error is not None:
+                tracing.failed(span, run.error)
         store, node, now = self.store, self.node_id, self.clock()
         if run.error is None:
             finish = Finish.succeeded(job, now=now)
@@ -259,7 +262,9 @@ class Worker:
             )
             return self._failed(job, message, started, retry=False, fields={"error": message})
         try:
-            handle.func(**job.input)
+            # Its span continues the trace its row keeps (its occurrence's, its caller's).
+            with tracing.job_run(job, worker=self.node_id):
+                handle.func(**job.input)
         except BaseException as error:
             return self._failed(
                 job, format_error(error), started, retry=True, fields=failure_fields(error)

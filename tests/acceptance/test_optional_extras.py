@@ -1,4 +1,5 @@
-"""The app loads and enqueues with each optional extra missing: Django Tasks, Celery, or both.
+"""The app loads and enqueues with each optional extra missing: Django Tasks, Celery, or both
+(and OpenTelemetry with them).
 
 Each case is a fresh process in which the missing libraries cannot be imported, as in a project
 that did not install the ``tasks`` or ``celery`` extra.
@@ -87,7 +88,7 @@ print("ultimat3_jobs.backends" in sys.modules)
     ("missing", "handles", "rows"),
     [
         pytest.param(
-            ["django_tasks", "celery"],
+            ["django_tasks", "celery", "opentelemetry"],
             ["JobHandle"],
             [("extras.ping", "queued")],
             id="no_extra",

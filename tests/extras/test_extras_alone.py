@@ -1,9 +1,9 @@
-"""The app with no extra, only ``celery``, only ``tasks``, or both: it imports, passes
-``manage.py check`` and runs each role, the way a project that installed just that would.
+"""The app with no extra, only ``celery``, only ``tasks``, only ``otel``, or all: it imports,
+passes ``manage.py check`` and runs each role, the way a project that installed just that would.
 
 ``make test`` runs this file in one virtualenv per single extra and with none (``make
-extras``: ``.venv-extra-none``, ``-celery``, ``-tasks``) and, with both, in ``.venv`` with the
-rest of the suite. ``ULTIMAT3_EXTRAS`` names the extras a leg was built with, so a leg that
+extras``: ``.venv-extra-none``, ``-celery``, ``-tasks``, ``-otel``) and, with all, in ``.venv``
+with the rest of the suite. ``ULTIMAT3_EXTRAS`` names the extras a leg was built with, so a leg that
 holds more than it should fails here rather than passing for the wrong reason.
 """
 
@@ -34,6 +34,7 @@ __all__ = ["processes"]
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 CELERY = find_spec("celery") is not None
+OTEL = find_spec("opentelemetry") is not None
 DJANGO_TASKS = tasks_compat.AVAILABLE
 #: The modules that are their extra's own, and whether it is installed: only these may refuse
 #: to import, and only without it.
@@ -42,7 +43,8 @@ FAST = {"TICK_INTERVAL": 0.2, "HEARTBEAT_INTERVAL": 1, "WORKER_POLL_INTERVAL": 0
 
 
 def installed_extras() -> set[str]:
-    return {name for name, present in (("celery", CELERY), ("tasks", DJANGO_TASKS)) if present}
+    found = (("celery", CELERY), ("otel", OTEL), ("tasks", DJANGO_TASKS))
+    return {name for name, present in found if present}
 
 
 def role_env() -> dict[str, str]:
@@ -90,8 +92,8 @@ def assert_clean(process: Process) -> None:
 
 
 def test_extras__the_environment_holds_the_extras_it_is_named_for() -> None:
-    # Outside a leg of the matrix this is `.venv`, built with the `dev` extra: both.
-    named = os.environ.get("ULTIMAT3_EXTRAS", "celery,tasks")
+    # Outside a leg of the matrix this is `.venv`, built with the `dev` extra: all of them.
+    named = os.environ.get("ULTIMAT3_EXTRAS", "celery,otel,tasks")
     expected = {name for name in named.split(",") if name and name != "none"}
     assert installed_extras() == expected
 
@@ -140,6 +142,8 @@ def test_extras__the_scheduler_and_the_worker_run_what_is_declared(
         assert any(name.endswith(".stamp") for name in ran), ran
     left = Job.objects.exclude(status__in=(JobStatus.SUCCEEDED, JobStatus.OUTBOX))
     assert not left.exists(), list(left.values("name", "status"))
+    # No leg sets a tracer provider: with or without the API, no row keeps a trace context.
+    assert set(Job.objects.values_list("trace_context", flat=True)) == {""}
 
 
 def test_extras__the_relay_hands_entries_on_and_keeps_running(

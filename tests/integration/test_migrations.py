@@ -159,3 +159,35 @@ def test_0007__keeps_every_job_and_task_and_their_names_stay_unique() -> None:
         assert not [name for name in indexes if name.endswith("_like")]
         assert {"u3j_job_key", "u3j_job_running", "u3j_job_task", "u3j_job_ready"} <= indexes
         assert "u3j_task_name" in indexes
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0008__keeps_every_job_and_reads_it_untraced() -> None:
+    before, after = "0007_lean_job_indexes", "0008_trace_context"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(name="demo.ping", key="t1", input={"label": "x"}, run_at=AT, created_at=AT)
+    old.objects.create(
+        name="demo.ping", key="t2", status="outbox", relay="celery", run_at=AT, created_at=AT
+    )
+
+    executor = migrate_to(after)
+
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    rows = list(new.objects.order_by("key").values_list("key", "status", "trace_context"))
+    assert rows == [("t1", "queued", ""), ("t2", "outbox", "")]
+    # A row inserted by SQL of the previous release, which names no such column.
+    table = new._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (name, key, input, status, queue, attempts, max_attempts, "
+            "run_at, created_at, last_error, task, catch_up, enqueued_by, worker) "
+            "VALUES ('demo.ping', 't3', '{}', 'queued', 'default', 0, 3, %s, %s, '', '', "
+            "false, 'code', '')",
+            [AT, AT],
+        )
+    assert new.objects.get(key="t3").trace_context == ""

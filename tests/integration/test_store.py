@@ -21,6 +21,7 @@ from ultimat3_jobs.store.columns import (
 )
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> Job:
@@ -174,7 +175,7 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
         handle.relay, handle.priority, handle.backend = "celery", 3, "other"
     fields: dict[str, Any] = {
         "key": "t:1:k", "task": "t", "occurrence": T0, "catch_up": True, "now": T0,
-        "config": get_settings(),
+        "config": get_settings(), "trace_context": TRACEPARENT,
     }  # fmt: skip
     data = {"label": "x", "n": 1}
     made = scheduled_row(handle, data, **fields, at=instant_texts())
@@ -217,6 +218,7 @@ def test_copy_row__puts_each_column_where_new_job_columns_says() -> None:
         "queue": "q", "max_attempts": 7, "run_at": instant["run"],
         "created_at": instant["created"], "task": "t", "occurrence": instant["occ"],
         "catch_up": True, "enqueued_by": "by", "priority": 5, "backend": "b", "relay": "celery",
+        "trace_context": TRACEPARENT,
     }  # fmt: skip
     assert set(row) == {column.name for column in CARRIED}
 
@@ -246,6 +248,7 @@ def _planned(keys: list[str]) -> list[Any]:
             T0 + timedelta(minutes=n),
             n == 0,
             (PlannedJob(ping, json.dumps({"label": key}), key),),
+            trace_context=f"{TRACEPARENT[:-2]}{n:02d}",
         )
         for n, key in enumerate(keys)
     ]
@@ -265,12 +268,14 @@ def test_insert_streamed__writes_the_rows_insert_round_writes() -> None:
         key: values
         for key, *values in Job.objects.filter(key__in=["s:1", "s:2"]).values_list("key", *columns)
     }
+    kept = sorted(Job.objects.values_list("trace_context", flat=True))
+    assert kept == [f"{TRACEPARENT[:-2]}00", f"{TRACEPARENT[:-2]}01"]
     Job.objects.all().delete()
     rows = [
         job_fields(
             p.job, json.loads(p.data), key=p.key, run_at=None, queue=None,
             enqueued_by="scheduler", now=T0, task=f.task, occurrence=f.occurrence,
-            catch_up=f.catch_up,
+            catch_up=f.catch_up, trace_context=f.trace_context,
         )
         for f in _planned(["s:1", "s:2"])
         for p in f.jobs

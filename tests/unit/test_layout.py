@@ -119,7 +119,7 @@ def test_layout__no_import_cycle_counting_imports_inside_functions() -> None:
 LAYERS: dict[str, set[str]] = {
     "leaves": {
         "catchup", "clock", "conf", "cron", "db", "errors", "humanize", "inputs", "instruments",
-        "logs", "models", "retries", "shutdown", "tasks_compat", "zones",
+        "logs", "models", "retries", "shutdown", "tasks_compat", "tracing", "zones",
     },
     "declarations": {"declarations", "handles", "registry"},
     "store": {"history", "listener", "nodes", "store"},

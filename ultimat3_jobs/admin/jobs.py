@@ -59,7 +59,18 @@ class JobAdmin(admin.ModelAdmin):
     actions = ["retry_failed", "cancel_queued"]
     fieldsets = [
         (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
-        ("Origin", {"fields": ["task_column", "occurrence_column", "catch_up", "enqueued_by"]}),
+        (
+            "Origin",
+            {
+                "fields": [
+                    "task_column",
+                    "occurrence_column",
+                    "catch_up",
+                    "enqueued_by",
+                    "trace_context",
+                ]
+            },
+        ),
         (
             "Runs",
             {

@@ -63,6 +63,7 @@ NEW_JOB_COLUMNS = (
     Column("priority", "integer", default="0"),
     Column("backend", "text", default="''"),
     Column("relay", "text", default="''"),
+    Column("trace_context", "text", default="''"),
 )
 NEW_JOB_NAMES = tuple(column.name for column in NEW_JOB_COLUMNS)
 #: The columns a row carries (``job_fields``' keys): all but those every new row holds alike.
@@ -90,11 +91,13 @@ def job_fields(
     occurrence: datetime | None = None,
     catch_up: bool = False,
     config: Settings | None = None,
+    trace_context: str = "",
 ) -> dict[str, Any]:
     """The fields of a new job row (``CARRIED``), with the defaults the job and the settings
     give.
 
-    ``config``: the settings, read once by a caller that builds many rows.
+    ``config``: the settings, read once by a caller that builds many rows. ``trace_context``:
+    the ``traceparent`` the job's run continues (``tracing.py``).
     """
     config = config or get_settings()
     queue, max_attempts, status = _defaults(handle, queue, config)
@@ -114,6 +117,7 @@ def job_fields(
         "backend": handle.backend,
         "status": status,
         "relay": handle.relay,
+        "trace_context": trace_context,
     }
 
 
@@ -144,7 +148,8 @@ def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> 
     return (r["name"], r["key"], dumps(r["input"]), str(r.get("status") or JobStatus.QUEUED),
             r["queue"], 0, r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "",
             r["task"], at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "",
-            r.get("priority", 0), r.get("backend", ""), r.get("relay", ""))  # fmt: skip
+            r.get("priority", 0), r.get("backend", ""), r.get("relay", ""),
+            r.get("trace_context", ""))  # fmt: skip
 
 
 def scheduled_row(
@@ -158,6 +163,7 @@ def scheduled_row(
     now: datetime,
     config: Settings,
     at: Callable[[datetime | None], str | None],
+    trace_context: str = "",
 ) -> tuple[Any, ...]:
     """``copy_row(job_fields(...))`` of a scheduler round's job, made without the dict: the
     same defaults, the same columns."""
@@ -166,7 +172,7 @@ def scheduled_row(
     text = data if isinstance(data, str) else dumps(data)
     return (handle.name, key, text, status, queue, 0, max_attempts, when, when, "", task,
             at(occurrence), catch_up, "scheduler", "", handle.priority, handle.backend,
-            handle.relay)  # fmt: skip
+            handle.relay, trace_context)  # fmt: skip
 
 
 def wake_payload(queue: str, relay: str) -> str:

@@ -29,7 +29,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Concat, Now
 
-from .. import clock, history
+from .. import clock, history, tracing
 from ..conf import get_settings
 from ..errors import TaskSyncError
 from ..inputs import check_key, check_run_at
@@ -112,6 +112,7 @@ class PortableStore:
             enqueued_by=enqueued_by,
             now=clock.now(),
             task=task,
+            trace_context=tracing.caller_context(),
         )
         try:
             with transaction.atomic(using=self.using):
@@ -144,7 +145,14 @@ class PortableStore:
         # A fresh key: the framework has no idempotency key, so every enqueue is a run.
         key = f"{handle.name}:{uuid.uuid4().hex}"[-255:]
         return job_fields(
-            handle, kwargs, key=key, run_at=run_at, queue=None, enqueued_by="code", now=clock.now()
+            handle,
+            kwargs,
+            key=key,
+            run_at=run_at,
+            queue=None,
+            enqueued_by="code",
+            now=clock.now(),
+            trace_context=tracing.caller_context(),
         )
 
     def insert_round(self, rows: Rows) -> Enqueued:
@@ -176,6 +184,7 @@ class PortableStore:
                 occurrence=f.occurrence,
                 catch_up=f.catch_up,
                 config=config,
+                trace_context=f.trace_context,
             )
             for f in fired
             for p in f.jobs

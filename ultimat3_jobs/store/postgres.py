@@ -138,6 +138,7 @@ class PostgresStore(PortableStore):
             scheduled_row(
                 p.job, p.data, key=p.key, task=f.task, occurrence=f.occurrence,
                 catch_up=f.catch_up, now=now, config=config, at=at,
+                trace_context=f.trace_context,
             )
             for f in fired
             for p in f.jobs

@@ -71,6 +71,8 @@ class ClaimedJob:
     priority: int = 0
     #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
     backend: str = ""
+    #: The ``traceparent`` its run continues; empty while tracing is off.
+    trace_context: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,10 @@ class FiredOccurrence(Protocol):
     def catch_up(self) -> bool: ...
     @property
     def jobs(self) -> Sequence[ScheduledJob]: ...
+    @property
+    def trace_context(self) -> str:
+        """The ``traceparent`` of the occurrence's span, for each of its jobs; "" untraced."""
+        ...
 
 
 class DecidedRecord(Protocol):

@@ -268,9 +268,7 @@ def test_backfill__an_occurrence_that_fired_is_listed_and_left_out(
     assert [job["left_out"] for r in rows for job in r["jobs"]] == [False, True, False]
     page = text(response)
     assert "2 new jobs, 0 already present." in page
-    assert (
-        "1 occurrence already fired: not fired again, 1 job of its payload now left out." in page
-    )
+    assert "1 occurrence already fired: not fired again, 1 job of its payload now left out." in page
     assert "left out: the occurrence already fired" in page
 
     response = client.post(backfill_url(tasks[DIGEST]), RANGE, follow=True)

@@ -159,3 +159,21 @@ def test_0007__keeps_every_job_and_task_and_their_names_stay_unique() -> None:
         assert not [name for name in indexes if name.endswith("_like")]
         assert {"u3j_job_key", "u3j_job_running", "u3j_job_task", "u3j_job_ready"} <= indexes
         assert "u3j_task_name" in indexes
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0008__keeps_every_task_with_nothing_backfilled_ahead() -> None:
+    before, after = "0007_lean_job_indexes", "0008_task_backfilled_to"
+    executor = migrate_to(before)
+    old_apps = executor.loader.project_state([("ultimat3_jobs", before)]).apps
+    old_apps.get_model("ultimat3_jobs", "Task").objects.create(
+        name="t.a", cron="0 * * * *", tz="UTC", last_fired_at=AT, paused=True
+    )
+
+    executor = migrate_to(after)
+
+    new_apps = executor.loader.project_state([("ultimat3_jobs", after)]).apps
+    tasks = new_apps.get_model("ultimat3_jobs", "Task").objects
+    assert list(tasks.values_list("name", "last_fired_at", "paused", "backfilled_to")) == [
+        ("t.a", AT, True, None)
+    ]

@@ -4,14 +4,24 @@ Each occurrence in ``[start, end]`` (both included, walked with ``cron.between``
 is the scheduler's) is passed to the task's function and its jobs get the occurrence key the
 scheduler would give them (``planner.plan_jobs``). A backfill and a scheduled run of the same
 occurrence, or two backfills over one range, therefore share their jobs: the database keeps one.
-The watermark is never touched. Kept apart from the admin and the command, which both call it.
+An occurrence that already fired (a job or a record of it, ``JobStore.fired_occurrences``) is
+not fired again, whatever its payload is now, unless asked to (``again``). One still ahead is
+enqueued to run at its own time, and the scheduler's round for it creates nothing more. A paused
+task is refused unless asked (``include_paused``), and so is an entry the round would refuse.
+
+The write holds the task row's lock, the one a round's compare-and-set takes, so a backfill and
+a round of one task decide what already fired one after the other. The watermark is never
+touched; the row's ``backfilled_to`` tells the rounds up to where occurrences were enqueued
+ahead of them. Kept apart from the admin and the command, which both call it.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -19,7 +29,12 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from . import clock, history
 from .catchup import Span
 from .cron import between
-from .errors import BackfillRangeError, BackfillTooLargeError, UnknownTaskError
+from .errors import (
+    BackfillPausedError,
+    BackfillRangeError,
+    BackfillTooLargeError,
+    UnknownTaskError,
+)
 from .handles import TaskHandle
 from .models import Occurrence
 from .planner import PlannedOccurrence, plan_jobs
@@ -42,7 +57,9 @@ LATEST = datetime(9900, 1, 1, tzinfo=UTC)
 class BackfillPlan:
     """What a backfill of ``task`` over ``[start, end]`` enqueues, before anything is written.
 
-    ``present`` maps the keys already in the job table to their job ids, as read when planned.
+    ``present`` maps the keys already in the job table to their job ids, and ``fired`` holds
+    the occurrences that already fired, both as read at ``now``, when it was planned. Those
+    are not enqueued unless ``again``; an occurrence after ``now`` is due at its own time.
     """
 
     task: str
@@ -50,19 +67,63 @@ class BackfillPlan:
     end: datetime
     occurrences: list[PlannedOccurrence]
     present: dict[str, int]
+    fired: frozenset[datetime]
+    now: datetime
+    again: bool = False
 
     @property
     def keys(self) -> list[str]:
+        """Every job key of the range's occurrences, those that already fired included."""
         return [job.key for o in self.occurrences for job in o.jobs]
 
     @property
+    def due(self) -> list[PlannedOccurrence]:
+        """The occurrences it enqueues: all of them with ``again``, else those not yet fired."""
+        if self.again:
+            return list(self.occurrences)
+        return [o for o in self.occurrences if o.occurrence not in self.fired]
+
+    @property
+    def already_fired(self) -> list[PlannedOccurrence]:
+        """The occurrences that already fired (enqueued all the same with ``again``)."""
+        return [o for o in self.occurrences if o.occurrence in self.fired]
+
+    def withheld(self, occurrence: PlannedOccurrence) -> bool:
+        """Whether ``occurrence`` is not enqueued because it already fired."""
+        return not self.again and occurrence.occurrence in self.fired
+
+    def ahead(self, occurrence: PlannedOccurrence) -> bool:
+        """Whether ``occurrence`` is still to come: its jobs run at its own time."""
+        return occurrence.occurrence > self.now
+
+    @property
     def new(self) -> int:
-        return sum(1 for key in self.keys if key not in self.present)
+        """The jobs it would create: those of the occurrences it enqueues whose keys are new."""
+        return sum(1 for o in self.due for job in o.jobs if job.key not in self.present)
+
+    @property
+    def already_present(self) -> int:
+        """The jobs whose keys are already in the job table, of any occurrence of the range."""
+        return sum(1 for key in self.keys if key in self.present)
+
+    @property
+    def left_out(self) -> int:
+        """Jobs of occurrences that already fired whose keys are not there (their payload
+        changed since): not enqueued unless ``again``."""
+        return sum(
+            1
+            for o in self.occurrences
+            if self.withheld(o)
+            for j in o.jobs
+            if j.key not in self.present
+        )
 
 
 @dataclass(frozen=True)
 class Backfill:
-    """A backfill done: its plan, each key's ``(job id, created)``, and its history record."""
+    """A backfill done: its plan (as read under the task row's lock), each key's ``(job id,
+    created)``, and its history record. The keys of occurrences that already fired and were
+    left out are not in ``enqueued``."""
 
     plan: BackfillPlan
     enqueued: Enqueued
@@ -164,19 +225,19 @@ def plan(
     limit: int = DEFAULT_LIMIT,
     using: str = DEFAULT_DB_ALIAS,
     store: JobStore | None = None,
+    again: bool = False,
+    include_paused: bool = False,
 ) -> BackfillPlan:
     """What a backfill would enqueue: writes nothing (``--dry-run`` and the admin's preview).
 
-    Calls the task's function once per occurrence with that occurrence; an ``UltimateError``
-    from it (``TaskEntriesError``) propagates. ``store``: the job store of ``using``.
+    Refused as ``run`` is (a paused task, an entry the round would refuse). Calls the task's
+    function once per occurrence with that occurrence; an ``UltimateError`` from it
+    (``TaskEntriesError``) propagates. ``store``: the job store of ``using``.
     """
     store = store or store_for(using)
-    planned = [
-        PlannedOccurrence(handle.name, at, False, plan_jobs(handle.name, at, handle.entries(at)))
-        for at in occurrences_in(handle, start, end, limit)
-    ]
-    keys = [job.key for o in planned for job in o.jobs]
-    return BackfillPlan(handle.name, start, end, planned, store.ids_of(keys))
+    found = occurrences_in(handle, start, end, limit)
+    _refuse_paused(handle, _paused(handle, store), include_paused)
+    return _read(handle, start, end, _entries(handle, found, store), store, again=again)
 
 
 def run(
@@ -189,49 +250,144 @@ def run(
     limit: int = DEFAULT_LIMIT,
     using: str = DEFAULT_DB_ALIAS,
     store: JobStore | None = None,
+    again: bool = False,
+    include_paused: bool = False,
 ) -> Backfill:
     """Enqueue the occurrences of ``[start, end]`` and record who did it, in one transaction.
 
-    Keys that exist (a scheduled run, an earlier backfill) are left as they are and counted as
-    existing. ``via`` says where it came from ("manage.py", "the admin"). A range without
-    occurrences writes nothing. ``store``: the job store of ``using``.
+    Under the task row's lock (``JobStore.lock_task``), the occurrences that already fired are
+    read and left out (all are enqueued with ``again``), and a key that exists (a scheduled
+    run, an earlier backfill) is left as it is and counted as existing. An occurrence still
+    ahead is due at its own time, and the task row notes it for the rounds (``backfilled_to``).
+    A paused task is refused unless ``include_paused`` (``BackfillPausedError``), and an entry
+    whose backend the round refuses is refused the same way (``TaskBackendError``). ``via``
+    says where it came from ("manage.py", "the admin"). A range without occurrences writes
+    nothing. ``store``: the job store of ``using``.
     """
     store = store or store_for(using)
-    planned = plan(handle, start, end, limit=limit, using=using, store=store)
-    if not planned.occurrences:
-        return Backfill(planned, {}, None)
-    now = clock.now()
-    rows = [
-        job_fields(
-            job.job,
-            job.row_input(),
-            key=job.key,
-            run_at=None,
-            queue=None,
-            enqueued_by=f"backfill:{user}",
-            now=now,
-            task=handle.name,
-            occurrence=o.occurrence,
-        )
-        for o in planned.occurrences
-        for job in o.jobs
-    ]
+    found = occurrences_in(handle, start, end, limit)
+    # Before the task's function runs for every occurrence; again under the lock.
+    _refuse_paused(handle, _paused(handle, store), include_paused)
+    entries = _entries(handle, found, store)
+    if not entries:
+        return Backfill(_read(handle, start, end, [], store, again=again), {}, None)
     with transaction.atomic(using=store.using):
-        enqueued = store.insert_round(rows)
-        created = sum(1 for _, new in enqueued.values() if new)
-        first, last = planned.occurrences[0].occurrence, planned.occurrences[-1].occurrence
-        row = history.backfill(
-            handle.name,
-            Span(first, last, len(planned.occurrences)),
-            [
-                history.RecordedJob(job.job.name, job.key, enqueued[job.key][1])
-                for o in planned.occurrences
-                for job in o.jobs
-            ],
-            at=now,
-            user=user,
-            detail=f"backfill {start.isoformat()} to {end.isoformat()} via {via}: "
-            f"{created} job(s) created, {len(enqueued) - created} already present",
-        )
-        record = store.insert_record(row)
+        # The lock a round of this task takes: a round writes before this backfill reads what
+        # fired, or after it has written, never in between.
+        locked = store.lock_task(handle)
+        _refuse_paused(handle, locked.paused, include_paused)
+        planned = _read(handle, start, end, entries, store, again=again)
+        now = planned.now
+        rows = [
+            job_fields(
+                job.job,
+                job.row_input(),
+                key=job.key,
+                run_at=o.occurrence if planned.ahead(o) else None,
+                queue=None,
+                enqueued_by=f"backfill:{user}",
+                now=now,
+                task=handle.name,
+                occurrence=o.occurrence,
+            )
+            for o in planned.due
+            for job in o.jobs
+        ]
+        enqueued = dict(store.insert_round(rows))
+        for o in planned.occurrences:
+            if planned.withheld(o):
+                # Left out, yet its jobs already there are reported as a scheduled run's are.
+                for job in o.jobs:
+                    if job.key in planned.present:
+                        enqueued[job.key] = (planned.present[job.key], False)
+        reached = locked.watermark
+        unreached = [o.occurrence for o in planned.due if reached is None or o.occurrence > reached]
+        if unreached:
+            # The scheduler has yet to reach these: its round for them looks for their jobs.
+            store.mark_backfilled(handle.name, max(unreached))
+        record = store.insert_record(_record(planned, enqueued, at=now, user=user, via=via))
     return Backfill(planned, enqueued, record)
+
+
+def _paused(handle: TaskHandle, store: JobStore) -> bool:
+    state = store.task_states([handle.name]).get(handle.name)
+    return state is not None and state.paused
+
+
+def _refuse_paused(handle: TaskHandle, paused: bool, include_paused: bool) -> None:
+    if paused and not include_paused:
+        raise BackfillPausedError(
+            f'task "{handle.name}" is paused: the scheduler fires none of its occurrences, and '
+            "a backfill does not either unless told to",
+            fix="resume the task on its page in the admin first, or pass --include-paused (in "
+            'the admin: tick "Backfill although the task is paused") to enqueue them while it '
+            "stays paused",
+            cause=handle.name,
+        )
+
+
+def _entries(
+    handle: TaskHandle, found: Sequence[datetime], store: JobStore
+) -> list[PlannedOccurrence]:
+    """The jobs of each occurrence, keyed as the scheduler keys them."""
+    planned = []
+    for at in found:
+        entries = handle.entries(at)
+        for job, _ in entries:
+            # Refused as the round refuses it: a Django Task whose backend cannot take the row
+            # in this transaction (an alias not in TASKS, a JobsBackend on another database).
+            job.check_backend(store.using)
+        planned.append(
+            PlannedOccurrence(handle.name, at, False, plan_jobs(handle.name, at, entries))
+        )
+    return planned
+
+
+def _read(
+    handle: TaskHandle,
+    start: datetime,
+    end: datetime,
+    planned: list[PlannedOccurrence],
+    store: JobStore,
+    *,
+    again: bool,
+) -> BackfillPlan:
+    """``planned`` with what the database holds of it now: which occurrences fired, which
+    keys exist."""
+    fired: set[datetime] = set()
+    if planned:
+        wanted = {handle.name: [o.occurrence for o in planned]}
+        fired = store.fired_occurrences(wanted).get(handle.name, set())
+    present = store.ids_of(job.key for o in planned for job in o.jobs)
+    return BackfillPlan(
+        handle.name, start, end, planned, present, frozenset(fired), clock.now(), again
+    )
+
+
+def _record(
+    planned: BackfillPlan, enqueued: Enqueued, *, at: datetime, user: str, via: str
+) -> dict[str, Any]:
+    """The backfill's history record: who, the range, and every job it enqueued or found."""
+    created = sum(1 for _, new in enqueued.values() if new)
+    fired = len(planned.already_fired)
+    if not fired:
+        note = ""
+    elif planned.again:
+        note = f" ({fired} occurrence(s) already fired, fired again)"
+    else:
+        note = f" ({fired} occurrence(s) already fired, not fired again)"
+    first, last = planned.occurrences[0].occurrence, planned.occurrences[-1].occurrence
+    return history.backfill(
+        planned.task,
+        Span(first, last, len(planned.occurrences)),
+        [
+            history.RecordedJob(job.job.name, job.key, enqueued[job.key][1])
+            for o in planned.occurrences
+            for job in o.jobs
+            if job.key in enqueued
+        ],
+        at=at,
+        user=user,
+        detail=f"backfill {planned.start.isoformat()} to {planned.end.isoformat()} via {via}"
+        f"{note}: {created} job(s) created, {len(enqueued) - created} already present",
+    )

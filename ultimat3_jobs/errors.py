@@ -110,6 +110,13 @@ class BackfillTooLargeError(UltimateError):
     code = "jobs.backfill.too-many"
 
 
+class BackfillPausedError(UltimateError):
+    """A backfill of a paused task, without ``--include-paused``: the scheduler fires none of a
+    paused task's occurrences, and a backfill does not either unless told to."""
+
+    code = "jobs.backfill.task-paused"
+
+
 class TaskEntriesError(UltimateError):
     """A task's function raised, or returned something that is not a list of (job, input)."""
 

@@ -243,6 +243,12 @@ def input_digest(value: dict[str, Any]) -> str:
     return hashlib.sha256(text).hexdigest()[:16]
 
 
+def occurrence_prefix(task: str, occurrence: datetime) -> str:
+    """``<task>:<occurrence_ms>:``: how every job key of a task's occurrence begins, so a key
+    names the occurrence it was enqueued for (``planner.occurrence_key``)."""
+    return f"{task}:{int(occurrence.timestamp() * 1000)}:"
+
+
 def json_value(value: Any) -> Any:
     """``value`` if the row's JSON column can keep it, else None."""
     try:

@@ -24,6 +24,9 @@ class Task(models.Model):
     jobs = models.JSONField(default=list, blank=True)
     #: The latest occurrence dealt with (fired or deliberately dropped). Never fired again.
     last_fired_at = models.DateTimeField(null=True, blank=True)
+    #: The latest occurrence a backfill enqueued before the scheduler reached it: a round that
+    #: fires occurrences up to it first looks for their jobs, and creates none of its own.
+    backfilled_to = models.DateTimeField(null=True, blank=True)
     paused = models.BooleanField(default=False)
     paused_note = models.CharField(max_length=500, blank=True)
     paused_by = models.CharField(max_length=150, blank=True)

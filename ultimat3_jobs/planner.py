@@ -9,7 +9,7 @@ transaction (``state.py``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from .catchup import Decision, NextAfter, Span, decide, span_between
 from .clock import ONE_MS
 from .db import dumps
 from .handles import JobHandle, TaskHandle
-from .inputs import KEY_LIMIT, check_columns
+from .inputs import KEY_LIMIT, check_columns, occurrence_prefix
 
 
 # Not frozen: a frozen dataclass's __init__ costs about four times a plain one's, and a round
@@ -116,10 +116,10 @@ class Deferred:
 
 def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
     """``<task>:<occurrence_ms>:<job key>``: equal from every node for the same entry."""
-    ms = int(occurrence.timestamp() * 1000)
-    key = f"{task}:{ms}:{part}"
+    prefix = occurrence_prefix(task, occurrence)
+    key = prefix + part
     if len(key) > KEY_LIMIT:
-        key = f"{task}:{ms}:{hashlib.sha256(part.encode()).hexdigest()[:32]}"
+        key = prefix + hashlib.sha256(part.encode()).hexdigest()[:32]
     return key
 
 
@@ -300,6 +300,17 @@ def skip_overlaps(plan: RoundPlan, busy: Mapping[str, datetime]) -> list[Planned
     plan.fired = kept
     plan.records.extend(records)
     return records
+
+
+def keep_present_jobs(
+    plan: RoundPlan, fired: Mapping[str, Set[datetime]], present: Container[str]
+) -> None:
+    """The occurrences of ``plan`` that already fired (``fired``: per task, those a backfill
+    enqueued before the round reached them) keep only their jobs whose keys are ``present``:
+    the round reports those and creates none, whatever the payload is now."""
+    for occurrence in plan.fired:
+        if occurrence.occurrence in fired.get(occurrence.task, ()):
+            occurrence.jobs = tuple(p for p in occurrence.jobs if p.key in present)
 
 
 def _iso(at: datetime) -> str:

@@ -19,7 +19,14 @@ from . import nodes
 from .conf import Settings, get_settings
 from .errors import TaskSyncError
 from .handles import TaskHandle
-from .planner import PlannedJob, PlannedOccurrence, RoundPlan, Streamed, skip_overlaps
+from .planner import (
+    PlannedJob,
+    PlannedOccurrence,
+    RoundPlan,
+    Streamed,
+    keep_present_jobs,
+    skip_overlaps,
+)
 from .store import Enqueued, JobStore, TaskState, store_for
 from .store.columns import job_fields
 
@@ -129,7 +136,9 @@ class DatabaseState:
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
-            self._compare_and_set(plan.watermarks)
+            backfilled = self._compare_and_set(plan.watermarks)
+            if backfilled:
+                self._keep_backfilled(plan, backfilled)
             if plan.skip_overlap:
                 # One statement for every overlap="skip" task of the round, under the locks
                 # the compare-and-set took, so no other round decides these tasks meanwhile.
@@ -156,17 +165,24 @@ class DatabaseState:
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
-            self._compare_and_set(streamed.watermarks)
-            # Ids for one job per occurrence; a round whose tasks return more takes more.
-            enqueued = self.store.insert_streamed(
-                streamed.fired, streamed.occurrences, now=plan.now
-            )
+            backfilled = self._compare_and_set(streamed.watermarks)
+            enqueued: Enqueued | None = None
+            if not backfilled:
+                # Ids for one job per occurrence; a round whose tasks return more takes more.
+                enqueued = self.store.insert_streamed(
+                    streamed.fired, streamed.occurrences, now=plan.now
+                )
             for _ in streamed.fired:
-                # Read to its end already, unless a key existed: then the rest of the round is
-                # planned here, before the whole round is written again.
+                # Read to its end already, unless a key existed or a backfill came first: then
+                # the rest of the round is planned here, before the whole round is written.
                 pass
+            if backfilled:
+                self._keep_backfilled(plan, backfilled)
             jobs = _RoundJobs(plan, config)
-            if enqueued is None:
+            if backfilled:
+                # Written as ``commit`` writes a round, once its occurrences are all planned.
+                enqueued = self.store.insert_round(jobs)
+            elif enqueued is None:
                 # Nothing was written: the whole round goes in again, reporting that key.
                 enqueued = self.store.insert_reporting(list(jobs))
             moved = {
@@ -190,12 +206,33 @@ class DatabaseState:
             # Django Tasks: after commit, as enqueue() does. Only their rows are made again.
             announce_round([row for row in jobs if row["backend"]], enqueued)
 
-    def _compare_and_set(self, watermarks: dict[str, tuple[datetime | None, datetime]]) -> None:
-        """Check every watermark of the round and write the new ones, locking their rows."""
-        moved = self.store.swap_watermarks(watermarks)
-        if moved is not None:
+    def _compare_and_set(
+        self, watermarks: dict[str, tuple[datetime | None, datetime]]
+    ) -> Mapping[str, datetime]:
+        """Check every watermark of the round and write the new ones, locking their rows; the
+        tasks a backfill enqueued occurrences of ahead of the round, and up to when."""
+        swapped = self.store.swap_watermarks(watermarks)
+        if swapped.moved is not None:
             # The transaction rolls back: no watermark moves, no job is written.
-            raise WatermarkMoved(moved)
+            raise WatermarkMoved(swapped.moved)
+        return swapped.backfilled
+
+    def _keep_backfilled(self, plan: RoundPlan, backfilled: Mapping[str, datetime]) -> None:
+        """Occurrences a backfill already fired, before the round reached them, fire nothing
+        new: their jobs are reported, whatever the payload is now. Read under the task rows'
+        locks, which a backfill takes too, so none can add jobs meanwhile."""
+        wanted: dict[str, list[datetime]] = {}
+        for fired in plan.fired:
+            through = backfilled.get(fired.task)
+            if through is not None and fired.occurrence <= through:
+                wanted.setdefault(fired.task, []).append(fired.occurrence)
+        if not wanted:
+            return
+        already = self.store.fired_occurrences(wanted)
+        keys = [
+            p.key for f in plan.fired if f.occurrence in already.get(f.task, ()) for p in f.jobs
+        ]
+        keep_present_jobs(plan, already, self.store.ids_of(keys))
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         # Every round: occurrences are computed from this node's clock, so a skewed one fires

@@ -74,5 +74,24 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_GATE"):
         return [(hold, {"occurrence": occurrence.isoformat()})]
 
 
+if os.environ.get("ULTIMAT3_ACCEPTANCE_RELEASE"):
+
+    @job(name="acceptance.build")
+    def build(occurrence: str, release: str) -> None:
+        """A job whose input names the release that enqueued it: a deploy changes its key."""
+
+    @task(
+        cron="* * * * * *",
+        tz="UTC",
+        name="acceptance.released",
+        catch_up="run-all",
+        max_catch_up=1000,
+    )
+    def released(occurrence: datetime) -> list[Entry]:
+        # The payload of the release this process runs, as a deploy between two runs changes it.
+        release = os.environ["ULTIMAT3_ACCEPTANCE_RELEASE"]
+        return [(build, {"occurrence": occurrence.isoformat(), "release": release})]
+
+
 if os.environ.get("ULTIMAT3_ACCEPTANCE_RELAY"):
     from testproject.acceptance import relayed  # noqa: F401  (its tasks register on import)

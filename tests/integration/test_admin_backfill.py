@@ -242,3 +242,111 @@ def test_task_list__filters_by_overlap(tasks: dict[str, Task], viewer: User) -> 
     Task.objects.filter(name=DIGEST).update(overlap="skip")
     response = logged_in(viewer).get("/admin/ultimat3_jobs/task/?overlap=skip")
     assert [t.name for t in response.context["cl"].result_list] == [DIGEST]
+
+
+# -- what already fired, paused tasks --------------------------------------------------------
+
+
+def test_backfill__an_occurrence_that_fired_is_listed_and_left_out(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    # The 6th fired with another payload (an older release): its job's key is not today's.
+    fired = Job.objects.create(
+        name="demo.send_digest",
+        key="demo.nightly_digest:1772762400000:digest:2026-03-06-older",
+        run_at=NOW,
+        created_at=NOW,
+        task=DIGEST,
+        occurrence=datetime(2026, 3, 6, 2, 0, tzinfo=UTC),
+    )
+    client = logged_in(runner)
+
+    response = client.get(backfill_url(tasks[DIGEST]), RANGE)
+
+    rows = response.context["rows"]
+    assert [r["fired"] for r in rows] == [False, True, False]
+    assert [job["left_out"] for r in rows for job in r["jobs"]] == [False, True, False]
+    page = text(response)
+    assert "2 new jobs, 0 already present." in page
+    assert "1 occurrence already fired: not fired again, 1 job of its payload now left out." in page
+    assert "left out: the occurrence already fired" in page
+
+    response = client.post(backfill_url(tasks[DIGEST]), RANGE, follow=True)
+
+    [(level, message)] = _messages(response)
+    assert level == constants.SUCCESS
+    assert "2 job(s) created, 0 already present. 1 occurrence(s) already fired" in message
+    days = Job.objects.exclude(pk=fired.pk).order_by("occurrence")
+    assert [j.input["day"] for j in days] == ["2026-03-05", "2026-03-07"]
+
+
+def test_backfill__the_again_box_fires_them_again(tasks: dict[str, Task], runner: User) -> None:
+    Job.objects.create(
+        name="demo.send_digest",
+        key="demo.nightly_digest:1772762400000:digest:2026-03-06-older",
+        run_at=NOW,
+        created_at=NOW,
+        task=DIGEST,
+        occurrence=datetime(2026, 3, 6, 2, 0, tzinfo=UTC),
+    )
+    client = logged_in(runner, csrf=True)
+    url = backfill_url(tasks[DIGEST])
+    asked = {**RANGE, "again": "on"}
+    page = client.get(url, asked).content.decode()
+    assert 'name="again" value="on"' in page  # carried to the confirmation's POST
+    assert "fired again." in text(client.get(url, asked))
+
+    client.post(url, {**asked, "csrfmiddlewaretoken": _csrf_token(page)}, follow=True)
+
+    assert Job.objects.filter(occurrence=datetime(2026, 3, 6, 2, 0, tzinfo=UTC)).count() == 2
+    assert Job.objects.count() == 4
+
+
+def test_backfill__a_paused_task_is_refused_with_the_fix_and_the_box_offered(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    Task.objects.filter(name=DIGEST).update(paused=True, paused_by="ops")
+    client = logged_in(runner)
+    url = backfill_url(tasks[DIGEST])
+
+    for response in (client.get(url, RANGE), client.post(url, RANGE)):
+        assert response.status_code == 200
+        page = text(response)
+        assert 'task "demo.nightly_digest" is paused' in page
+        assert "Fix: resume the task on its page in the admin first" in page
+        assert 'name="include_paused"' in response.content.decode()
+        assert "Yes, backfill" not in response.content.decode()
+    assert _nothing_enqueued()
+
+    asked = {**RANGE, "include_paused": "on"}
+    preview = client.get(url, asked)
+    assert 'value="Yes, backfill 3 occurrences"' in preview.content.decode()
+    assert 'name="include_paused" value="on"' in preview.content.decode()
+    response = client.post(url, asked, follow=True)
+
+    assert "3 job(s) created" in _messages(response)[0][1]
+    assert Task.objects.get(name=DIGEST).paused
+
+
+def test_backfill__the_paused_box_is_offered_only_on_a_paused_task(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    page = logged_in(runner).get(backfill_url(tasks[DIGEST])).content.decode()
+    assert 'name="again"' in page
+    assert 'name="include_paused"' not in page
+
+
+def test_backfill__an_occurrence_ahead_is_due_at_its_own_time(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    # Monday's 03:00 CET is still ahead of NOW (Sunday noon).
+    ahead = {"start": "2026-03-08", "end": "2026-03-09T23:00"}
+    client = logged_in(runner)
+    response = client.get(backfill_url(tasks[DIGEST]), ahead)
+    assert [r["ahead"] for r in response.context["rows"]] == [False, True]
+    assert "1 occurrence still ahead: due at its own time." in text(response)
+
+    client.post(backfill_url(tasks[DIGEST]), ahead)
+
+    monday = datetime(2026, 3, 9, 2, 0, tzinfo=UTC)
+    assert Job.objects.get(occurrence=monday).run_at == monday

@@ -12,14 +12,17 @@ from django.core.management import CommandError, call_command
 from ultimat3_jobs import backfill, clock, job, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.errors import (
+    BackfillPausedError,
     BackfillRangeError,
     BackfillTooLargeError,
+    TaskBackendError,
     TaskEntriesError,
     UnknownTaskError,
 )
 from ultimat3_jobs.handles import Entry, TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
-from ultimat3_jobs.models import Job, Occurrence
+from ultimat3_jobs.models import Job, Occurrence, Task
+from ultimat3_jobs.planner import RoundPlan, plan_task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 
@@ -330,3 +333,341 @@ def test_command__user_errors_are_a_command_error_with_the_fix(
     assert message in str(caught.value)
     assert "\nfix: " in str(caught.value)
     assert not Job.objects.exists()
+
+
+# -- what already fired, what is still ahead, paused tasks, the round's checks ---------------
+
+#: The payload the ``bf.versioned`` tasks give now: a deploy that changes it changes every key.
+RELEASE = {"n": 1}
+
+
+@job(name="bf.build")
+def build(day: str, release: int) -> None: ...
+
+
+def versioned(name: str = "bf.versioned", cron: str = "0 3 * * *") -> TaskHandle:
+    """A task whose payload names the release that made it: the occurrence key hashes it."""
+
+    def entries(occurrence: datetime) -> list[Entry]:
+        return [(build, {"day": occurrence.isoformat(), "release": RELEASE["n"]})]
+
+    entries.__qualname__ = f"versioned_{name}"
+    return task(cron=cron, tz="UTC", name=name)(entries)
+
+
+@pytest.fixture
+def release() -> Iterator[dict[str, int]]:
+    RELEASE["n"] = 1
+    yield RELEASE
+    RELEASE["n"] = 1
+
+
+def releases(name: str) -> list[tuple[datetime | None, int]]:
+    jobs = Job.objects.filter(task=name).order_by("occurrence", "id")
+    return [(j.occurrence, j.input["release"]) for j in jobs]
+
+
+def test_run__an_occurrence_that_fired_is_not_fired_again_after_its_payload_changed(
+    release: dict[str, int],
+) -> None:
+    handle = versioned()
+    start, end = at("2026-06-01T00:00Z"), at("2026-06-03T23:00Z")
+    first = backfill.run(handle, start, end, user="ops", via="test")
+    release["n"] = 2  # A deploy changed what the task returns: every key is a new one.
+
+    second = backfill.run(handle, start, end, user="ops", via="test")
+
+    assert (first.created, second.created, second.existing) == (3, 0, 0)
+    days = [at(f"2026-06-0{d}T03:00Z") for d in (1, 2, 3)]
+    assert [o.occurrence for o in second.plan.already_fired] == days
+    assert (second.plan.due, second.plan.left_out) == ([], 3)
+    assert releases("bf.versioned") == [(day, 1) for day in days]
+    record = Occurrence.objects.filter(outcome="backfill").latest("id")
+    assert (record.count, record.jobs) == (3, [])
+    assert record.detail == (
+        "backfill 2026-06-01T00:00:00+00:00 to 2026-06-03T23:00:00+00:00 via test "
+        "(3 occurrence(s) already fired, not fired again): 0 job(s) created, 0 already present"
+    )
+
+
+def test_run__again_fires_the_occurrences_that_fired_with_their_payload_now(
+    release: dict[str, int],
+) -> None:
+    handle = versioned()
+    start, end = at("2026-06-01T00:00Z"), at("2026-06-02T23:00Z")
+    backfill.run(handle, start, end, user="ops", via="test")
+    release["n"] = 2
+
+    again = backfill.run(handle, start, end, user="ops", via="test", again=True)
+
+    assert (again.created, again.existing, len(again.plan.already_fired)) == (2, 0, 2)
+    days = [at("2026-06-01T03:00Z"), at("2026-06-02T03:00Z")]
+    assert releases("bf.versioned") == [(days[0], 1), (days[0], 2), (days[1], 1), (days[1], 2)]
+    # The same payload a third time: the keys exist, so nothing is enqueued twice.
+    third = backfill.run(handle, start, end, user="ops", via="test", again=True)
+    assert (third.created, third.existing) == (0, 2)
+    assert Job.objects.count() == 4
+    assert third.record is not None
+    assert "(2 occurrence(s) already fired, fired again)" in third.record.detail
+
+
+def test_run__an_occurrence_the_scheduler_fired_before_a_deploy_is_left_out(
+    frozen: FrozenClock, release: dict[str, int]
+) -> None:
+    handle = versioned(name="bf.hourly-versioned", cron="0 * * * *")
+    scheduler = scheduler_for(handle, frozen)
+    scheduler.tick()  # arms at 13:00
+    frozen.set(at("2026-06-10T13:00:00.300Z"))
+    [fired] = scheduler.tick()
+    assert [r.result.created for r in fired.jobs] == [True]
+    release["n"] = 2
+
+    done = backfill.run(
+        handle, at("2026-06-10T11:00Z"), at("2026-06-10T13:00Z"), user="ops", via="test"
+    )
+
+    assert [o.occurrence for o in done.plan.already_fired] == [at("2026-06-10T13:00Z")]
+    assert (done.created, done.existing, done.plan.left_out) == (2, 0, 1)
+    assert releases("bf.hourly-versioned") == [
+        (at("2026-06-10T11:00Z"), 2),
+        (at("2026-06-10T12:00Z"), 2),
+        (at("2026-06-10T13:00Z"), 1),
+    ]
+
+
+@pytest.mark.parametrize("outcome", ["fired", "manual", "backfill"])
+def test_run__a_record_of_the_occurrence_counts_as_fired_without_its_job(
+    outcome: str, release: dict[str, int]
+) -> None:
+    handle = versioned()
+    day = at("2026-06-02T03:00Z")
+    # Its job pruned or deleted since; the record stays. A backfill's record spans a range, so
+    # only the key it enqueued names the occurrence; its other instants did not fire.
+    key = f"bf.versioned:{int(day.timestamp() * 1000)}:bf.build:0123456789abcdef"
+    Occurrence.objects.create(
+        task="bf.versioned",
+        outcome=outcome,
+        occurrence=day - timedelta(days=1) if outcome == "backfill" else day,
+        last_occurrence=day + timedelta(days=1) if outcome == "backfill" else day,
+        count=3 if outcome == "backfill" else 1,
+        jobs=[{"job": "bf.build", "key": key, "created": True}] if outcome == "backfill" else [],
+        recorded_at=NOW,
+    )
+
+    done = backfill.run(
+        handle, at("2026-06-01T00:00Z"), at("2026-06-03T23:00Z"), user="ops", via="test"
+    )
+
+    assert [o.occurrence for o in done.plan.already_fired] == [day]
+    assert [j.occurrence for j in Job.objects.order_by("occurrence")] == [
+        at("2026-06-01T03:00Z"),
+        at("2026-06-03T03:00Z"),
+    ]
+
+
+def test_run__an_occurrence_ahead_is_due_at_its_own_time_and_its_round_adds_nothing(
+    frozen: FrozenClock, release: dict[str, int]
+) -> None:
+    handle = versioned(name="bf.ahead", cron="0 * * * *")
+    # Before any scheduler ran: the backfill writes the task's row to lock and mark it.
+    done = backfill.run(
+        handle, at("2026-06-10T11:00Z"), at("2026-06-10T14:00Z"), user="ops", via="test"
+    )
+    jobs = list(Job.objects.filter(task="bf.ahead").order_by("occurrence"))
+    assert [(j.occurrence, j.run_at) for j in jobs] == [
+        (at("2026-06-10T11:00Z"), NOW),
+        (at("2026-06-10T12:00Z"), NOW),
+        (at("2026-06-10T13:00Z"), at("2026-06-10T13:00Z")),
+        (at("2026-06-10T14:00Z"), at("2026-06-10T14:00Z")),
+    ]
+    assert [o.occurrence for o in done.plan.due if done.plan.ahead(o)] == [
+        at("2026-06-10T13:00Z"),
+        at("2026-06-10T14:00Z"),
+    ]
+    row = Task.objects.get(name="bf.ahead")
+    assert (row.last_fired_at, row.backfilled_to) == (None, at("2026-06-10T14:00Z"))
+
+    scheduler = scheduler_for(handle, frozen)
+    scheduler.tick()  # arms at 13:00
+    release["n"] = 2  # deployed meanwhile: the round's keys are not the backfill's
+    frozen.set(at("2026-06-10T13:00:00.300Z"))
+    [at_13] = scheduler.tick()
+    frozen.set(at("2026-06-10T14:00:00.300Z"))
+    [at_14] = scheduler.tick()
+    frozen.set(at("2026-06-10T15:00:00.300Z"))
+    [at_15] = scheduler.tick()
+
+    # The backfilled occurrences fire nothing new; the first one past them fires as usual.
+    assert (at_13.jobs, at_14.jobs) == ([], [])
+    assert [r.result.created for r in at_15.jobs] == [True]
+    assert releases("bf.ahead") == [
+        *[(at(f"2026-06-10T{h}:00Z"), 1) for h in (11, 12, 13, 14)],
+        (at("2026-06-10T15:00Z"), 2),
+    ]
+    # The watermark moved over them as over any occurrence, each with its fired record.
+    assert Task.objects.get(name="bf.ahead").last_fired_at == at("2026-06-10T15:00:00.300Z")
+    fired = Occurrence.objects.filter(task="bf.ahead", outcome="fired").order_by("occurrence")
+    assert [(r.occurrence.hour, len(r.jobs)) for r in fired if r.occurrence] == [
+        (13, 0),
+        (14, 0),
+        (15, 1),
+    ]
+
+
+def test_run__an_occurrence_ahead_with_the_same_payload_is_reported_by_its_round(
+    frozen: FrozenClock, release: dict[str, int]
+) -> None:
+    handle = versioned(name="bf.ahead-same", cron="0 * * * *")
+    scheduler = scheduler_for(handle, frozen)
+    scheduler.tick()  # arms at 13:00
+    done = backfill.run(
+        handle, at("2026-06-10T13:00Z"), at("2026-06-10T13:00Z"), user="ops", via="test"
+    )
+    [(job_id, created)] = done.enqueued.values()
+    frozen.set(at("2026-06-10T13:00:00.300Z"))
+    [fired] = scheduler.tick()
+    assert created
+    assert [(r.result.job_id, r.result.created) for r in fired.jobs] == [(job_id, False)]
+    assert Job.objects.filter(task="bf.ahead-same").count() == 1
+
+
+def test_plan__says_which_occurrences_fired_and_which_are_ahead(
+    release: dict[str, int],
+) -> None:
+    handle = versioned(name="bf.plan", cron="0 * * * *")
+    backfill.run(handle, at("2026-06-10T10:00Z"), at("2026-06-10T10:00Z"), user="o", via="t")
+    release["n"] = 2
+    planned = backfill.plan(handle, at("2026-06-10T10:00Z"), at("2026-06-10T13:00Z"))
+    assert [o.occurrence.hour for o in planned.already_fired] == [10]
+    assert [o.occurrence.hour for o in planned.due] == [11, 12, 13]
+    assert [o.occurrence.hour for o in planned.due if planned.ahead(o)] == [13]
+    assert (planned.new, planned.already_present, planned.left_out) == (3, 0, 1)
+    assert Job.objects.count() == 1
+
+
+def paused(handle: TaskHandle) -> None:
+    DatabaseState(node_id="t", leader="sole").sync([handle])
+    Task.objects.filter(name=handle.name).update(paused=True, paused_by="ops")
+
+
+def test_run__a_paused_task_is_refused_with_a_code_and_a_fix_unless_included() -> None:
+    handle = daily()
+    paused(handle)
+    start, end = at("2026-06-01T00:00Z"), at("2026-06-02T23:00Z")
+    with pytest.raises(BackfillPausedError) as previewed:
+        backfill.plan(handle, start, end)
+    with pytest.raises(BackfillPausedError) as refused:
+        backfill.run(handle, start, end, user="ops", via="test")
+    for error in (previewed.value, refused.value):
+        assert error.code == "jobs.backfill.task-paused"
+        assert 'task "bf.daily" is paused' in error.message
+        assert "--include-paused" in error.fix
+    assert not Job.objects.exists()
+
+    done = backfill.run(handle, start, end, user="ops", via="test", include_paused=True)
+
+    assert done.created == 2
+    assert Task.objects.get(name="bf.daily").paused  # it stays paused
+
+
+def test_run__a_django_task_on_a_jobs_backend_of_another_database_is_refused_as_the_round_does(
+    frozen: FrozenClock,
+) -> None:
+    pytest.importorskip("django_tasks")
+    from django.test import override_settings
+
+    from testproject.demo import background
+
+    handle = task(cron="0 * * * *", tz="UTC", name="bf.django-task")(
+        lambda occurrence: [(background.add, {"a": 1, "b": 2})]
+    )
+    elsewhere = {
+        "default": {
+            "BACKEND": "ultimat3_jobs.backends.JobsBackend",
+            "OPTIONS": {"DATABASE": "replica"},
+        }
+    }
+    with override_settings(TASKS=elsewhere):
+        # The round: the occurrence is held, failing with this error.
+        plan = RoundPlan(now=at("2026-06-10T13:00:01Z"), database="default")
+        step = plan_task(
+            handle,
+            watermark=at("2026-06-10T12:00Z"),
+            paused=False,
+            now=plan.now,
+            misfire_grace=timedelta(minutes=1),
+            next_after=handle.next_after,
+            plan=plan,
+        )
+        assert step.failed is not None
+        round_error = step.failed[1]
+        with pytest.raises(TaskBackendError) as refused:
+            backfill.run(
+                handle, at("2026-06-10T12:00Z"), at("2026-06-10T13:00Z"), user="o", via="t"
+            )
+        with pytest.raises(TaskBackendError):
+            backfill.plan(handle, at("2026-06-10T12:00Z"), at("2026-06-10T13:00Z"))
+    assert isinstance(round_error, TaskBackendError)
+    assert refused.value.code == round_error.code == "jobs.task.backend-unsupported"
+    assert refused.value.message == round_error.message
+    assert 'database "replica" is not the scheduler\'s ("default")' in refused.value.message
+    assert not Job.objects.exists()
+    assert not Occurrence.objects.exists()
+
+
+def test_command__says_what_already_fired_and_again_fires_it(release: dict[str, int]) -> None:
+    versioned()
+    argv = ("bf.versioned", "--start", "2026-06-01", "--end", "2026-06-02T23:00")
+    command(*argv)
+    release["n"] = 2
+
+    dry = command(*argv, "--dry-run")
+    out = command(*argv)
+
+    for text in (dry, out):
+        assert "2026-06-01 03:00:00 UTC  (2026-06-01 03:00:00 UTC)  already fired" in text
+        assert "left out: the occurrence already fired" in text
+        assert (
+            "2 occurrence(s) already fired: not fired again, 2 job(s) of their payload now left "
+            "out (--again fires them again)." in text
+        )
+    assert "Would enqueue 2 occurrence(s) of bf.versioned: 0 new job(s), 0 already present." in dry
+    assert "Backfilled 2 occurrence(s) of bf.versioned: 0 job(s) created, 0 already present." in out
+    assert Job.objects.count() == 2
+
+    again = command(*argv, "--again")
+
+    assert "already fired, fired again" in again
+    assert (
+        "Backfilled 2 occurrence(s) of bf.versioned: 2 job(s) created, 0 already present." in again
+    )
+    assert "2 occurrence(s) already fired: fired again (--again)." in again
+    assert Job.objects.count() == 4
+
+
+def test_command__an_occurrence_ahead_is_said_to_be_due_at_its_own_time() -> None:
+    daily(cron="0 * * * *", tz="UTC", name="bf.soon")
+    out = command("bf.soon", "--start", "2026-06-10T12:00Z", "--end", "2026-06-10T13:00Z")
+    assert "2026-06-10 13:00:00 UTC  (2026-06-10 13:00:00 UTC)  ahead: due at its own time" in out
+    assert "1 occurrence(s) still ahead: due at their own time." in out
+    assert Job.objects.get(occurrence=at("2026-06-10T13:00Z")).run_at == at("2026-06-10T13:00Z")
+
+
+def test_command__a_paused_task_is_a_command_error_with_the_fix_and_include_paused_runs_it() -> (
+    None
+):
+    paused(daily())
+    argv = ("bf.daily", "--start", "2026-06-01", "--end", "2026-06-02T23:00")
+    with pytest.raises(CommandError) as refused:
+        command(*argv)
+    assert "[jobs.backfill.task-paused]" in str(refused.value)
+    assert "\nfix: resume the task" in str(refused.value)
+    assert not Job.objects.exists()
+    out = command(*argv, "--include-paused")
+    assert "Backfilled 2 occurrence(s) of bf.daily: 2 job(s) created" in out
+
+
+def test_command__help_says_an_occurrence_ahead_runs_at_its_own_time() -> None:
+    from ultimat3_jobs.management.commands.backfill_task import Command
+
+    assert "still ahead is enqueued to run at its own time" in Command.help

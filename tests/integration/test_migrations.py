@@ -191,3 +191,20 @@ def test_0008__keeps_every_job_and_reads_it_untraced() -> None:
             [AT, AT],
         )
     assert new.objects.get(key="t3").trace_context == ""
+
+
+def test_0009__keeps_every_task_with_nothing_backfilled_ahead() -> None:
+    before, after = "0008_trace_context", "0009_task_backfilled_to"
+    executor = migrate_to(before)
+    old_apps = executor.loader.project_state([("ultimat3_jobs", before)]).apps
+    old_apps.get_model("ultimat3_jobs", "Task").objects.create(
+        name="t.a", cron="0 * * * *", tz="UTC", last_fired_at=AT, paused=True
+    )
+
+    executor = migrate_to(after)
+
+    new_apps = executor.loader.project_state([("ultimat3_jobs", after)]).apps
+    tasks = new_apps.get_model("ultimat3_jobs", "Task").objects
+    assert list(tasks.values_list("name", "last_fired_at", "paused", "backfilled_to")) == [
+        ("t.a", AT, True, None)
+    ]

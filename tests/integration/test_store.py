@@ -299,3 +299,97 @@ def test_delete_finished__leaves_queued_running_and_outbox_jobs() -> None:
     every = Job.objects.filter(pk__in=[done.pk, busy.pk, waiting.pk])
     assert store_for().delete_finished(every) == 1
     assert set(Job.objects.values_list("pk", flat=True)) == {busy.pk, waiting.pk}
+
+
+# -- what a backfill reads and locks, and what a round reads of it ---------------------------
+
+
+def _stores() -> list[Any]:
+    """The portable store, and this database's own (the same one on SQLite)."""
+    return [PortableStore("default"), store_for("default")]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", [0, 1], ids=["portable", "native"])
+def test_fired_occurrences__a_job_a_fired_or_manual_record_or_a_backfill_key_names_it(
+    which: int,
+) -> None:
+    from ultimat3_jobs.inputs import occurrence_prefix
+    from ultimat3_jobs.models import Occurrence
+
+    store = _stores()[which]
+    hours = [T0 + timedelta(hours=n) for n in range(6)]
+    Job.objects.create(
+        name="demo.ping", key="k0", run_at=T0, created_at=T0, task="t", occurrence=hours[0]
+    )
+    for outcome, hour in (("fired", hours[1]), ("manual", hours[2]), ("dropped", hours[3])):
+        Occurrence.objects.create(
+            task="t", outcome=outcome, occurrence=hour, last_occurrence=hour, recorded_at=T0
+        )
+    # A backfill's record spans 3..5 and names 4 by its key: 3 and 5 did not fire by it.
+    Occurrence.objects.create(
+        task="t",
+        outcome="backfill",
+        occurrence=hours[3],
+        last_occurrence=hours[5],
+        count=3,
+        jobs=[{"job": "demo.ping", "key": occurrence_prefix("t", hours[4]) + "p", "created": True}],
+        recorded_at=T0,
+    )
+    # Another task's of the same instants count for it alone.
+    Job.objects.create(
+        name="demo.ping", key="k5", run_at=T0, created_at=T0, task="u", occurrence=hours[5]
+    )
+
+    found = store.fired_occurrences({"t": hours, "u": hours[4:]})
+
+    assert found == {"t": {hours[0], hours[1], hours[2], hours[4]}, "u": {hours[5]}}
+    assert store.fired_occurrences({"t": []}) == {}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", [0, 1], ids=["portable", "native"])
+def test_swap_watermarks__names_the_tasks_backfilled_past_the_watermark_expected(
+    which: int,
+) -> None:
+    from ultimat3_jobs.models import Task
+
+    store = _stores()[which]
+    ahead = T0 + timedelta(hours=3)
+    for name, backfilled_to in (("a", ahead), ("b", T0 - timedelta(hours=1)), ("c", None)):
+        Task.objects.create(
+            name=name, cron="0 * * * *", tz="UTC", last_fired_at=T0, backfilled_to=backfilled_to
+        )
+    Task.objects.create(name="d", cron="0 * * * *", tz="UTC", backfilled_to=ahead)  # arming
+    later = T0 + timedelta(hours=1)
+
+    swapped = store.swap_watermarks(
+        {"a": (T0, later), "b": (T0, later), "c": (T0, later), "d": (None, later)}
+    )
+
+    assert (swapped.moved, dict(swapped.backfilled)) == (None, {"a": ahead})
+    assert store.swap_watermarks({"a": (T0, later)}).moved == "a"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", [0, 1], ids=["portable", "native"])
+def test_lock_task__writes_the_row_of_a_task_not_mirrored_yet_and_marks_only_forward(
+    which: int, fresh_registry: Any
+) -> None:
+    from django.db import transaction
+
+    from ultimat3_jobs import task
+    from ultimat3_jobs.models import Task
+
+    store = _stores()[which]
+    handle = task(cron="0 * * * *", tz="UTC", name="store.unmirrored")(lambda occurrence: [])
+    with transaction.atomic():
+        locked = store.lock_task(handle)
+        store.mark_backfilled(handle.name, T0)
+        store.mark_backfilled(handle.name, T0 - timedelta(hours=1))
+    assert (locked.watermark, locked.paused, locked.backfilled_to) == (None, False, None)
+    row = Task.objects.get(name="store.unmirrored")
+    assert (row.cron, row.tz, row.declared, row.backfilled_to) == ("0 * * * *", "UTC", True, T0)
+    with transaction.atomic():
+        assert store.lock_task(handle).backfilled_to == T0
+    assert Task.objects.count() == 1

@@ -351,3 +351,40 @@ def test_streamed_round__not_with_overlap_skip_tasks(monkeypatch: pytest.MonkeyP
     seen = _streams(scheduler, monkeypatch)
     assert len(scheduler.tick()) == COUNT + 1
     assert seen == [False]
+
+
+def test_streamed_round__an_occurrence_a_backfill_enqueued_before_it_gets_nothing_new(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ultimat3_jobs import backfill, clock
+
+    tasks = make_tasks(COUNT, prefix="sb")
+    frozen = FrozenClock(T0)
+    scheduler = _armed(tasks, frozen)
+    streamed = _streams(scheduler, monkeypatch)
+    # The first task's occurrence, backfilled by an older release whose payload was another.
+    ping = demo_ping()
+    older = TaskHandle(
+        lambda occurrence: [(ping, {"label": "older release"})],
+        name=tasks[0].name,
+        schedule=tasks[0].schedule,
+        zone=tasks[0].zone,
+        catch_up="skip",
+        max_catch_up=10,
+    )
+    with clock.use(frozen):
+        done = backfill.run(older, OCCURRENCE, OCCURRENCE, user="ops", via="test")
+    assert done.created == 1
+
+    report = scheduler.tick()
+
+    assert streamed == [True]
+    assert len(report) == COUNT
+    assert report[0].jobs == []
+    assert all(len(d.jobs) == 1 and d.jobs[0].result.created for d in report[1:])
+    labels = dict(Job.objects.filter(task=tasks[0].name).values_list("key", "input"))
+    assert list(labels.values()) == [{"label": "older release"}]
+    assert Job.objects.count() == COUNT
+    assert set(Task.objects.values_list("last_fired_at", flat=True)) == {
+        OCCURRENCE + timedelta(milliseconds=200)
+    }

@@ -26,12 +26,26 @@ from .display import UTC_ZONE, stamp
 
 
 class BackfillForm(forms.Form):
-    """The range of a backfill, read as ``manage.py backfill_task`` reads it."""
+    """The range of a backfill and its two choices, read as ``manage.py backfill_task`` reads
+    them (``--again``, ``--include-paused``)."""
 
     start = forms.CharField(widget=forms.TextInput(attrs={"placeholder": "2026-03-01T00:00"}))
     end = forms.CharField(widget=forms.TextInput(attrs={"placeholder": "2026-03-07T23:59"}))
+    again = forms.BooleanField(
+        required=False,
+        label="Fire already fired occurrences again",
+        help_text="An occurrence that already fired (a job or a record of it) is left out, "
+        "whatever its jobs' payload is now. Ticked, it is enqueued with the jobs its payload "
+        "gives now; a job already there is still never enqueued twice.",
+    )
+    include_paused = forms.BooleanField(
+        required=False,
+        label="Backfill although the task is paused",
+        help_text="The task is paused: the scheduler fires none of its occurrences, and a "
+        "backfill does not either unless this is ticked. It stays paused.",
+    )
 
-    def __init__(self, *args: Any, zone: ZoneInfo, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, zone: ZoneInfo, paused: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zone = zone
         for name in ("start", "end"):
@@ -39,6 +53,9 @@ class BackfillForm(forms.Form):
                 f"ISO 8601; without an offset it is read in the task's zone, {zone.key}. "
                 "Both ends are included."
             )
+        if not paused:
+            # Offered where it means something: a task that is not paused is never refused.
+            del self.fields["include_paused"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -80,18 +97,29 @@ class BackfillAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(change_url)
         posted = request.method == "POST"
         source = request.POST if posted else request.GET
-        form = BackfillForm(source if "start" in source else None, zone=handle.zone)
+        form = BackfillForm(
+            source if "start" in source else None, zone=handle.zone, paused=task.paused
+        )
         planned, problem = None, ""
         if form.is_bound and form.is_valid():
             start, end = form.cleaned_data["start_at"], form.cleaned_data["end_at"]
+            choices = {
+                "again": form.cleaned_data["again"],
+                "include_paused": form.cleaned_data.get("include_paused", False),
+            }
             try:
                 if posted:
                     done = backfill.run(
-                        handle, start, end, user=request.user.get_username(), via="the admin"
+                        handle,
+                        start,
+                        end,
+                        user=request.user.get_username(),
+                        via="the admin",
+                        **choices,
                     )
                     messages.add_message(request, *_backfill_message(task.name, done))
                     return HttpResponseRedirect(change_url)
-                planned = backfill.plan(handle, start, end)
+                planned = backfill.plan(handle, start, end, **choices)
             except UltimateError as error:
                 problem = f"{error.message}. Fix: {error.fix}."
         context = {
@@ -103,6 +131,7 @@ class BackfillAdmin(admin.ModelAdmin):
             "problem": problem,
             "planned": planned,
             "rows": _backfill_rows(planned, handle.zone) if planned is not None else [],
+            "counts": _counts(planned) if planned is not None else {},
             "range": "" if planned is None else _range(planned, handle.zone),
             "limit": backfill.DEFAULT_LIMIT,
             "change_url": change_url,
@@ -119,13 +148,30 @@ def _backfill_rows(planned: backfill.BackfillPlan, zone: ZoneInfo) -> list[dict[
         {
             "local": stamp(o.occurrence, zone, seconds=True),
             "utc": stamp(o.occurrence, UTC_ZONE, seconds=True),
+            "fired": o.occurrence in planned.fired,
+            "ahead": planned.ahead(o) and not planned.withheld(o),
             "jobs": [
-                {"job": p.job.name, "key": p.key, "present_id": planned.present.get(p.key)}
+                {
+                    "job": p.job.name,
+                    "key": p.key,
+                    "present_id": planned.present.get(p.key),
+                    "left_out": planned.withheld(o) and p.key not in planned.present,
+                }
                 for p in o.jobs
             ],
         }
         for o in planned.occurrences
     ]
+
+
+def _counts(planned: backfill.BackfillPlan) -> dict[str, int]:
+    return {
+        "new": planned.new,
+        "present": planned.already_present,
+        "fired": len(planned.already_fired),
+        "left_out": planned.left_out,
+        "ahead": sum(1 for o in planned.due if planned.ahead(o)),
+    }
 
 
 def _backfill_message(name: str, done: backfill.Backfill) -> tuple[int, SafeString]:
@@ -135,12 +181,25 @@ def _backfill_message(name: str, done: backfill.Backfill) -> tuple[int, SafeStri
         )
     jobs = reverse("admin:ultimat3_jobs_job_changelist") + "?" + urlencode({"task": name})
     level = messages.SUCCESS if done.created else messages.WARNING
+    fired = len(done.plan.already_fired)
+    note = ""
+    if fired and done.plan.again:
+        note += f" {fired} occurrence(s) already fired: fired again."
+    elif fired:
+        note += (
+            f" {fired} occurrence(s) already fired: not fired again, {done.plan.left_out} job(s) "
+            "of their payload now left out."
+        )
+    ahead = sum(1 for o in done.plan.due if done.plan.ahead(o))
+    if ahead:
+        note += f" {ahead} occurrence(s) still ahead: due at their own time."
     return level, format_html(
-        'Backfilled {} occurrence(s) of {}: {} job(s) created, {} already present. <a href="{}">'
+        'Backfilled {} occurrence(s) of {}: {} job(s) created, {} already present.{} <a href="{}">'
         "Its jobs</a>.",
         len(done.plan.occurrences),
         name,
         done.created,
         done.existing,
+        note,
         jobs,
     )

@@ -30,13 +30,17 @@ from .values import (
     EnqueueResult,
     Finish,
     FiredOccurrence,
+    LockedTask,
     Recovered,
     Rows,
     ScheduledJob,
+    Swapped,
     TaskState,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from django.db.models import QuerySet
 
     from ..errors import TaskSyncError
@@ -141,6 +145,17 @@ class JobStore(Protocol):
 
         Only jobs of occurrences count (scheduled or backfilled); a direct or manual enqueue
         has none. Read inside the round's transaction, for the overlap policy.
+        """
+        ...
+
+    def fired_occurrences(
+        self, wanted: Mapping[str, Collection[datetime]]
+    ) -> dict[str, set[datetime]]:
+        """Per task, those of its ``wanted`` occurrences that already fired: a job of that task
+        and occurrence, a fired or manual record of it, or a backfill record with a job of it
+        (the record's key names the occurrence). Three statements whatever the count.
+
+        What a backfill does not fire again, and what a round finds a backfill enqueued ahead.
         """
         ...
 
@@ -357,18 +372,31 @@ class JobStore(Protocol):
 
     def swap_watermarks(
         self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
-    ) -> str | None:
-        """Compare-and-set ``{task: (expected, new)}``, locking the rows; None when every row
-        held its expected watermark and now holds the new one, else a task that did not.
+    ) -> Swapped:
+        """Compare-and-set ``{task: (expected, new)}``, locking the rows, in one statement on
+        PostgreSQL. ``moved`` is None when every row held its expected watermark and now holds
+        the new one, else a task that did not; ``backfilled`` names the tasks a backfill
+        enqueued occurrences of past their expected watermark, read under the same locks.
 
-        Call it inside a transaction, and roll that back when a task is returned: some rows
-        may have moved.
+        Call it inside a transaction, and roll that back when a task moved: some rows may have.
         """
         ...
 
     def set_watermarks(self, watermarks: Mapping[str, datetime]) -> None:
         """Set watermarks without comparing, on rows ``swap_watermarks`` locked in this
         transaction."""
+        ...
+
+    def lock_task(self, handle: TaskHandle) -> LockedTask:
+        """The row of ``handle``'s task, locked until the caller's transaction ends (``SELECT
+        ... FOR UPDATE``), the lock a round's ``swap_watermarks`` takes: the caller waits for a
+        round writing that task, and such a round for the caller. A task not mirrored yet gets
+        its row first, as ``sync_tasks`` writes it. Call it inside a transaction."""
+        ...
+
+    def mark_backfilled(self, task: str, through: datetime) -> None:
+        """``Task.backfilled_to`` moves up to ``through``, never down, on the row ``lock_task``
+        locked: a backfill enqueued occurrences the scheduler has not reached yet."""
         ...
 
 
@@ -420,11 +448,13 @@ __all__ = [
     "Finish",
     "FiredOccurrence",
     "JobStore",
+    "LockedTask",
     "PortableStore",
     "PostgresStore",
     "Recovered",
     "Rows",
     "ScheduledJob",
+    "Swapped",
     "TaskState",
     "enqueue",
     "store_for",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +32,8 @@ from django.db.models.functions import Concat, Now
 from .. import clock, history, tracing
 from ..conf import get_settings
 from ..errors import TaskSyncError
-from ..inputs import check_key, check_run_at
-from ..models import Job, JobStatus, Node, Occurrence, Task
+from ..inputs import check_key, check_run_at, occurrence_prefix
+from ..models import Job, JobStatus, Node, Occurrence, Outcome, Task
 from .columns import (
     CLAIMED_COLUMNS,
     DECLARED,
@@ -52,8 +52,10 @@ from .values import (
     EnqueueResult,
     Finish,
     FiredOccurrence,
+    LockedTask,
     Recovered,
     Rows,
+    Swapped,
     TaskState,
 )
 
@@ -239,6 +241,59 @@ class PortableStore:
             .order_by()
         )
         return {row["task"]: row["earliest"] for row in rows}
+
+    def fired_occurrences(
+        self, wanted: Mapping[str, Collection[datetime]]
+    ) -> dict[str, set[datetime]]:
+        # Each task's span is read, then matched to the instants asked: an IN list of a
+        # hundred thousand instants is more than some databases take in one statement.
+        asked = {task: {at: at for at in instants} for task, instants in wanted.items() if instants}
+        if not asked:
+            return {}
+        found: dict[str, set[datetime]] = {task: set() for task in asked}
+
+        def within(first: str, last: str) -> Q:
+            spans = Q()
+            for task, instants in asked.items():
+                spans |= Q(task=task, **{f"{first}__gte": min(instants)}) & Q(
+                    **{f"{last}__lte": max(instants)}
+                )
+            return spans
+
+        def add(task: str, at: datetime | None) -> None:
+            mine = asked.get(task)
+            if mine is not None and at is not None and at in mine:
+                found[task].add(mine[at])
+
+        jobs = self._jobs().filter(within("occurrence", "occurrence")).order_by()
+        for task, at in jobs.values_list("task", "occurrence").distinct():
+            add(task, at)
+        records = Occurrence.objects.using(self.using).order_by()
+        decided = records.filter(
+            within("occurrence", "occurrence"), outcome__in=[Outcome.FIRED, Outcome.MANUAL]
+        )
+        for task, at in decided.values_list("task", "occurrence"):
+            add(task, at)
+        # A backfill's record spans its whole range; its keys name the occurrences it enqueued.
+        overlapping = Q()
+        for task, instants in asked.items():
+            overlapping |= Q(
+                task=task, occurrence__lte=max(instants), last_occurrence__gte=min(instants)
+            )
+        backfills = records.filter(overlapping, outcome=Outcome.BACKFILL).only("task", "jobs")
+        prefixes: dict[str, dict[str, datetime]] = {}
+        for record in backfills:
+            task = record.task
+            if task not in prefixes:
+                prefixes[task] = {occurrence_prefix(task, at): at for at in asked[task]}
+            named = prefixes[task]
+            start = len(task) + 1
+            for job in history.recorded_jobs(record):
+                end = job.key.find(":", start)
+                at = named.get(job.key[: end + 1]) if end > 0 else None
+                if at is not None:
+                    found[task].add(at)
+        return found
 
     def recent_records(
         self, task: str, limit: int, *, jobs_per_record: int | None = None
@@ -692,27 +747,56 @@ class PortableStore:
 
     def swap_watermarks(
         self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
-    ) -> str | None:
+    ) -> Swapped:
         tasks = self._tasks()
         locked = list(
             tasks.select_for_update()
             .filter(name__in=list(watermarks))
-            .only("pk", "name", "last_fired_at")
+            .only("pk", "name", "last_fired_at", "backfilled_to")
         )
         stored = {row.name: row.last_fired_at for row in locked}
         for name, (expected, _) in watermarks.items():
             if name not in stored or stored[name] != expected:
-                return name
+                return Swapped(moved=name)
+        backfilled = {}
         for row in locked:
+            expected, ahead = row.last_fired_at, row.backfilled_to
+            if ahead is not None and expected is not None and ahead > expected:
+                backfilled[row.name] = ahead
             row.last_fired_at = watermarks[row.name][1]
         tasks.bulk_update(locked, ["last_fired_at"])
-        return None
+        return Swapped(backfilled=backfilled)
 
     def set_watermarks(self, watermarks: Mapping[str, datetime]) -> None:
         rows = list(self._tasks().filter(name__in=list(watermarks)).only("pk", "name"))
         for row in rows:
             row.last_fired_at = watermarks[row.name]
         self._tasks().bulk_update(rows, ["last_fired_at"])
+
+    def lock_task(self, handle: TaskHandle) -> LockedTask:
+        locked = self._locked_task(handle.name)
+        if locked is None:
+            # Not mirrored yet (no scheduler has started since it was declared): a row to lock
+            # and to mark, which the scheduler's sync then finds as it would have written it.
+            self._insert_tasks([handle])
+            locked = self._locked_task(handle.name)
+        assert locked is not None  # Inserted, or inserted by another node meanwhile.
+        return locked
+
+    def _locked_task(self, name: str) -> LockedTask | None:
+        row = (
+            self._tasks()
+            .select_for_update()
+            .filter(name=name)
+            .order_by()
+            .values_list("last_fired_at", "paused", "backfilled_to")
+            .first()
+        )
+        return None if row is None else LockedTask(*row)
+
+    def mark_backfilled(self, task: str, through: datetime) -> None:
+        earlier = Q(backfilled_to__isnull=True) | Q(backfilled_to__lt=through)
+        self._tasks().filter(earlier, name=task).update(backfilled_to=through)
 
 
 def _requeue_or_fail(

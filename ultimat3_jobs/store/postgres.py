@@ -49,7 +49,9 @@ from .values import (
     Enqueued,
     Finish,
     FiredOccurrence,
+    LockedTask,
     Rows,
+    Swapped,
 )
 
 if TYPE_CHECKING:
@@ -324,16 +326,28 @@ class PostgresStore(PortableStore):
 
     def swap_watermarks(
         self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
-    ) -> str | None:
+    ) -> Swapped:
         """One statement; a second names a task that moved when they did not all swap."""
         text = instant_texts()
         rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
         param = Jsonb(rows, orjson.dumps)
-        [(swapped,)] = execute_bound(self.using, sql.SWAP_WATERMARKS, [param])
+        [(swapped, names, through)] = execute_bound(self.using, sql.SWAP_WATERMARKS, [param])
         if swapped == len(rows):
-            return None
+            instant = instants_from_microseconds()
+            backfilled = {}
+            for name, us in zip(names or (), through or (), strict=True):
+                at = instant(us)
+                if at is not None:
+                    backfilled[name] = at
+            return Swapped(backfilled=backfilled)
         found = execute_bound(self.using, sql.UNSWAPPED_WATERMARK, [param])
-        return found[0][0] if found else next(iter(watermarks))
+        return Swapped(moved=found[0][0] if found else next(iter(watermarks)))
+
+    def _locked_task(self, name: str) -> LockedTask | None:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.LOCK_TASK, [name])
+            row = cursor.fetchone()
+        return None if row is None else LockedTask(*row)
 
     def set_watermarks(self, watermarks: Mapping[str, datetime]) -> None:
         moved = [{"name": name, "watermark": new} for name, new in watermarks.items()]

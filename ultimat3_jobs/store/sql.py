@@ -49,15 +49,21 @@ ON CONFLICT (name) DO NOTHING
 #: parsed once: ``->>`` on json scans the element's text at each of its three reads. The
 #: function scan joins the task rows through their name index, whatever its row estimate. A
 #: count rather than the names: the names would be read back, a tuple and a string a row,
-#: for nothing.
+#: for nothing. Beside it, under the same locks, the tasks a backfill enqueued occurrences of
+#: past the expected watermark (``Task.backfilled_to``), with that instant as microseconds
+#: since the epoch: almost always none.
 SWAP_WATERMARKS = f"""
 WITH swapped AS (
     UPDATE {_TASK} AS t SET last_fired_at = (e->>2)::timestamptz
     FROM jsonb_array_elements(%s::jsonb) AS e
     WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>1)::timestamptz
-    RETURNING 1
+    RETURNING t.name, t.backfilled_to, (e->>1)::timestamptz AS expected
 )
-SELECT count(*) FROM swapped
+SELECT count(*),
+       array_agg(name) FILTER (WHERE backfilled_to > expected),
+       array_agg((extract(epoch FROM backfilled_to) * 1000000)::bigint)
+           FILTER (WHERE backfilled_to > expected)
+FROM swapped
 """
 
 #: After a ``SWAP_WATERMARKS`` that did not move every row, in its transaction: a task of its
@@ -69,6 +75,12 @@ WHERE NOT EXISTS (
     WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>2)::timestamptz
 )
 LIMIT 1
+"""
+
+#: One task's row, locked until the transaction ends as ``SWAP_WATERMARKS`` locks it: a
+#: backfill and a round of that task write one after the other.
+LOCK_TASK = f"""
+SELECT last_fired_at, paused, backfilled_to FROM {_TASK} WHERE name = %s FOR UPDATE
 """
 
 #: Watermarks set without a comparison, on rows the round's compare-and-set has locked.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -112,6 +112,28 @@ class TaskState:
 
     watermark: datetime | None
     paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LockedTask:
+    """A task's row as ``JobStore.lock_task`` read it, locked until the caller's transaction
+    ends: its watermark, whether it is paused, and ``Task.backfilled_to``."""
+
+    watermark: datetime | None
+    paused: bool
+    backfilled_to: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Swapped:
+    """What a round's compare-and-set found (``JobStore.swap_watermarks``)."""
+
+    #: A task that did not hold the watermark the round expected (the round then writes
+    #: nothing), or None: every row held it and now holds its new one.
+    moved: str | None = None
+    #: Per task swapped, the latest occurrence a backfill enqueued past the watermark the round
+    #: expected (``Task.backfilled_to``): the round's occurrences up to it may have fired.
+    backfilled: Mapping[str, datetime] = field(default_factory=dict)
 
 
 class Rows(Protocol):

@@ -20,8 +20,11 @@ from ultimat3_jobs.management.preflight import command_error, database_error, re
 class Command(BaseCommand):
     help = (
         "Enqueue every occurrence of a task from --start to --end (both included) under the "
-        "scheduler's occurrence keys, so an occurrence already run or backfilled is not "
-        "enqueued again. Instants without an offset are read in the task's zone."
+        "scheduler's occurrence keys. An occurrence that already fired (a job or a record of "
+        "it) is not fired again, whatever its payload is now, unless --again. An occurrence "
+        "still ahead is enqueued to run at its own time, and the scheduler's run of it then "
+        "creates nothing more. A paused task is refused unless --include-paused. Instants "
+        "without an offset are read in the task's zone."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -38,6 +41,17 @@ class Command(BaseCommand):
             help="Refuse a range of more occurrences than this (default %(default)s, at most "
             f"{MAX_BACKFILL}).",
         )
+        parser.add_argument(
+            "--again",
+            action="store_true",
+            help="Fire the occurrences that already fired again, with the jobs their payload "
+            "gives now (a key already there is still never enqueued twice).",
+        )
+        parser.add_argument(
+            "--include-paused",
+            action="store_true",
+            help="Backfill a paused task; it stays paused.",
+        )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
     def handle(
@@ -48,6 +62,8 @@ class Command(BaseCommand):
         end: str,
         dry_run: bool,
         limit: int,
+        again: bool,
+        include_paused: bool,
         database: str,
         **options: Any,
     ) -> None:
@@ -57,7 +73,15 @@ class Command(BaseCommand):
             first = backfill.parse_instant(start, handle.zone, "--start")
             last = backfill.parse_instant(end, handle.zone, "--end")
             if dry_run:
-                planned = backfill.plan(handle, first, last, limit=limit, using=database)
+                planned = backfill.plan(
+                    handle,
+                    first,
+                    last,
+                    limit=limit,
+                    using=database,
+                    again=again,
+                    include_paused=include_paused,
+                )
                 present = planned.present
             else:
                 done = backfill.run(
@@ -68,6 +92,8 @@ class Command(BaseCommand):
                     via="manage.py backfill_task",
                     limit=limit,
                     using=database,
+                    again=again,
+                    include_paused=include_paused,
                 )
                 planned = done.plan
                 present = {key: pk for key, (pk, new) in done.enqueued.items() if not new}
@@ -78,7 +104,7 @@ class Command(BaseCommand):
             raise database_error(database, error) from None
         if options["verbosity"] > 0:
             self._list(planned, present, handle.zone, dry_run)
-        occurrences, jobs = len(planned.occurrences), len(planned.keys)
+        occurrences = len(planned.occurrences)
         if not occurrences:
             self.stdout.write(
                 f"No occurrence of {name} from {first.isoformat()} to {last.isoformat()}: "
@@ -87,13 +113,14 @@ class Command(BaseCommand):
         elif dry_run:
             self.stdout.write(
                 f"Would enqueue {occurrences} occurrence(s) of {name}: {planned.new} new job(s), "
-                f"{jobs - planned.new} already present. Nothing was written (--dry-run)."
+                f"{planned.already_present} already present.{_notes(planned)} Nothing was "
+                "written (--dry-run)."
             )
         else:
             self.stdout.write(
                 self.style.SUCCESS(
                     f"Backfilled {occurrences} occurrence(s) of {name}: {done.created} job(s) "
-                    f"created, {done.existing} already present."
+                    f"created, {done.existing} already present.{_notes(planned)}"
                 )
             )
 
@@ -102,13 +129,40 @@ class Command(BaseCommand):
     ) -> None:
         for occurrence in planned.occurrences:
             at = occurrence.occurrence
-            self.stdout.write(f"{_stamp(at.astimezone(zone))}  ({_stamp(at.astimezone(UTC))})")
+            line = f"{_stamp(at.astimezone(zone))}  ({_stamp(at.astimezone(UTC))})"
+            if occurrence.occurrence in planned.fired:
+                line += "  already fired" + (", fired again" if planned.again else "")
+            elif planned.ahead(occurrence):
+                line += "  ahead: due at its own time"
+            self.stdout.write(line)
             if not occurrence.jobs:
                 self.stdout.write("    no jobs for this occurrence")
             for job in occurrence.jobs:
                 pk = present.get(job.key)
-                state = f"already present #{pk}" if pk else ("new" if dry else "created")
+                if pk:
+                    state = f"already present #{pk}"
+                elif planned.withheld(occurrence):
+                    state = "left out: the occurrence already fired"
+                else:
+                    state = "new" if dry else "created"
                 self.stdout.write(f"    {job.job.name}  {job.key}  {state}")
+
+
+def _notes(planned: backfill.BackfillPlan) -> str:
+    """What the counts leave out: occurrences that already fired, and those still ahead."""
+    notes = ""
+    fired = len(planned.already_fired)
+    if fired and planned.again:
+        notes += f" {fired} occurrence(s) already fired: fired again (--again)."
+    elif fired:
+        notes += (
+            f" {fired} occurrence(s) already fired: not fired again, {planned.left_out} job(s) "
+            "of their payload now left out (--again fires them again)."
+        )
+    ahead = sum(1 for o in planned.due if planned.ahead(o))
+    if ahead:
+        notes += f" {ahead} occurrence(s) still ahead: due at their own time."
+    return notes
 
 
 def _stamp(at: datetime) -> str:

@@ -193,6 +193,7 @@ def test_0008__keeps_every_job_and_reads_it_untraced() -> None:
     assert new.objects.get(key="t3").trace_context == ""
 
 
+@pytest.mark.usefixtures("leave_at_latest")
 def test_0009__keeps_every_task_with_nothing_backfilled_ahead() -> None:
     before, after = "0008_trace_context", "0009_task_backfilled_to"
     executor = migrate_to(before)

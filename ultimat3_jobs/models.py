@@ -99,6 +99,9 @@ class Job(models.Model):
     engine_id = models.CharField(max_length=255, blank=True, default="", db_default="")
     #: When the engine reported it done (an ``ExactlyOnceTask`` in its own transaction).
     done_at = models.DateTimeField(null=True, blank=True)
+    #: When a relay first found its Celery task or Django Task unknown: the row waits
+    #: ``RELAY_UNKNOWN_TASK_GRACE`` from then for a relay that knows it (a rolling deploy).
+    target_unknown_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -141,7 +144,7 @@ class Outcome(models.TextChoices):
     DROPPED = "dropped"
     PAUSED = "paused"
     MANUAL = "manual"
-    #: Not fired: a job of an earlier occurrence of the task was still queued or running.
+    #: Not fired: a job of an earlier occurrence of the task was not done yet.
     OVERLAP = "overlap"
     BACKFILL = "backfill"
 

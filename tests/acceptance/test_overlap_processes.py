@@ -64,7 +64,7 @@ def test_overlap_skip__a_running_job_holds_back_later_occurrences(
         assert [(j.pk, j.status) for j in jobs()] == [(first.pk, JobStatus.RUNNING)]
         assert {r.detail for r in skipped()} == {
             f"overlap=skip: {first.occurrence.isoformat().replace('+00:00', 'Z')} "  # type: ignore[union-attr]
-            "still queued or running"
+            "not done yet"
         }
         assert scheduler.named("jobs.scheduler.overlap-skipped")
     finally:

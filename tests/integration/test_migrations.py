@@ -159,3 +159,26 @@ def test_0007__keeps_every_job_and_task_and_their_names_stay_unique() -> None:
         assert not [name for name in indexes if name.endswith("_like")]
         assert {"u3j_job_key", "u3j_job_running", "u3j_job_task", "u3j_job_ready"} <= indexes
         assert "u3j_task_name" in indexes
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0008__keeps_every_job_and_no_row_has_waited_for_its_target() -> None:
+    before, after = "0007_lean_job_indexes", "0008_relay_target_unknown_since"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(
+        name="demo.write_row", key="o1", status="outbox", relay="celery", run_at=AT, created_at=AT
+    )
+    old.objects.create(name="demo.ping", key="q1", run_at=AT, created_at=AT)
+
+    executor = migrate_to(after)
+
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    rows = list(
+        new.objects.order_by("key").values_list("key", "status", "relay", "target_unknown_since")
+    )
+    assert rows == [("o1", "outbox", "celery", None), ("q1", "queued", "", None)]

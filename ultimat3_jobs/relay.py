@@ -376,7 +376,10 @@ class Relay:
                     self._target_unknown(job, error)
                     continue
                 except UltimateError as error:
-                    self._refuse(job, error)
+                    if job.status == JobStatus.RELAYED:
+                        self._resend_later(job, error)
+                    else:
+                        self._refuse(job, error)
                     continue
                 except DatabaseError as error:
                     if not inline:
@@ -463,24 +466,20 @@ class Relay:
     def _target_unknown(self, job: Job, error: RelayTargetError) -> None:
         """Put off a row whose task this relay cannot find, so the rows behind it go on: a
         relay of the new release may know it (a rolling deploy). Past the grace, fail it."""
-        now = self.clock()
         if job.status == JobStatus.RELAYED:
-            # A resend: the row was handed over already, and is never failed for this; a
-            # relay that knows its task resends it.
-            since = None
-            until = now + self.resend_after
-            note = f"{error.message}; not resent from this relay"
-        else:
-            since = job.target_unknown_since or now
-            deadline = since + self.unknown_task_grace
-            if now >= deadline:
-                self._refuse(job, error, after_grace=True)
-                return
-            until = min(now + TARGET_RETRY, deadline)
-            note = (
-                f"{error.message}; waiting for a relay that knows it until "
-                f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, then failed"
-            )
+            self._resend_later(job, error)
+            return
+        now = self.clock()
+        since = job.target_unknown_since or now
+        deadline = since + self.unknown_task_grace
+        if now >= deadline:
+            self._refuse(job, error, after_grace=True)
+            return
+        until = min(now + TARGET_RETRY, deadline)
+        note = (
+            f"{error.message}; waiting for a relay that knows it until "
+            f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, then failed"
+        )
         self.store.relay_deferred(
             job_id=job.pk,
             until=until,
@@ -494,8 +493,30 @@ class Relay:
             logging.WARNING,
             job_id=job.pk,
             name=job.name,
-            waited=(now - (since or now)).total_seconds(),
+            waited=(now - since).total_seconds(),
             grace=self.unknown_task_grace.total_seconds(),
+            until=until.isoformat(),
+            **error.as_fields(),
+        )
+
+    def _resend_later(self, job: Job, error: UltimateError) -> None:
+        """A resend this relay cannot make (its task unknown here, or refused) is put off by
+        ``RELAY_RESEND_AFTER``, never failed: the row was handed over once, its first message
+        may still run, and a relay that can resends it."""
+        until = self.clock() + self.resend_after
+        self.store.relay_deferred(
+            job_id=job.pk,
+            until=until,
+            since=None,
+            error=storable(f"{error.message}; not resent [{error.code}]\nfix: {error.fix}"),
+        )
+        self.stats.waiting += 1
+        emit(
+            logger,
+            "jobs.relay.resend-deferred",
+            logging.WARNING,
+            job_id=job.pk,
+            name=job.name,
             until=until.isoformat(),
             **error.as_fields(),
         )

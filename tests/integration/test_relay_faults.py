@@ -346,11 +346,36 @@ def test_relay__a_resend_whose_task_is_unknown_here_waits_and_is_never_failed(
     job.refresh_from_db()
     assert (job.status, job.attempts) == ("relayed", 1)
     assert job.run_at == late() + timedelta(minutes=5)
-    assert "not resent from this relay" in job.last_error
+    assert "is not registered" in job.last_error and "; not resent [" in job.last_error
     late.advance(timedelta(hours=1))
     assert old.relay_once() == 0
     job.refresh_from_db()
     assert job.status == "relayed"
+
+
+@pytest.mark.django_db
+def test_relay__a_resend_the_engine_refuses_is_put_off_and_never_failed(
+    broker: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    [job] = outbox("faults.resend-refused", (write_row, {"occurrence": "r"}))
+    relay().relay_once()
+    # The first copy is out; a deploy since renamed the keyword, so the resend does not fit.
+    Job.objects.filter(pk=job.pk).update(input={"day": "r"})
+    late = FrozenClock(NOW + timedelta(hours=2))
+    with caplog.at_level(logging.INFO, logger="ultimat3_jobs.relay"):
+        assert relay(late, resend_after=timedelta(minutes=5)).relay_once() == 0
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("relayed", 1)
+    assert job.run_at == late() + timedelta(minutes=5)
+    assert "TypeError" in job.last_error and "[jobs.relay.refused]" in job.last_error
+    [deferred] = events(caplog, "jobs.relay.resend-deferred")
+    assert (deferred["job_id"], deferred["code"]) == (job.pk, "jobs.relay.refused")
+    assert events(caplog, "jobs.relay.refused") == []
+    # The first copy, sent before the deploy, still runs and marks the row done.
+    job.input = {"occurrence": "r"}
+    run_message(job, write_row)
+    job.refresh_from_db()
+    assert job.status == "succeeded"
 
 
 # -- ExactlyOnceTask: how the body ends -----------------------------------------------------------

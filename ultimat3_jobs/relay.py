@@ -17,7 +17,9 @@ transport error, ``broker_down``): the batch ends, the row stays first, the loop
 its message): the row fails with the engine's error and a fix (``jobs.relay.refused``) and the
 batch goes on. The row's task is not known here (``RelayTargetError``, a relay of the last
 release during a rolling deploy): the row waits out of the way, ``RELAY_UNKNOWN_TASK_GRACE``
-at most, for a relay that knows it, then fails.
+at most, for a relay that knows it, then fails. A resend is never failed for either: it waits
+for the next ``RELAY_RESEND_AFTER``.
+
 Wake-ups come from LISTEN/NOTIFY where the database has it (PostgreSQL), with polling as the
 fallback; the first SIGTERM finishes the row in hand, commits and exits (``lifecycle``).
 """
@@ -103,7 +105,8 @@ class RelayStats:
     sent: int = 0
     resent: int = 0
     refused: int = 0
-    #: Rows put off because their task is unknown here (once per look).
+    #: Rows put off because their task is unknown here, or a resend could not be made (once
+    #: per look).
     waiting: int = 0
     broker_errors: int = 0
     by_relay: dict[str, int] = field(default_factory=dict)

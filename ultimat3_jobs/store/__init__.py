@@ -257,9 +257,10 @@ class JobStore(Protocol):
     def relay_deferred(
         self, *, job_id: int, until: datetime, error: str, since: datetime | None
     ) -> bool:
-        """The row's target is unknown to this relay: it waits in the outbox until ``until``
-        (its ``run_at``, so the rows behind it are sent meanwhile), the reason in its
-        ``last_error``; ``since`` is when its wait began (``target_unknown_since``)."""
+        """This relay cannot send the row now (its task unknown here, or a resend refused): it
+        waits, as it is, until ``until`` (its ``run_at``, so the rows behind it are sent
+        meanwhile), the reason in its ``last_error``; ``since``, when given, is when the wait
+        for its task began (``target_unknown_since``)."""
         ...
 
     def lock_relayed(self, *, job_id: int) -> Job | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 
 from testproject.demo.celery_tasks import once_ends, write_row
 from testproject.demo.models import Ping
@@ -158,10 +158,13 @@ def test_relay_processes__a_rolling_deploy_s_new_task_waits_for_the_new_relay(
     assert old.named("jobs.relay.refused") == []
 
     # A task no release declares: the rows behind it go, and it fails once the grace is over.
-    never, after = outbox(
-        "faults.never", (write_row, {"occurrence": "never"}), (write_row, {"occurrence": "after"})
-    )
-    Job.objects.filter(pk=never.pk).update(name="acceptance.never_deployed")
+    with transaction.atomic():  # Renamed before the relay, woken at commit, sees it.
+        never, after = outbox(
+            "faults.never",
+            (write_row, {"occurrence": "never"}),
+            (write_row, {"occurrence": "after"}),
+        )
+        Job.objects.filter(pk=never.pk).update(name="acceptance.never_deployed")
     wait_for(lambda: status(after) == "succeeded", 60, "the row behind it done")
     assert status(never) == "outbox"
     wait_for(lambda: status(never) == "failed", 60, "the unknown row failed after the grace")

@@ -12,8 +12,21 @@ A copy delivered again (a broker's redelivery, a relay's resend) finds the row d
 nothing; two copies at once wait for each other on the lock; a worker killed mid-body rolls
 the body back and the redelivered message runs it again. What the body writes to the database
 is exactly once; anything else it does (an email, an HTTP call) is at least once: dedupe it on
-``self.job_key``. A plain Celery task's row is marked done by the signal handlers below once the
-task returns.
+``self.job_key``.
+
+How the body ends decides the row, in the body's transaction, so no copy runs it again:
+
+- it returns, or raises ``Ignore`` (it is done and wants no state recorded): ``succeeded``, its
+  writes committed, the return value kept (None after ``Ignore``);
+- ``self.replace(sig)``: Celery publishes the replacement, then raises ``Ignore``: the row is
+  ``succeeded`` (replaced) with the body's writes, so a copy or a resend finds it done and
+  never publishes a second replacement;
+- it raises (``Reject(requeue=False)`` included: the message is dropped or dead-lettered):
+  ``failed`` with the traceback, the body's writes rolled back;
+- ``Retry`` or ``Reject(requeue=True)``: nothing is kept, and Celery delivers the task again.
+
+A plain Celery task's row is marked done by the signal handlers below once the task returns,
+raises, ignores or rejects its message.
 
 This module is named after the library: ``from celery import Task`` is an absolute import of
 the real one, never of this file.
@@ -24,9 +37,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Ignore, Reject, Retry
-from celery.signals import task_failure, task_success
+from celery.signals import task_failure, task_postrun, task_success
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import clock
@@ -41,8 +54,6 @@ logger = logging.getLogger("ultimat3_jobs.relay")
 JOB_HEADER = "ultimat3_job"
 DATABASE_HEADER = "ultimat3_database"
 KEY_HEADER = "ultimat3_key"
-#: Exceptions that end a run without ending the task: Celery sends it again or hands it on.
-NOT_FAILURES = (Retry, Ignore, Reject)
 
 
 def _header(request: Any, name: str) -> Any:
@@ -59,6 +70,14 @@ def outbox_row(request: Any) -> tuple[int, str] | None:
     if job_id is None:
         return None
     return int(job_id), str(_header(request, DATABASE_HEADER) or DEFAULT_DB_ALIAS)
+
+
+class Replaced(Ignore):
+    """The ``Ignore`` that ends a body after ``self.replace(sig)`` published ``sig``."""
+
+    def __init__(self, reason: str, *, replaced_by: str) -> None:
+        super().__init__(reason)
+        self.replaced_by = replaced_by
 
 
 class ExactlyOnceTask(Task):
@@ -80,33 +99,75 @@ class ExactlyOnceTask(Task):
             return super().__call__(*args, **kwargs)
         job_id, using = row
         store = store_for(using)
-        try:
-            with transaction.atomic(using=using):
-                job = store.lock_relayed(job_id=job_id)
-                if job is None or job.status in FINISHED:
-                    emit(
-                        logger,
-                        "jobs.relay.duplicate",
-                        job_id=job_id,
-                        task=self.name,
-                        celery_id=self.request.id,
-                        status=None if job is None else job.status,
-                    )
-                    return None if job is None else job.return_value
-                value = super().__call__(*args, **kwargs)
-                store.relayed_done(
+        value: Any = None
+        ignored: Ignore | None = None
+        failure: Exception | None = None
+        with transaction.atomic(using=using):
+            job = store.lock_relayed(job_id=job_id)  # Held until this transaction ends.
+            if job is None or job.status in FINISHED:
+                emit(
+                    logger,
+                    "jobs.relay.duplicate",
                     job_id=job_id,
-                    now=clock.now(),
-                    return_value=json_value(value),
-                    engine_id=str(self.request.id or ""),
+                    task=self.name,
+                    celery_id=self.request.id,
+                    status=None if job is None else job.status,
                 )
-                return value
-        except NOT_FAILURES:
-            raise
-        except Exception as error:
-            # The body rolled back with the transaction; the failure is kept on its own.
-            store.relayed_done(job_id=job_id, now=clock.now(), ok=False, error=format_error(error))
-            raise
+                return None if job is None else job.return_value
+            try:
+                # A savepoint: a failure undoes the body's writes, and the row is failed under
+                # the same lock, so no copy waiting on it runs the body in between.
+                with transaction.atomic(using=using):
+                    try:
+                        value = super().__call__(*args, **kwargs)
+                    except Ignore as error:  # Done, as a return is (self.replace() too).
+                        ignored = error
+                    store.relayed_done(
+                        job_id=job_id,
+                        now=clock.now(),
+                        return_value=json_value(value),
+                        engine_id=str(self.request.id or ""),
+                    )
+            except Retry:
+                raise  # Celery sends it again: nothing is kept.
+            except Reject as error:
+                if error.requeue:
+                    raise  # Back in the queue: nothing is kept.
+                failure = error
+            except Exception as error:
+                failure = error
+            if failure is not None:
+                store.relayed_done(
+                    job_id=job_id, now=clock.now(), ok=False, error=format_error(failure)
+                )
+        if failure is not None:
+            raise failure
+        if ignored is not None:
+            self._ended_without_result(job_id, ignored)
+            raise ignored
+        return value
+
+    def on_replace(self, sig: Any) -> Any:
+        """Celery's hand-over to ``sig`` (it publishes it, then raises ``Ignore``), its
+        ``Ignore`` naming the replacement for the row's log line."""
+        try:
+            return super().on_replace(sig)
+        except Ignore as ignored:
+            raise Replaced(
+                str(ignored), replaced_by=str(getattr(sig, "name", None) or sig)
+            ) from None
+
+    def _ended_without_result(self, job_id: int, ignored: Ignore) -> None:
+        replaced_by = ignored.replaced_by if isinstance(ignored, Replaced) else None
+        emit(
+            logger,
+            "jobs.relay.replaced" if replaced_by else "jobs.relay.ignored",
+            job_id=job_id,
+            task=self.name,
+            celery_id=self.request.id,
+            replaced_by=replaced_by,
+            reason=str(ignored),
+        )
 
 
 def named(name: str) -> Any:
@@ -146,6 +207,38 @@ def _plain_task_failed(
         )
 
 
+@task_postrun.connect
+def _plain_task_ended_otherwise(
+    sender: Any = None, state: str | None = None, retval: Any = None, **kwargs: Any
+) -> None:
+    # Ignore (self.replace() too) and Reject send neither task_success nor task_failure: without
+    # this their rows would stay relayed, and hold an overlap="skip" task back for good.
+    row = _plain_task_row(sender)
+    if row is None:
+        return
+    if state == states.IGNORED:
+        store_for(row[1]).relayed_done(job_id=row[0], now=clock.now())
+    elif state == states.REJECTED and not getattr(retval, "requeue", False):
+        error = retval if isinstance(retval, BaseException) else Reject(retval, requeue=False)
+        store_for(row[1]).relayed_done(
+            job_id=row[0], now=clock.now(), ok=False, error=format_error(error)
+        )
+
+
+def reports_plain_tasks() -> bool:
+    """Whether plain Celery tasks' rows are marked done from this process: the handlers above
+    are connected to Celery's signals (as they are once this module is imported)."""
+    handlers = (
+        (task_success, _plain_task_succeeded),
+        (task_failure, _plain_task_failed),
+        (task_postrun, _plain_task_ended_otherwise),
+    )
+    # A receiver's lookup key starts with id(receiver), as in Django's dispatcher.
+    return all(
+        any(key[0] == id(handler) for key, _ in signal.receivers) for signal, handler in handlers
+    )
+
+
 __all__ = [
     "DATABASE_HEADER",
     "JOB_HEADER",
@@ -153,4 +246,5 @@ __all__ = [
     "ExactlyOnceTask",
     "named",
     "outbox_row",
+    "reports_plain_tasks",
 ]

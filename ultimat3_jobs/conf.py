@@ -56,6 +56,9 @@ DEFAULTS: dict[str, Any] = {
     "RELAY_RESEND_AFTER": 300.0,
     # Relay: the admin warns about relayed jobs not done after this many seconds.
     "RELAY_STUCK_AFTER": 900.0,
+    # Relay: an outbox row whose Celery task or Django Task this relay cannot find waits this
+    # many seconds for a relay that can (a rolling deploy), then fails.
+    "RELAY_UNKNOWN_TASK_GRACE": 300.0,
 }
 
 LEADERS = ("advisory", "lease", "sole")
@@ -83,6 +86,7 @@ class Settings:
     retention_days: int
     relay_resend_after: timedelta
     relay_stuck_after: timedelta
+    relay_unknown_task_grace: timedelta
     unknown: tuple[str, ...]
 
 
@@ -171,6 +175,7 @@ def get_settings() -> Settings:
         retention_days=_positive_int(raw, "RETENTION_DAYS"),
         relay_resend_after=_seconds(raw, "RELAY_RESEND_AFTER"),
         relay_stuck_after=_seconds(raw, "RELAY_STUCK_AFTER"),
+        relay_unknown_task_grace=_seconds(raw, "RELAY_UNKNOWN_TASK_GRACE"),
         unknown=tuple(sorted(set(user) - set(DEFAULTS))),
     )
 

@@ -191,8 +191,8 @@ def task(
     ``dst_gap`` ("end-of-gap" | "skip") and ``dst_repeat`` ("first" | "both") choose what a
     wall-clock schedule does on DST days (``ultimat3_jobs.cron``). ``overlap="skip"`` records an
     occurrence as skipped, rather than firing it, while a job of an earlier occurrence of the
-    task is still queued or running. Every problem with the
-    declaration raises here, at import, with a fix.
+    task is not done (queued, running, or relayed and not yet reported done). Every problem
+    with the declaration raises here, at import, with a fix.
     """
     _check_name(name, "task")
 
@@ -231,7 +231,7 @@ def task(
             raise InvalidOverlapError(
                 f'task "{task_name}" has overlap={overlap!r}',
                 fix='use overlap="allow" (default: occurrences may run side by side) or '
-                '"skip" (skip an occurrence while an earlier one is still queued or running)',
+                '"skip" (skip an occurrence while a job of an earlier one is not done)',
                 cause=overlap,
             )
         handle = TaskHandle(

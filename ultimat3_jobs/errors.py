@@ -203,9 +203,17 @@ class RelayTargetError(UltimateError):
 
 
 class BrokerUnavailableError(UltimateError):
-    """The engine an outbox row goes to (a Celery broker, a Tasks backend) refused it for now."""
+    """The engine an outbox row goes to (a Celery broker, a Tasks backend) cannot be reached:
+    a connection or transport error, for every row alike until it is back."""
 
     code = "jobs.relay.broker-unavailable"
+
+
+class RelayRefusedError(UltimateError):
+    """The engine refused this one outbox row (its arguments, its options, its message): the
+    row fails with the engine's error, and the rows behind it are sent."""
+
+    code = "jobs.relay.refused"
 
 
 class CeleryBeatReadError(UltimateError):

@@ -105,6 +105,9 @@ class Job(models.Model):
     #: The W3C ``traceparent`` its run continues (``tracing.py``): the span of the occurrence
     #: that fired it, or of the code that enqueued it; empty while tracing is off.
     trace_context = models.TextField(blank=True, default="", db_default="")
+    #: When a relay first found its Celery task or Django Task unknown: the row waits
+    #: ``RELAY_UNKNOWN_TASK_GRACE`` from then for a relay that knows it (a rolling deploy).
+    target_unknown_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -147,7 +150,7 @@ class Outcome(models.TextChoices):
     DROPPED = "dropped"
     PAUSED = "paused"
     MANUAL = "manual"
-    #: Not fired: a job of an earlier occurrence of the task was still queued or running.
+    #: Not fired: a job of an earlier occurrence of the task was not done yet.
     OVERLAP = "overlap"
     BACKFILL = "backfill"
 

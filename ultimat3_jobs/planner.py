@@ -265,7 +265,7 @@ def fire_task(
 def skip_overlaps(plan: RoundPlan, busy: Mapping[str, datetime]) -> list[PlannedRecord]:
     """Take out of ``plan`` the occurrences an ``overlap="skip"`` task may not fire now.
 
-    ``busy`` is, per task, the earliest occurrence that still has a job queued or running, read
+    ``busy`` is, per task, the earliest occurrence that still has a job not done, read
     inside the round's transaction. An occurrence is skipped when an earlier one is busy, or
     when an earlier one with jobs fires in this same round (its jobs are queued from now on).
     The skipped ones become records (consecutive ones of a task in one record), the watermarks
@@ -284,7 +284,7 @@ def skip_overlaps(plan: RoundPlan, busy: Mapping[str, datetime]) -> list[Planned
             continue
         earlier = busy.get(name)
         if earlier is not None and earlier < fired.occurrence:
-            reasons.setdefault(name, f"overlap=skip: {_iso(earlier)} still queued or running")
+            reasons.setdefault(name, f"overlap=skip: {_iso(earlier)} not done yet")
         elif name in fired_here:
             reasons.setdefault(name, f"overlap=skip: {_iso(fired_here[name])} fired this round")
         else:

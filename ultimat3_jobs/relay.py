@@ -10,7 +10,16 @@ at least once, and ``ExactlyOnceTask`` (``celery.py``) makes the effect exactly 
 
 Rows of an ``ExactlyOnceTask`` handed over more than ``RELAY_RESEND_AFTER`` ago and still not
 done are sent again: a worker can lose a message between taking it and recording it unacked.
-A broker that is down is retried with backoff, logged (``jobs.relay.broker-down``) and counted.
+
+A failed send is one of three faults. The engine's service cannot be reached (a connection or
+transport error, ``broker_down``): the batch ends, the row stays first, the loop backs off
+(``jobs.relay.broker-down``). The engine refused this one row (its arguments, its options,
+its message): the row fails with the engine's error and a fix (``jobs.relay.refused``) and the
+batch goes on. The row's task is not known here (``RelayTargetError``, a relay of the last
+release during a rolling deploy): the row waits out of the way, ``RELAY_UNKNOWN_TASK_GRACE``
+at most, for a relay that knows it, then fails. A resend is never failed for either: it waits
+for the next ``RELAY_RESEND_AFTER``.
+
 Wake-ups come from LISTEN/NOTIFY where the database has it (PostgreSQL), with polling as the
 fallback; the first SIGTERM finishes the row in hand, commits and exits (``lifecycle``).
 """
@@ -19,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -33,15 +43,15 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from . import clock as default_clock
 from . import instruments, nodes, tasks_compat, tracing
 from .conf import get_settings
-from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
+from .errors import BrokerUnavailableError, RelayRefusedError, RelayTargetError, UltimateError
 from .inputs import json_value
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, listen
 from .listener import RELAY_PAYLOAD, Listener
 from .logs import emit, failure_fields
-from .models import Job
+from .models import Job, JobStatus
 from .nodes import RunStatus, new_node_id
 from .outbox import CELERY, CELERY_ONCE, RESENDABLE, TASKS
-from .retries import format_error
+from .retries import format_error, storable
 from .store import JobStore, store_for
 
 #: The TASKS backend whose rows are this app's own jobs, run by its workers and never relayed.
@@ -53,6 +63,23 @@ logger = logging.getLogger("ultimat3_jobs.relay")
 TASK_ID_NAMESPACE = uuid.UUID("6f1c1f0e-8d0b-4b52-9a53-5f3b0f6c2a11")
 #: Rows locked and sent per transaction.
 DEFAULT_BATCH = 100
+#: How long a row whose task is unknown here is put off before a relay looks at it again
+#: (never past the end of its grace).
+TARGET_RETRY = timedelta(seconds=5)
+#: The connection and timeout errors of the clients an engine talks through, by module: only
+#: a library already imported can have raised one. ``OSError`` covers the standard library's
+#: (``ConnectionError``, ``TimeoutError``, socket errors).
+CLIENT_CONNECTION_ERRORS = {
+    # kombu wraps a transport's connection errors in this (``retry=False`` publishes too).
+    "kombu.exceptions": ("OperationalError",),
+    "redis.exceptions": ("ConnectionError", "TimeoutError", "BusyLoadingError"),
+    "amqp.exceptions": ("ConnectionError",),
+    # A Tasks backend that keeps its queue in a database of its own.
+    "django.db": ("OperationalError", "InterfaceError"),
+}
+#: Errors a broken message raises: never a transport's, whatever a transport lists (kombu's
+#: Redis transport counts a ``KeyError`` as a connection error, for its consumer's poller).
+MESSAGE_ERRORS = (KeyError, TypeError, ValueError)
 
 
 def celery_task_id(key: str) -> str:
@@ -78,6 +105,9 @@ class RelayStats:
     sent: int = 0
     resent: int = 0
     refused: int = 0
+    #: Rows put off because their task is unknown here, or a resend could not be made (once
+    #: per look).
+    waiting: int = 0
     broker_errors: int = 0
     by_relay: dict[str, int] = field(default_factory=dict)
 
@@ -99,6 +129,57 @@ def resolve_celery_task(name: str) -> Any:
             "app's tasks.py is; check CELERY settings and that run_relay runs the same code)",
             cause=name,
         ) from None
+
+
+def broker_down(error: BaseException, transport: tuple[type[BaseException], ...] = ()) -> bool:
+    """Whether ``error`` says the engine's service cannot be reached (every row waits for it),
+    rather than that the engine refused this one row.
+
+    A connection or timeout error of a client library in use, or one of ``transport`` (what the
+    Celery app's transport lists), raised as such or as the cause of a wrapper's error.
+    """
+    known: list[type[BaseException]] = [OSError, *transport]
+    for module, names in CLIENT_CONNECTION_ERRORS.items():
+        found = sys.modules.get(module)
+        known.extend(getattr(found, name) for name in names if hasattr(found, name))
+    errors = tuple(
+        kind for kind in known if not any(issubclass(bad, kind) for bad in MESSAGE_ERRORS)
+    )
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, errors):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False
+
+
+def _transport_errors(task: Any) -> tuple[type[BaseException], ...]:
+    """The connection and channel errors the transport of ``task``'s app lists."""
+    try:
+        connection = task.app.connection_for_write()
+        return (*connection.connection_errors, *connection.channel_errors)
+    except Exception:
+        return ()  # Unknown transport: the generic client errors still count.
+
+
+def _refusal_fix(error: BaseException, *, what: str) -> str:
+    """What to change when the engine refused a row, by what it raised."""
+    retry = "then retry the row from the admin (Retry failed)"
+    if isinstance(error, TypeError):
+        return (
+            f"make the entry's input fit the arguments of {what} as deployed where the relay "
+            f"runs (a keyword renamed or removed?), {retry}"
+        )
+    if type(error).__name__ in ("EncodeError", "SerializationError"):
+        return f"pass input that {what}'s serializer can encode (JSON values), {retry}"
+    if type(error).__name__ in ("InvalidTask", "InvalidTaskError"):
+        return f"declare {what} so its backend can run it (options, arguments), {retry}"
+    return (
+        f"fix what the error names in the declaration or options of {what} (time limits, "
+        f"routing, serializer, arguments), {retry}"
+    )
 
 
 def send_celery(job: Job, using: str) -> Sent:
@@ -127,10 +208,16 @@ def send_celery(job: Job, using: str) -> Sent:
             retry=False,
         )
     except Exception as error:
-        raise BrokerUnavailableError(
-            f'the Celery broker refused task "{job.name}": {type(error).__name__}: {error}',
-            fix="check CELERY_BROKER_URL and that the broker runs; the relay keeps the row and "
-            "sends it once the broker is back",
+        if broker_down(error, _transport_errors(task)):
+            raise BrokerUnavailableError(
+                f'the Celery broker cannot take task "{job.name}": {type(error).__name__}: {error}',
+                fix="check CELERY_BROKER_URL and that the broker runs; the relay keeps the row "
+                "and sends it once the broker is back",
+                cause=error,
+            ) from error
+        raise RelayRefusedError(
+            f'Celery refused task "{job.name}" for job {job.pk}: {type(error).__name__}: {error}',
+            fix=_refusal_fix(error, what=f'the Celery task "{job.name}"'),
             cause=error,
         ) from error
     return Sent(task_id)
@@ -154,11 +241,18 @@ def send_django_task(job: Job) -> Sent:
     try:
         result = task.enqueue(*(job.args or []), **(job.input or {}))
     except Exception as error:
-        raise BrokerUnavailableError(
-            f'backend "{job.backend}" refused Django Task "{job.name}": '
+        if broker_down(error):
+            raise BrokerUnavailableError(
+                f'backend "{job.backend}" cannot take Django Task "{job.name}": '
+                f"{type(error).__name__}: {error}",
+                fix=f'check TASKS["{job.backend}"] and the service behind it; the relay keeps '
+                "the row and sends it once the backend takes it",
+                cause=error,
+            ) from error
+        raise RelayRefusedError(
+            f'backend "{job.backend}" refused Django Task "{job.name}" for job {job.pk}: '
             f"{type(error).__name__}: {error}",
-            fix=f'check TASKS["{job.backend}"] and the service behind it; the relay keeps the '
-            "row and sends it once the backend takes it",
+            fix=_refusal_fix(error, what=f'the Django Task "{job.name}"'),
             cause=error,
         ) from error
     # A backend that runs the task inline (ImmediateBackend) is done with it already.
@@ -227,6 +321,7 @@ class Relay:
         self.poll_interval = poll_interval or config.worker_poll_interval
         self.resend_after = resend_after or config.relay_resend_after
         self.stuck_after = config.relay_stuck_after
+        self.unknown_task_grace = config.relay_unknown_task_grace
         self.stats_interval = stats_interval
         self.results_interval = results_interval
         self.listen = listen
@@ -261,8 +356,10 @@ class Relay:
     def relay_once(self) -> int:
         """Lock one batch, send it, record it, commit; how many rows were handed over.
 
-        A broker that refuses a row ends the batch: what was sent before it is committed, the
-        rest stays in the outbox, and ``BrokerUnavailableError`` tells the loop to back off.
+        A broker that cannot be reached ends the batch: what was sent before it is committed,
+        the rest stays in the outbox, and ``BrokerUnavailableError`` tells the loop to back
+        off. A row the engine refuses fails alone, and one whose task is unknown here waits
+        (``RELAY_UNKNOWN_TASK_GRACE``); the batch goes on past both.
         """
         now = self.clock()
         down: BrokerUnavailableError | None = None
@@ -286,8 +383,14 @@ class Relay:
                 except BrokerUnavailableError as error:
                     down = error
                     break
+                except RelayTargetError as error:
+                    self._target_unknown(job, error)
+                    continue
                 except UltimateError as error:
-                    self._refuse(job, error)
+                    if job.status == JobStatus.RELAYED:
+                        self._resend_later(job, error)
+                    else:
+                        self._refuse(job, error)
                     continue
                 except DatabaseError as error:
                     if not inline:
@@ -359,11 +462,75 @@ class Relay:
             done=sent.done,
         )
 
-    def _refuse(self, job: Job, error: UltimateError) -> None:
-        text = f"{error.message}\nfix: {error.fix}"
+    def _refuse(self, job: Job, error: UltimateError, *, after_grace: bool = False) -> None:
+        fields = error.as_fields()
+        if after_grace:
+            fields["error"] = (
+                f"{error.message}; no relay knew it within RELAY_UNKNOWN_TASK_GRACE "
+                f"({self.unknown_task_grace.total_seconds():g} s)"
+            )
+        text = storable(f"{fields['error']} [{error.code}]\nfix: {error.fix}")
         self.store.relay_refused(job_id=job.pk, now=self.clock(), error=text)
         self.stats.refused += 1
-        emit(logger, "jobs.relay.refused", logging.ERROR, job_id=job.pk, **error.as_fields())
+        emit(logger, "jobs.relay.refused", logging.ERROR, job_id=job.pk, name=job.name, **fields)
+
+    def _target_unknown(self, job: Job, error: RelayTargetError) -> None:
+        """Put off a row whose task this relay cannot find, so the rows behind it go on: a
+        relay of the new release may know it (a rolling deploy). Past the grace, fail it."""
+        if job.status == JobStatus.RELAYED:
+            self._resend_later(job, error)
+            return
+        now = self.clock()
+        since = job.target_unknown_since or now
+        deadline = since + self.unknown_task_grace
+        if now >= deadline:
+            self._refuse(job, error, after_grace=True)
+            return
+        until = min(now + TARGET_RETRY, deadline)
+        note = (
+            f"{error.message}; waiting for a relay that knows it until "
+            f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, then failed"
+        )
+        self.store.relay_deferred(
+            job_id=job.pk,
+            until=until,
+            since=since,
+            error=storable(f"{note} [{error.code}]\nfix: {error.fix}"),
+        )
+        self.stats.waiting += 1
+        emit(
+            logger,
+            "jobs.relay.target-waiting",
+            logging.WARNING,
+            job_id=job.pk,
+            name=job.name,
+            waited=(now - since).total_seconds(),
+            grace=self.unknown_task_grace.total_seconds(),
+            until=until.isoformat(),
+            **error.as_fields(),
+        )
+
+    def _resend_later(self, job: Job, error: UltimateError) -> None:
+        """A resend this relay cannot make (its task unknown here, or refused) is put off by
+        ``RELAY_RESEND_AFTER``, never failed: the row was handed over once, its first message
+        may still run, and a relay that can resends it."""
+        until = self.clock() + self.resend_after
+        self.store.relay_deferred(
+            job_id=job.pk,
+            until=until,
+            since=None,
+            error=storable(f"{error.message}; not resent [{error.code}]\nfix: {error.fix}"),
+        )
+        self.stats.waiting += 1
+        emit(
+            logger,
+            "jobs.relay.resend-deferred",
+            logging.WARNING,
+            job_id=job.pk,
+            name=job.name,
+            until=until.isoformat(),
+            **error.as_fields(),
+        )
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -480,6 +647,7 @@ class Relay:
             sent=self.stats.sent,
             resent=self.stats.resent,
             refused=self.stats.refused,
+            waiting=self.stats.waiting,
             broker_errors=self.stats.broker_errors,
             by_relay=self.stats.by_relay,
             **{f"rows_{name}": value for name, value in counts.items()},

@@ -13,6 +13,7 @@ if TYPE_CHECKING or not find_spec("django.tasks"):
     try:
         from django_tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
         from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.backends.immediate import ImmediateBackend
         from django_tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskError
         from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
@@ -32,6 +33,7 @@ else:  # pragma: no cover - Django 6
         task_backends,
     )
     from django.tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+    from django.tasks.backends.immediate import ImmediateBackend  # type: ignore[no-redef]
     from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskError  # type: ignore[no-redef]
     from django.tasks.exceptions import (  # type: ignore[no-redef]
         InvalidTask as InvalidTaskError,
@@ -59,6 +61,7 @@ __all__ = [
     "AVAILABLE",
     "DEFAULT_TASK_PRIORITY",
     "BaseTaskBackend",
+    "ImmediateBackend",
     "InvalidTaskError",
     "Task",
     "TaskContext",

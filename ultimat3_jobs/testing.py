@@ -15,7 +15,7 @@ from typing import Any
 from .handles import TaskHandle
 from .planner import RoundPlan, Streamed, skip_overlaps
 from .state import Fence, FencingLost, WatermarkMoved
-from .store import Enqueued, TaskState
+from .store import BUSY, Enqueued, TaskState
 
 
 class MemoryState:
@@ -95,7 +95,7 @@ class MemoryState:
         busy: dict[str, datetime] = {}
         for row in self.jobs.values():
             task, at = row["task"], row["occurrence"]
-            if task in tasks and at is not None and row["status"] in ("queued", "running"):
+            if task in tasks and at is not None and row["status"] in BUSY:
                 busy[task] = min(busy.get(task, at), at)
         return busy
 

@@ -27,6 +27,23 @@ if find_spec("celery") is not None:
     def relay_every_second(occurrence: datetime) -> list[Entry]:
         return [(write_row, {"occurrence": occurrence.isoformat()})]
 
+    if os.environ.get("ULTIMAT3_ACCEPTANCE_RELAY_EXCLUSIVE"):
+        from testproject.demo.celery_tasks import plain_row
+
+        @task(cron="* * * * * *", tz="UTC", name="acceptance.relay_exclusive", overlap="skip")
+        def relay_exclusive(occurrence: datetime) -> list[Entry]:
+            return [(plain_row, {"label": f"exclusive {occurrence.isoformat()}"})]
+
+    if os.environ.get("ULTIMAT3_ACCEPTANCE_NEW_RELEASE"):
+        # A task only the next release declares: a relay without it is of the last release.
+        from celery import shared_task  # type: ignore[import-untyped, unused-ignore]
+
+        from testproject.demo.models import Ping
+
+        @shared_task(name="acceptance.new_release_row")
+        def new_release_row(label: str) -> None:
+            Ping.objects.create(label=label)
+
 
 if DJANGO_TASKS and os.environ.get("ULTIMAT3_ACCEPTANCE_IMMEDIATE"):
     from testproject.demo.background import record_immediately

@@ -11,6 +11,7 @@ import random
 import time
 
 from celery import shared_task  # type: ignore[import-untyped, unused-ignore]
+from celery.exceptions import Ignore, Reject  # type: ignore[import-untyped, unused-ignore]
 
 from ultimat3_jobs.celery import ExactlyOnceTask
 
@@ -33,3 +34,41 @@ def write_row(self: ExactlyOnceTask, occurrence: str) -> str:
 def plain_row(label: str) -> None:
     """A plain Celery task: at least once, its row marked done by the signal handlers."""
     Ping.objects.create(label=label)
+
+
+def _note_run(label: str) -> None:
+    """A line per run of a body, outside the database, so a test counts runs a rollback undid."""
+    path = os.environ.get("ULTIMAT3_ACCEPTANCE_BODY_LOG")
+    if path:
+        with open(path, "a") as file:
+            file.write(f"{label}\n")
+
+
+@shared_task(base=ExactlyOnceTask, bind=True, name="demo.once_ends")
+def once_ends(self: ExactlyOnceTask, label: str, how: str) -> str:
+    """Writes a row, then ends as ``how`` says: "return", "ignore", "reject" (not requeued),
+    "requeue" (rejected and requeued), "replace" (by ``plain_row``) or "nul" (returns what a
+    PostgreSQL ``jsonb`` column refuses)."""
+    Ping.objects.create(label=label)
+    _note_run(label)
+    if how == "ignore":
+        raise Ignore()
+    if how == "reject":
+        raise Reject("the body refused its message", requeue=False)
+    if how == "requeue":
+        raise Reject("the body wants it again", requeue=True)
+    if how == "replace":
+        return self.replace(plain_row.si(label=f"{label} replacement"))
+    if how == "nul":
+        return f"{label} \x00"
+    return label
+
+
+@shared_task(name="demo.plain_ends")
+def plain_ends(label: str, how: str) -> None:
+    """A plain task that writes a row, then ignores or rejects its message as ``how`` says."""
+    Ping.objects.create(label=label)
+    if how == "ignore":
+        raise Ignore()
+    if how == "reject":
+        raise Reject("the body refused its message", requeue=False)

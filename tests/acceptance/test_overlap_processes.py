@@ -64,7 +64,7 @@ def test_overlap_skip__a_running_job_holds_back_later_occurrences(
         assert [(j.pk, j.status) for j in jobs()] == [(first.pk, JobStatus.RUNNING)]
         assert {r.detail for r in skipped()} == {
             f"overlap=skip: {first.occurrence.isoformat().replace('+00:00', 'Z')} "  # type: ignore[union-attr]
-            "still queued or running"
+            "not done yet"
         }
         assert scheduler.named("jobs.scheduler.overlap-skipped")
     finally:
@@ -97,3 +97,31 @@ def test_overlap_skip__a_running_job_holds_back_later_occurrences(
     assert decided[0] == first.occurrence
     span = int((decided[-1] - decided[0]).total_seconds()) + 1  # type: ignore[operator]
     assert len(decided) == span, "an occurrence was neither fired nor recorded"
+
+
+def test_overlap_skip__a_celery_entry_s_outbox_row_holds_back_later_occurrences(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    # No relay runs: the first occurrence's row waits in the outbox, and counts as busy.
+    task = "acceptance.relay_exclusive"
+    env = {"ULTIMAT3_ACCEPTANCE_RELAY": "1", "ULTIMAT3_ACCEPTANCE_RELAY_EXCLUSIVE": "1"}
+    scheduler = spawn(tmp_path, "scheduler", "run_scheduler", settings_overrides=FAST, env=env)
+    processes.append(scheduler)
+
+    def rows() -> list[Job]:
+        close_old_connections()
+        return list(Job.objects.filter(task=task))
+
+    def held() -> list[Occurrence]:
+        close_old_connections()
+        return list(Occurrence.objects.filter(task=task, outcome="overlap"))
+
+    wait_for(lambda: sum(r.count for r in held()) >= 2, 60, "two occurrences skipped")
+    [row] = rows()
+    assert (row.status, row.relay, row.name) == (JobStatus.OUTBOX, "celery", "demo.plain_row")
+    assert row.occurrence is not None
+    assert {r.detail for r in held()} == {
+        f"overlap=skip: {row.occurrence.isoformat().replace('+00:00', 'Z')} not done yet"
+    }
+    stop_all(processes)
+    assert len(rows()) == 1

@@ -110,3 +110,77 @@ def test_check_dst_options__real_time_schedule_with_options_warns() -> None:
     [warning] = check_dst_options()
     assert (warning.id, warning.hint) == ("ultimat3_jobs.W010", REAL_TIME_DST_FIX)
     assert '"dst.real"' in warning.msg
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_check_overlap_of_relayed_entries__skip_on_an_engine_that_may_never_report_done() -> None:
+    from celery.signals import task_success
+
+    from testproject.demo import background
+    from testproject.demo.celery_tasks import plain_row, write_row
+    from ultimat3_jobs import task
+    from ultimat3_jobs.celery import _plain_task_succeeded
+    from ultimat3_jobs.relay_checks import (
+        UNREPORTED_CELERY_FIX,
+        UNREPORTED_TASKS_FIX,
+        check_overlap_of_relayed_entries,
+    )
+
+    @task(cron="0 3 * * *", tz="UTC", name="checks.exclusive", overlap="skip")
+    def exclusive(occurrence: datetime) -> list[Entry]:
+        return [
+            (background.elsewhere, {"label": "a"}),  # DummyBackend: no get_result
+            (background.elsewhere, {"label": "b"}),  # the same task: said once
+            (background.reported, {"label": "c"}),  # answers get_result
+            (background.record_immediately, {"label": "d"}),  # runs inside enqueue()
+            (write_row, {"occurrence": "e"}),  # ExactlyOnceTask: done in its transaction
+            (plain_row, {"label": "f"}),  # plain, acknowledged late: its handlers mark it
+        ]
+
+    @task(cron="0 3 * * *", tz="UTC", name="checks.shared")
+    def shared(occurrence: datetime) -> list[Entry]:
+        return [(background.elsewhere, {"label": "g"})]  # overlap="allow": nothing to hold
+
+    dummy = checks.Warning(
+        'task "checks.exclusive" has overlap="skip" and schedules the Django Task '
+        '"testproject.demo.background.elsewhere" on backend "elsewhere", which cannot say when '
+        "a task finished (no supports_get_result): its row would stay relayed, and the task "
+        "would never fire again",
+        hint=UNREPORTED_TASKS_FIX,
+        id="ultimat3_jobs.W007",
+    )
+    assert check_overlap_of_relayed_entries() == [dummy]
+
+    plain_row.acks_late = False
+    try:
+        early = check_overlap_of_relayed_entries()
+    finally:
+        plain_row.acks_late = True
+    assert early == [
+        dummy,
+        checks.Warning(
+            'task "checks.exclusive" has overlap="skip" and schedules the plain Celery task '
+            '"demo.plain_row", which acknowledges its message before running: a worker killed '
+            "mid-task loses it, and nothing resends a plain task: its row would stay relayed, "
+            "and the task would never fire again",
+            hint=UNREPORTED_CELERY_FIX,
+            id="ultimat3_jobs.W007",
+        ),
+    ]
+
+    task_success.disconnect(_plain_task_succeeded)
+    try:
+        unheard = check_overlap_of_relayed_entries()
+    finally:
+        task_success.connect(_plain_task_succeeded)
+    assert unheard == [
+        dummy,
+        checks.Warning(
+            'task "checks.exclusive" has overlap="skip" and schedules the plain Celery task '
+            '"demo.plain_row", whose end no handler records here (ultimat3_jobs.celery\'s '
+            "signal handlers are not connected): its row would stay relayed, and the task "
+            "would never fire again",
+            hint=UNREPORTED_CELERY_FIX,
+            id="ultimat3_jobs.W007",
+        ),
+    ]

@@ -209,3 +209,26 @@ def test_0009__keeps_every_task_with_nothing_backfilled_ahead() -> None:
     assert list(tasks.values_list("name", "last_fired_at", "paused", "backfilled_to")) == [
         ("t.a", AT, True, None)
     ]
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0010__keeps_every_job_and_no_row_has_waited_for_its_target() -> None:
+    before, after = "0009_task_backfilled_to", "0010_relay_target_unknown_since"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(
+        name="demo.write_row", key="o1", status="outbox", relay="celery", run_at=AT, created_at=AT
+    )
+    old.objects.create(name="demo.ping", key="q1", run_at=AT, created_at=AT)
+
+    executor = migrate_to(after)
+
+    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    rows = list(
+        new.objects.order_by("key").values_list("key", "status", "relay", "target_unknown_since")
+    )
+    assert rows == [("o1", "outbox", "celery", None), ("q1", "queued", "", None)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -57,9 +58,7 @@ def test_round__skip_waits_while_an_earlier_job_is_queued_or_running() -> None:
         (FIRST + MINUTE, 1),
         (FIRST + 2 * MINUTE, 1),
     ]
-    assert {r.detail for r in skipped} == {
-        "overlap=skip: 2026-06-01T00:01:00Z still queued or running"
-    }
+    assert {r.detail for r in skipped} == {"overlap=skip: 2026-06-01T00:01:00Z not done yet"}
     # The watermark moved on: a skipped occurrence is decided, never fired later.
     assert Task.objects.get(name=exclusive.name).last_fired_at == clock()
 
@@ -112,3 +111,44 @@ def test_round__overlap_costs_one_statement_whatever_the_number_of_tasks() -> No
     # The skipping round inserts no job but reads the busy occurrences: one statement in all
     # at most more than a round that inserts every job.
     assert skip_small <= allow_small + 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("entry", ["exactly_once", "plain"])
+def test_round__skip_waits_while_an_earlier_relayed_row_is_not_reported_done(entry: str) -> None:
+    from testproject.demo.celery_tasks import plain_row, write_row
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.zones import resolve_zone
+
+    def entries(occurrence: datetime) -> list[Any]:
+        if entry == "plain":
+            return [(plain_row, {"label": occurrence.isoformat()})]
+        return [(write_row, {"occurrence": occurrence.isoformat()})]
+
+    relayed = TaskHandle(
+        entries,
+        name=f"skip.relayed-{entry}",
+        schedule=parse("* * * * *"),
+        zone=resolve_zone("UTC", "test"),
+        catch_up="skip",
+        max_catch_up=10,
+        overlap="skip",
+    )
+    clock = FrozenClock(T0)
+    scheduler = armed([relayed], clock)
+    at_minute(clock, 1)
+    assert [d.occurrence for d in scheduler.tick()] == [FIRST]
+    [first] = Job.objects.filter(task=relayed.name)
+    assert first.status == JobStatus.OUTBOX
+    # Waiting for the relay, then handed to Celery and not reported done: busy either way.
+    at_minute(clock, 2)
+    assert scheduler.tick() == []
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.RELAYED)
+    at_minute(clock, 3)
+    assert scheduler.tick() == []
+    skipped = Occurrence.objects.filter(task=relayed.name, outcome="overlap")
+    assert {r.detail for r in skipped} == {"overlap=skip: 2026-06-01T00:01:00Z not done yet"}
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.SUCCEEDED)
+    at_minute(clock, 4)
+    assert [d.occurrence for d in scheduler.tick()] == [FIRST + 3 * MINUTE]
+    assert Job.objects.filter(task=relayed.name).count() == 2

@@ -20,6 +20,7 @@ from testproject.demo.celery_tasks import plain_row, write_row
 from testproject.demo.models import Ping
 from ultimat3_jobs import tasks_compat
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
+from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.errors import BrokerUnavailableError
 from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.models import Job
@@ -177,10 +178,17 @@ def test_relay__a_broker_that_is_down_keeps_the_row_until_it_is_back(
 
 
 @pytest.mark.django_db
-def test_relay__a_task_it_does_not_know_fails_the_row_with_a_fix(broker: redis.Redis) -> None:
+def test_relay__a_task_it_does_not_know_fails_the_row_with_a_fix_after_the_grace(
+    broker: redis.Redis,
+) -> None:
     job = celery_round("relay.unknown")
     Job.objects.filter(pk=job.pk).update(name="demo.no_such_task")
-    relayer = relay()
+    clock = FrozenClock(MINUTE + timedelta(seconds=1))
+    relayer = relay(clock=clock)
+    assert relayer.relay_once() == 0
+    job.refresh_from_db()
+    assert job.status == "outbox"  # Waiting for a relay that knows it: see test_relay_faults.
+    clock.advance(relayer.unknown_task_grace)
     assert relayer.relay_once() == 0
     job.refresh_from_db()
     assert job.status == "failed"

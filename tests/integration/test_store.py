@@ -205,7 +205,7 @@ def test_store_for__one_store_per_alias_chosen_by_its_engine() -> None:
 
 def test_new_job_columns__are_every_column_of_the_table_but_those_left_to_their_defaults() -> None:
     left_out = {"args", "return_value", "error_class", "traceback", "relayed_at", "engine_id"}
-    left_out |= {"done_at", "started_at", "finished_at"}
+    left_out |= {"done_at", "started_at", "finished_at", "target_unknown_since"}
     columns = {field.column for field in Job._meta.concrete_fields} - {"id"}
     assert set(NEW_JOB_NAMES) == columns - left_out
     assert len(NEW_JOB_NAMES) == len(set(NEW_JOB_NAMES))

@@ -52,7 +52,7 @@ def test_skip_overlaps__an_earlier_busy_occurrence_skips_this_one() -> None:
     assert plan.fired == []
     assert (record.task, record.outcome) == ("a", "overlap")
     assert (record.span.first, record.span.last, record.span.count) == (ONE + HOUR, ONE + HOUR, 1)
-    assert record.detail == "overlap=skip: 2026-06-01T01:00:00Z still queued or running"
+    assert record.detail == "overlap=skip: 2026-06-01T01:00:00Z not done yet"
     assert plan.records == [record]
 
 
@@ -131,3 +131,19 @@ def test_round__allow_fires_while_an_earlier_occurrence_is_queued() -> None:
     [second] = scheduler.tick()
     assert second.occurrence == ONE + HOUR
     assert [r["outcome"] for r in state.records] == ["fired", "fired"]
+
+
+@pytest.mark.parametrize("status", ["outbox", "relayed"])
+def test_round__skip_waits_while_an_earlier_relayed_job_is_not_reported_done(status: str) -> None:
+    handle = hourly(f"t.relayed-{status}", overlap="skip")
+    scheduler, state, clock = build(handle)
+    clock.set(ONE)
+    scheduler.tick()
+    [only] = state.jobs.values()
+    only["status"] = status  # As an outbox row waits for the relay, then for its engine.
+    clock.set(ONE + HOUR)
+    assert scheduler.tick() == []
+    only["status"] = "succeeded"
+    clock.set(ONE + 2 * HOUR)
+    [fired] = scheduler.tick()
+    assert fired.occurrence == ONE + 2 * HOUR

@@ -22,6 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from .portable import PortableStore
 from .postgres import PostgresStore
 from .values import (
+    BUSY,
     FINISHED,
     ClaimedJob,
     Copied,
@@ -141,7 +142,8 @@ class JobStore(Protocol):
         ...
 
     def busy_occurrences(self, tasks: Iterable[str]) -> dict[str, datetime]:
-        """Per task, the earliest occurrence with a job still queued or running: one statement.
+        """Per task, the earliest occurrence with a job not done yet (``BUSY``: queued,
+        running, or an outbox row not yet reported done by its engine): one statement.
 
         Only jobs of occurrences count (scheduled or backfilled); a direct or manual enqueue
         has none. Read inside the round's transaction, for the overlap policy.
@@ -248,7 +250,8 @@ class JobStore(Protocol):
         self, *, limit: int, now: datetime, resend: Sequence[str], resend_before: datetime
     ) -> list[Job]:
         """Lock up to ``limit`` rows to send, oldest first: outbox rows due by ``now``, and rows
-        of the ``resend`` relays handed over before ``resend_before`` and not done since.
+        of the ``resend`` relays handed over before ``resend_before`` and not done since (nor
+        put off past ``now`` by ``relay_deferred``).
 
         Call it inside the transaction that records them sent; the locks end with it.
         """
@@ -262,7 +265,17 @@ class JobStore(Protocol):
         ...
 
     def relay_refused(self, *, job_id: int, now: datetime, error: str) -> bool:
-        """The row cannot be sent (its task is not known here): failed, with the reason."""
+        """The row cannot be sent (the engine refused it, or its task stayed unknown here past
+        the grace): failed, with the reason."""
+        ...
+
+    def relay_deferred(
+        self, *, job_id: int, until: datetime, error: str, since: datetime | None
+    ) -> bool:
+        """This relay cannot send the row now (its task unknown here, or a resend refused): it
+        waits, as it is, until ``until`` (its ``run_at``, so the rows behind it are sent
+        meanwhile), the reason in its ``last_error``; ``since``, when given, is when the wait
+        for its task began (``target_unknown_since``)."""
         ...
 
     def lock_relayed(self, *, job_id: int) -> Job | None:
@@ -439,6 +452,7 @@ def enqueue(
 
 
 __all__ = [
+    "BUSY",
     "FINISHED",
     "ClaimedJob",
     "Copied",

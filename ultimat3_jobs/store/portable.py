@@ -45,6 +45,7 @@ from .columns import (
     wake_payload,
 )
 from .values import (
+    BUSY,
     FINISHED,
     ClaimedJob,
     DecidedRecord,
@@ -233,7 +234,7 @@ class PortableStore:
             self._jobs()
             .filter(
                 task__in=names,
-                status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                status__in=BUSY,
                 occurrence__isnull=False,
             )
             .values("task")
@@ -465,7 +466,10 @@ class PortableStore:
             return []
         # One relay at a time: SQLite's write lock serialises whole transactions.
         due = Q(status=JobStatus.OUTBOX, run_at__lte=now) | Q(
-            status=JobStatus.RELAYED, relay__in=list(resend), relayed_at__lt=resend_before
+            status=JobStatus.RELAYED,
+            relay__in=list(resend),
+            relayed_at__lt=resend_before,
+            run_at__lte=now,
         )
         return list(self._jobs().select_for_update().filter(due).order_by("run_at", "pk")[:limit])
 
@@ -477,6 +481,7 @@ class PortableStore:
             engine_id=engine_id,
             attempts=F("attempts") + 1,
             last_error="",
+            target_unknown_since=None,
         )
         if not changed:
             changed = rows.update(relayed_at=now, engine_id=engine_id, attempts=F("attempts") + 1)
@@ -485,6 +490,15 @@ class PortableStore:
     def relay_refused(self, *, job_id: int, now: datetime, error: str) -> bool:
         rows = self._jobs().filter(pk=job_id, status__in=[JobStatus.OUTBOX, JobStatus.RELAYED])
         return bool(rows.update(status=JobStatus.FAILED, finished_at=now, last_error=error))
+
+    def relay_deferred(
+        self, *, job_id: int, until: datetime, error: str, since: datetime | None
+    ) -> bool:
+        rows = self._jobs().filter(pk=job_id, status__in=[JobStatus.OUTBOX, JobStatus.RELAYED])
+        changes: dict[str, Any] = {"run_at": until, "last_error": error}
+        if since is not None:
+            changes["target_unknown_since"] = since
+        return bool(rows.update(**changes))
 
     def lock_relayed(self, *, job_id: int) -> Job | None:
         return self._jobs().select_for_update().filter(pk=job_id).first()
@@ -553,7 +567,11 @@ class PortableStore:
         count = failed.filter(relay="").update(status=JobStatus.QUEUED, **changes)
         # A relayed job goes back to the outbox, to be sent to its engine again.
         count += failed.exclude(relay="").update(
-            status=JobStatus.OUTBOX, relayed_at=None, done_at=None, **changes
+            status=JobStatus.OUTBOX,
+            relayed_at=None,
+            done_at=None,
+            target_unknown_since=None,
+            **changes,
         )
         self._notify([wake_payload(queue, relay) for queue, relay in queues])
         return count

@@ -142,7 +142,8 @@ EXISTING_JOBS = f"SELECT key, id FROM {_JOB} WHERE key = ANY(%s)"
 #: Per task of the array, the earliest occurrence that still has a job queued or running.
 BUSY_OCCURRENCES = f"""
 SELECT task, MIN(occurrence) FROM {_JOB}
-WHERE task = ANY(%s) AND status IN ('queued', 'running') AND occurrence IS NOT NULL
+WHERE task = ANY(%s) AND status IN ('queued', 'running', 'outbox', 'relayed')
+  AND occurrence IS NOT NULL
 GROUP BY task
 """
 
@@ -261,7 +262,8 @@ FINISH_AND_CLAIM_QUEUES = _FINISH_AND_CLAIM.format(
 CLAIM_OUTBOX = f"""
 SELECT * FROM {_JOB}
 WHERE (status = 'outbox' AND run_at <= %(now)s)
-   OR (status = 'relayed' AND relay = ANY(%(resend)s) AND relayed_at < %(resend_before)s)
+   OR (status = 'relayed' AND relay = ANY(%(resend)s) AND relayed_at < %(resend_before)s
+       AND run_at <= %(now)s)
 ORDER BY run_at, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED

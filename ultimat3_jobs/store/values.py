@@ -21,6 +21,8 @@ Enqueued = Mapping[str, tuple[int, bool]]
 
 #: Done with: never claimed or sent again unless retried by hand; only these are deleted.
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+#: Not done yet, for the overlap policy: waiting, running, or with the engine it was relayed to.
+BUSY = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.OUTBOX, JobStatus.RELAYED)
 
 
 class Copied(Mapping[str, tuple[int, bool]]):

@@ -204,11 +204,13 @@ def test_relay_processes__an_exactly_once_task_that_ignores_rejects_or_replaces_
         "every row ended",
     )
     wait_for(lambda: pings("once replace replacement") == 1, 60, "the replacement run")
-    # Long past RELAY_RESEND_AFTER: nothing was sent again, no body ran twice.
-    time.sleep(resend_after * 3)
+    # A loaded machine may resend a row whose first copy is still running; the copy then finds
+    # it done. Once every row has ended, nothing is sent again.
+    resent = len(relay.named("jobs.relay.resent"))
+    time.sleep(resend_after * 3)  # Long past RELAY_RESEND_AFTER: no body ran twice.
     assert {how: status(job) for how, job in rows.items()} == expected
     assert {how: job.attempts for how, job in rows.items()} == dict.fromkeys(ways, 1)
-    assert relay.named("jobs.relay.resent") == []
+    assert len(relay.named("jobs.relay.resent")) == resent
     assert sorted(body_log.read_text().splitlines()) == sorted(f"once {how}" for how in ways)
     written = {label: pings(label) for label in (f"once {how}" for how in ways)}
     # Ignore and replace commit the body's row; a reject, like a failure, rolls it back.

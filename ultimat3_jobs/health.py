@@ -251,15 +251,13 @@ def _scheduler_from_nodes(
         return RoleHealth(
             "scheduler", False, False, f"leader {name}: last round {ago} ago", LEADER_FIX
         )
-    held = _leadership_held(leader, using, config, now)
-    if not held:
-        return RoleHealth(
-            "scheduler",
-            False,
-            False,
-            f"leader {name}: the database no longer holds its {leader.leader} (it died)",
-            LEADER_FIX,
+    if not _leadership_held(leader, using, config, now):
+        lost = (
+            "its advisory lock is gone (the process or its connection died)"
+            if leader.leader == "advisory"
+            else "its lease expired or another node holds it"
         )
+        return RoleHealth("scheduler", False, False, f"leader {name}: {lost}", LEADER_FIX)
     age = (now - leader.last_round_at).total_seconds()
     return RoleHealth("scheduler", True, True, f"leader {name}, last round {_seconds(age)} ago")
 

@@ -136,19 +136,22 @@ class CheckIns:
 
     def opened(self, fired: Sequence[FiredOccurrence]) -> None:
         """A round committed ``fired``: their ``in_progress`` check-ins are sent (after it)."""
-        if fired and self.watched() and _client_active():
+        # The client first: without one, a round of many tasks never walks them for monitors.
+        if fired and _client_active() and self.watched():
             self._put(("opened", fired))
 
     def ended(self, jobs: Iterable[tuple[int, str | None]]) -> None:
         """Jobs ``(id, key)`` finished for good (their finish committed): the occurrences whose
         last jobs they were are closed. Only keys of monitored tasks are looked at; a key of
         None leaves the job for the database to sort out."""
+        if not _client_active():
+            return
         watched = self.watched()
         if not watched:
             return
         # An occurrence key starts with its task's name, which holds no ":".
         ids = [job_id for job_id, key in jobs if key is None or key.partition(":")[0] in watched]
-        if ids and _client_active():
+        if ids:
             self._put(("ended", ids))
 
     def flush(self, timeout: float = CLOSE_TIMEOUT) -> bool:

@@ -176,7 +176,9 @@ class ProcessHealth:
         self._roles: list[weakref.ref[Scheduler | Worker | Relay]] = []
 
     def watch(self, role: Scheduler | Worker | Relay) -> None:
+        """Report ``role`` from now on, for as long as it exists."""
         with self._lock:
+            self._roles = [ref for ref in self._roles if ref() is not None]
             self._roles.append(weakref.ref(role))
 
     def report(self) -> list[RoleHealth]:

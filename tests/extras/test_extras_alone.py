@@ -3,8 +3,9 @@
 
 ``make test`` runs this file in one virtualenv per single extra and with none (``make
 extras``: ``.venv-extra-none``, ``-celery``, ``-tasks``) and, with every extra (``sentry`` and
-``health`` too), in ``.venv`` with the rest of the suite. ``ULTIMAT3_EXTRAS`` names the extras a leg was built with, so a leg that
-holds more than it should fails here rather than passing for the wrong reason.
+``health`` too), in ``.venv`` with the rest of the suite. ``ULTIMAT3_EXTRAS`` names the extras
+a leg was built with, so a leg that holds more than it should fails here rather than passing
+for the wrong reason.
 """
 
 from __future__ import annotations

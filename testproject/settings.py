@@ -29,6 +29,10 @@ INSTALLED_APPS = [
     "testproject.demo",
 ]
 
+if find_spec("health_check") is not None:
+    # django-health-check (the `health` extra): its page's template; urls.py mounts the checks.
+    INSTALLED_APPS.append("health_check")
+
 if env.bool("ULTIMAT3_ACCEPTANCE", default=False):
     # Per-second tasks for the multi-process tests.
     INSTALLED_APPS.append("testproject.acceptance")
@@ -123,3 +127,18 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# Sentry, for the tests of the check-ins: every envelope goes to the file this names, nothing
+# to the network (testproject/sentry_envelopes.py).
+if env.str("ULTIMAT3_SENTRY_ENVELOPES", default=""):
+    import sentry_sdk
+
+    from testproject.sentry_envelopes import EnvelopeFile
+
+    sentry_sdk.init(
+        dsn="https://public@sentry.invalid/1",
+        transport=EnvelopeFile(env.str("ULTIMAT3_SENTRY_ENVELOPES")),
+        default_integrations=False,
+        auto_enabling_integrations=False,
+        environment="test",
+    )

@@ -1,3 +1,5 @@
+from importlib.util import find_spec
+
 from django.contrib import admin
 from django.urls import path
 
@@ -8,3 +10,19 @@ urlpatterns = [
     # Prometheus text; open here, a real project mounts it behind its own access control.
     path("metrics", metrics_view, name="metrics"),
 ]
+
+if find_spec("health_check") is not None:  # the `health` extra
+    from health_check.views import HealthCheckView
+
+    urlpatterns.append(
+        path(
+            "health/jobs/",
+            HealthCheckView.as_view(
+                checks=[
+                    "ultimat3_jobs.health_checks.Scheduler",
+                    "ultimat3_jobs.health_checks.Worker",
+                ]
+            ),
+            name="jobs-health",
+        )
+    )

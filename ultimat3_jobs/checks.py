@@ -113,6 +113,55 @@ def check_dst_options(
     ]
 
 
+SENTRY_MISSING_FIX = (
+    "pip install 'ultimat3-jobs[sentry]' and call sentry_sdk.init(dsn=...) in settings; or "
+    'set ULTIMAT3_JOBS["SENTRY_CRONS"] = False and drop monitor= from the @task declarations'
+)
+SUB_MINUTE_FIX = (
+    "pass monitor=False to these tasks to say so, or give a six-field cron a single seconds "
+    "value (0 */5 * * * *): Sentry's schedules count in minutes"
+)
+
+
+@checks.register()
+def check_monitors(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Monitored tasks need sentry-sdk; ``SENTRY_CRONS`` leaves out what Sentry cannot follow."""
+    from .checkins import sentry_installed
+    from .monitors import crontab, is_monitored
+    from .registry import registry
+
+    try:
+        config = get_settings()
+    except ConfigurationError:
+        return []  # check_settings reports it.
+    tasks = registry.tasks()
+    messages: list[checks.CheckMessage] = []
+    monitored = [t for t in tasks if is_monitored(t.monitor, default=config.sentry_crons)]
+    if monitored and not sentry_installed():
+        messages.append(
+            checks.Warning(
+                f"{len(monitored)} task(s) are Sentry Crons monitors (SENTRY_CRONS or "
+                "monitor=), but sentry-sdk is not installed: no check-in is sent",
+                hint=SENTRY_MISSING_FIX,
+                id="ultimat3_jobs.W011",
+            )
+        )
+    unfit = [t.name for t in monitored if t.monitor is None and crontab(t.schedule) is None]
+    if unfit:
+        messages.append(
+            checks.Warning(
+                f"SENTRY_CRONS leaves out {len(unfit)} task(s) that fire more than once a "
+                f"minute, which Sentry cannot follow: {', '.join(unfit[:10])}"
+                + (" ..." if len(unfit) > 10 else ""),
+                hint=SUB_MINUTE_FIX,
+                id="ultimat3_jobs.W012",
+            )
+        )
+    return messages
+
+
 @checks.register()
 def check_task_backends(
     app_configs: Sequence[Any] | None = None, **kwargs: Any

@@ -59,6 +59,16 @@ DEFAULTS: dict[str, Any] = {
     # Relay: an outbox row whose Celery task or Django Task this relay cannot find waits this
     # many seconds for a relay that can (a rolling deploy), then fails.
     "RELAY_UNKNOWN_TASK_GRACE": 300.0,
+    # Sentry Crons (the `sentry` extra): every task a monitor, unless it says monitor=False.
+    "SENTRY_CRONS": False,
+    # Seconds late an occurrence's in_progress check-in may be before Sentry calls it missed,
+    # and seconds its jobs may run before Sentry calls it timed out (Sentry counts whole
+    # minutes: both are rounded up).
+    "SENTRY_CHECKIN_MARGIN": 60.0,
+    "SENTRY_MAX_RUNTIME": 1800.0,
+    # Health probes: a scheduler whose last round is this many ticks old, or a worker or relay
+    # whose last heartbeat is this many heartbeats old, is not alive.
+    "HEALTH_TICKS": 3,
 }
 
 LEADERS = ("advisory", "lease", "sole")
@@ -87,6 +97,10 @@ class Settings:
     relay_resend_after: timedelta
     relay_stuck_after: timedelta
     relay_unknown_task_grace: timedelta
+    sentry_crons: bool
+    sentry_checkin_margin: timedelta
+    sentry_max_runtime: timedelta
+    health_ticks: int
     unknown: tuple[str, ...]
 
 
@@ -116,6 +130,17 @@ def _positive_int(raw: dict[str, Any], key: str) -> int:
         raise ConfigurationError(
             f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive integer below 2**31',
             fix=f'set ULTIMAT3_JOBS["{key}"] to a positive integer, e.g. {DEFAULTS[key]!r}',
+            cause=value,
+        )
+    return value
+
+
+def _flag(raw: dict[str, Any], key: str) -> bool:
+    value = raw[key]
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not True or False',
+            fix=f'set ULTIMAT3_JOBS["{key}"] to True or False',
             cause=value,
         )
     return value
@@ -176,6 +201,10 @@ def get_settings() -> Settings:
         relay_resend_after=_seconds(raw, "RELAY_RESEND_AFTER"),
         relay_stuck_after=_seconds(raw, "RELAY_STUCK_AFTER"),
         relay_unknown_task_grace=_seconds(raw, "RELAY_UNKNOWN_TASK_GRACE"),
+        sentry_crons=_flag(raw, "SENTRY_CRONS"),
+        sentry_checkin_margin=_seconds(raw, "SENTRY_CHECKIN_MARGIN"),
+        sentry_max_runtime=_seconds(raw, "SENTRY_MAX_RUNTIME"),
+        health_ticks=_positive_int(raw, "HEALTH_TICKS"),
         unknown=tuple(sorted(set(user) - set(DEFAULTS))),
     )
 

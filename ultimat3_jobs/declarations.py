@@ -39,6 +39,7 @@ from .inputs import (
     check_queue,
     check_text,
 )
+from .monitors import Monitor, check_monitor
 from .registry import registry
 from .zones import resolve_zone
 
@@ -184,6 +185,7 @@ def task(
     dst_gap: DstGap = "end-of-gap",
     dst_repeat: DstRepeat = "first",
     overlap: Overlap = "allow",
+    monitor: Monitor = None,
 ) -> Callable[[Callable[[datetime], Iterable[Entry]]], TaskHandle]:
     """Declare a task: ``@task(cron="0 3 * * *", tz="Europe/Paris")``.
 
@@ -191,8 +193,10 @@ def task(
     ``dst_gap`` ("end-of-gap" | "skip") and ``dst_repeat`` ("first" | "both") choose what a
     wall-clock schedule does on DST days (``ultimat3_jobs.cron``). ``overlap="skip"`` records an
     occurrence as skipped, rather than firing it, while a job of an earlier occurrence of the
-    task is not done (queued, running, or relayed and not yet reported done). Every problem
-    with the declaration raises here, at import, with a fix.
+    task is not done (queued, running, or relayed and not yet reported done). ``monitor`` makes
+    the task a Sentry Crons monitor (True, or a dict of Sentry monitor options) or keeps it from
+    being one (False); None follows ``SENTRY_CRONS``. Every problem with the declaration raises
+    here, at import, with a fix.
     """
     _check_name(name, "task")
 
@@ -234,6 +238,7 @@ def task(
                 '"skip" (skip an occurrence while a job of an earlier one is not done)',
                 cause=overlap,
             )
+        monitor_option = check_monitor(monitor, schedule, f'task "{task_name}"')
         handle = TaskHandle(
             fn,
             name=task_name,
@@ -244,6 +249,7 @@ def task(
             dst_gap=gap,
             dst_repeat=repeat,
             overlap=overlap,
+            monitor=monitor_option,
         )
         registry.register(handle)
         return handle

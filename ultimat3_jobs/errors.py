@@ -73,6 +73,13 @@ class InvalidDstOptionError(UltimateError):
     code = "jobs.task.dst-option-invalid"
 
 
+class InvalidMonitorError(UltimateError):
+    """``monitor=`` is not True, False or a dict of Sentry monitor options, or asks Sentry to
+    watch a schedule it cannot express (more than one run a minute)."""
+
+    code = "jobs.task.monitor-invalid"
+
+
 class InvalidJobInputError(UltimateError):
     """Job input that is not a JSON-serialisable dict of keyword arguments."""
 

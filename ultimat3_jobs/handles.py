@@ -39,6 +39,7 @@ from .inputs import (
     check_text,
     input_digest,
 )
+from .monitors import Monitor
 
 CatchUp = Literal["skip", "run-once", "run-all"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run-once", "run-all")
@@ -293,8 +294,8 @@ class TaskHandle:
 
     # Slots: a site declares its tasks by the ten thousand, and an instance dict each adds up.
     __slots__ = (
-        "catch_up", "dst_gap", "dst_repeat", "func", "max_catch_up", "name", "overlap",
-        "schedule", "zone",
+        "catch_up", "dst_gap", "dst_repeat", "func", "max_catch_up", "monitor", "name",
+        "overlap", "schedule", "zone",
     )  # fmt: skip
 
     kind: Literal["task"] = "task"
@@ -311,6 +312,7 @@ class TaskHandle:
         dst_gap: DstGap = "end-of-gap",
         dst_repeat: DstRepeat = "first",
         overlap: Overlap = "allow",
+        monitor: Monitor = None,
     ) -> None:
         self.func = func
         self.name = name
@@ -321,6 +323,8 @@ class TaskHandle:
         self.dst_gap: DstGap = dst_gap
         self.dst_repeat: DstRepeat = dst_repeat
         self.overlap = overlap
+        #: Whether it is a Sentry Crons monitor (``monitors.py``): None follows SENTRY_CRONS.
+        self.monitor: Monitor = monitor
 
     @property
     def cron(self) -> str:

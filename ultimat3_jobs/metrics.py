@@ -5,17 +5,21 @@ are not counted as they happen but read at scrape time with one ``GROUP BY`` que
 process (and the project's ``/metrics`` view) reports the same table.
 
 Expose them with ``metrics_view`` (mounted by the project) or ``--metrics-port`` on the
-long-running commands (``serve``).
+long-running commands (``serve``), which also answers ``/healthz`` and ``/readyz`` for the
+roles of its process (``health.py``).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.models import Count
@@ -25,12 +29,13 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .errors import MetricsAddressError, MetricsPortError
+from .health import ProcessHealth, process
 
 # Importing it registers every instrument: the exposition lists them all, recorded or not.
 from .instruments import PREFIX
@@ -134,8 +139,54 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve ``/metrics`` on ``addr:port`` in a daemon thread (``--metrics-port``).
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per request, none kept at shutdown (as prometheus_client's own exporter)."""
+
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A probe every few seconds is not worth a line."""
+
+
+#: The probes ``serve`` answers, and which answer of each role they read.
+PROBES = {"/healthz": "live", "/readyz": "ready"}
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def exporter_app(health: ProcessHealth, registry: CollectorRegistry = REGISTRY) -> WSGIApp:
+    """``/healthz`` (every role of the process alive) and ``/readyz`` (every one ready) as
+    200 or 503 with the roles in JSON; every other path the metrics."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        answer = PROBES.get(environ.get("PATH_INFO", ""))
+        if answer is None:
+            return metrics_app(environ, start_response)
+        roles = health.report()
+        # A process whose roles are not built yet (or gone) is neither.
+        ok = bool(roles) and all(getattr(role, answer) for role in roles)
+        body = json.dumps(
+            {"status": "ok" if ok else "fail", "roles": [role.as_dict() for role in roles]}
+        ).encode()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        return [body]
+
+    return app
+
+
+def serve(port: int, addr: str = "0.0.0.0", *, health: ProcessHealth = process) -> Any:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port`` in a daemon thread
+    (``--metrics-port``); ``health`` holds the roles the probes report.
 
     Returns the server (``.shutdown()`` stops it). A port in use is a ``MetricsPortError``; an
     address this host cannot listen on (a name that does not resolve, another host's address)
@@ -143,7 +194,13 @@ def serve(port: int, addr: str = "0.0.0.0") -> Any:
     """
     register_jobs_collector()
     try:
-        server, _thread = start_http_server(port, addr=addr)
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        bound = type("_BoundServer", (_Server,), {"address_family": family})
+        server: WSGIServer = make_server(
+            str(sockaddr[0]), port, exporter_app(health), bound, handler_class=_Quiet
+        )
     except OSError as error:
         reason = error.strerror or str(error)
         if isinstance(error, socket.gaierror) or error.errno not in _PORT_ERRORS:
@@ -158,8 +215,17 @@ def serve(port: int, addr: str = "0.0.0.0") -> Any:
             fix="pass a free port to --metrics-port (or stop the process that holds this one)",
             cause=error,
         ) from error
+    thread = threading.Thread(target=server.serve_forever, name="ultimat3-metrics", daemon=True)
+    thread.start()
     emit(logger, "jobs.metrics.serving", addr=addr, port=server.server_port)
     return server
 
 
-__all__ = ["JobsCollector", "metrics_view", "register_jobs_collector", "render", "serve"]
+__all__ = [
+    "JobsCollector",
+    "exporter_app",
+    "metrics_view",
+    "register_jobs_collector",
+    "render",
+    "serve",
+]

@@ -128,8 +128,9 @@ class Job(models.Model):
             models.Index(
                 fields=["worker"], condition=models.Q(status="running"), name="u3j_job_running"
             ),
-            # A task's jobs: its admin list, and the overlap check of its live occurrences.
-            models.Index(fields=["task"], name="u3j_job_task"),
+            # A task's jobs: its admin list, the overlap check of its live occurrences, and the
+            # jobs of one occurrence, which a Sentry check-in closes once they have all ended.
+            models.Index(fields=["task", "occurrence"], name="u3j_job_task_occurrence"),
             # The relay's claim: outbox rows, oldest first, and relayed ones to resend.
             models.Index(
                 "status",
@@ -181,6 +182,30 @@ class Occurrence(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} {self.outcome} {self.occurrence}"
+
+
+class CheckIn(models.Model):
+    """The closing Sentry check-in of a monitored occurrence (``checkins.py``).
+
+    Written by whichever process saw the occurrence's last job end; its unique key lets that
+    process alone send the ``ok`` or ``error``, however many finish the last jobs at once.
+    """
+
+    task = models.CharField(max_length=200)
+    occurrence = models.DateTimeField()
+    #: "ok" (every job succeeded) or "error" (one failed).
+    status = models.CharField(max_length=8)
+    #: The occurrence's first job created and last job finished: the run Sentry is told of.
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "occurrence"], name="u3j_checkin_occurrence")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} {self.occurrence} {self.status}"
 
 
 class Lease(models.Model):

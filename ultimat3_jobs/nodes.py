@@ -87,6 +87,10 @@ class Heartbeat:
         self.skew_warning = skew_warning
         self.started_at = self.clock()
         self._next = 0.0
+        #: ``time.monotonic()`` of the last heartbeat tried, and of the last one written: what
+        #: a health probe reads (``health.py``).
+        self.attempted: float | None = None
+        self.written: float | None = None
         self._skew_warned: float | None = None
         self._logger = logging.getLogger(f"ultimat3_jobs.{role}")
 
@@ -104,7 +108,8 @@ class Heartbeat:
         Due again ``every`` from now even when the write fails (it raises): a database that is
         down is asked once an interval, not on every pass of a loop that keeps failing.
         """
-        self._next = time.monotonic() + self.every.total_seconds()
+        moment = self.attempted = time.monotonic()
+        self._next = moment + self.every.total_seconds()
         heartbeat(
             using=self.using,
             node_id=self.node_id,
@@ -112,6 +117,7 @@ class Heartbeat:
             started_at=self.started_at,
             **fields,
         )
+        self.written = moment
 
     def compare_clocks(self) -> int:
         """This node's clock minus the database's, in milliseconds.

@@ -338,6 +338,8 @@ class Relay:
             clock=self.clock,
         )
         self.backoff = Backoff(self.poll_interval)
+        #: False since the engine last refused a row, until one is taken again (``health.py``).
+        self.broker_reachable = True
         self._listener: Listener | None = None
         self._results_after = 0
 
@@ -592,6 +594,7 @@ class Relay:
         try:
             handed = self.relay_once()
         except BrokerUnavailableError as error:
+            self.broker_reachable = False
             self.stats.broker_errors += 1
             instruments.broker_unavailable()
             fields = self.backoff.failed(error)
@@ -612,6 +615,8 @@ class Relay:
             emit(logger, "jobs.relay.loop-failed", logging.ERROR, **self.backoff.failed(error))
             return False
         instruments.relayed(handed)
+        if handed:
+            self.broker_reachable = True
         failures = self.backoff.succeeded()
         if failures:
             emit(logger, "jobs.relay.recovered", failures=failures)

@@ -23,6 +23,7 @@ from typing import Any
 from . import clock as default_clock
 from . import instruments, tracing
 from .catchup import Decision
+from .checkins import CheckIns
 from .clock import ONE_MS
 from .db import Ahead, instant_texts
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
@@ -149,6 +150,7 @@ class Scheduler:
         misfire_grace: timedelta = timedelta(seconds=60),
         drain_on_shutdown: bool = True,
         resolver: Callable[[TaskHandle, datetime], datetime] | None = None,
+        checkins: CheckIns | None = None,
     ) -> None:
         self.state: SchedulerState = state
         self.leader: LeaderElection = leader or SoleLeader()
@@ -182,6 +184,15 @@ class Scheduler:
         self._heap: list[datetime] = []
         self._due_at: dict[datetime, list[str]] = {}
         self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
+        #: Sentry check-ins of the occurrences it fires (``checkins``), on the state's database.
+        self.checkins = checkins
+        if checkins is None and state.using is not None:
+            self.checkins = CheckIns(using=state.using, tasks=tasks)
+        #: ``time.monotonic()`` when the round in flight began and when the last one ended, and
+        #: whether that one failed: what a health probe (``health.py``) reads.
+        self.round_began: float | None = None
+        self.round_ended: float | None = None
+        self.round_failed = False
 
     @property
     def status(self) -> RunStatus:
@@ -419,6 +430,8 @@ class Scheduler:
                     detail=record.detail,
                 )
         instruments.dispatched(_counted(plan.fired, enqueued), self.clock())
+        if self.checkins is not None:
+            self.checkins.opened(plan.fired)  # Sent from its thread: the round goes on.
         # One line per occurrence, written after the commit so it never delays the jobs.
         (lines or self._dispatched_lines(plan.fired, ahead=False)).write()
         if missing:
@@ -572,7 +585,7 @@ class Scheduler:
                 current = self._round = Future()
         if not owner:
             return current.result()
-        started = time.monotonic()
+        started = self.round_began = time.monotonic()
         try:
             result = self._run_round()
         except BaseException as error:
@@ -585,7 +598,8 @@ class Scheduler:
             with self._lock:
                 self._round = None
             node = self.state.node_id
-            failed = current.exception() is not None
+            failed = self.round_failed = current.exception() is not None
+            self.round_ended = time.monotonic()
             instruments.observe_round(
                 time.monotonic() - started, leader=self.is_leader, node=node, failed=failed
             )
@@ -696,6 +710,8 @@ class Scheduler:
                 self.state.stopped()
             except Exception as error:
                 emit(logger, "jobs.scheduler.tick-failed", logging.ERROR, **failure_fields(error))
+            if self.checkins is not None:
+                self.checkins.close()
             emit(logger, "jobs.scheduler.stopped", reason=reason)
             self.life.end()
 

@@ -32,6 +32,7 @@ from django.db import (
 
 from . import clock as default_clock
 from . import instruments, nodes, shutdown, tracing
+from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
@@ -120,6 +121,7 @@ class Worker:
         rand: Callable[[], float] | None = None,
         drain_on_shutdown: bool = True,
         store: JobStore | None = None,
+        checkins: CheckIns | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -142,6 +144,8 @@ class Worker:
         self.listen = listen
         self.using = using
         self.store = store or store_for(using)
+        #: Sentry check-ins closed by the jobs this worker ends (``checkins``).
+        self.checkins = checkins or CheckIns(using=using, store=self.store)
         self.node_id = node_id or new_node_id()
         self.clock = clock or default_clock.now
         self.rand = rand or random.random
@@ -233,6 +237,7 @@ class Worker:
         outcome = self._report(ended, written)
         if outcome != "lost":
             backends.finished(run, now=now)
+            self.checkins.ended([(job.id, job.key)])
         return outcome
 
     def _write_now(self, ended: Ended, write: Callable[[], bool]) -> bool:
@@ -314,7 +319,14 @@ class Worker:
     def _report_all(self, ended: Sequence[Ended], written: set[int]) -> list[Outcome]:
         if ended:
             self._short = all(one.duration_ms < self._short_ms for one in ended)
-        return [self._report(one, one.job.id in written) for one in ended]
+        outcomes = [self._report(one, one.job.id in written) for one in ended]
+        # Written and over for good (not a retry): these may be an occurrence's last jobs.
+        self.checkins.ended(
+            (one.job.id, one.job.key)
+            for one in ended
+            if one.job.id in written and one.finish.finished_at is not None
+        )
+        return outcomes
 
     def _record(self, ended: Sequence[Ended]) -> list[Outcome]:
         """Write outcomes now, where the row is still ours; retry while the database is away."""
@@ -358,6 +370,8 @@ class Worker:
                 failed=recovered.failed,
                 jobs=list(recovered.jobs),
             )
+        if recovered.failed:
+            self.checkins.ended((job_id, None) for job_id in recovered.jobs)
         return recovered
 
     # -- threads ----------------------------------------------------------------------------
@@ -745,6 +759,7 @@ class Worker:
             self.node.stopped()
         except DATABASE_ERRORS as error:
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
+        self.checkins.close()
         with self._lock:
             self.exit_code = exit_code
             outcomes = {str(name): count for name, count in self.outcomes.items()}

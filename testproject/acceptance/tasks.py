@@ -95,3 +95,64 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_RELEASE"):
 
 if os.environ.get("ULTIMAT3_ACCEPTANCE_RELAY"):
     from testproject.acceptance import relayed  # noqa: F401  (its tasks register on import)
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_MONITORS"):
+    # Sentry Crons monitors, fired by a test that moves their watermarks back three minutes.
+
+    @job(name="acceptance.monitored_job")
+    def monitored_job(occurrence: str, part: int) -> None:
+        time.sleep(0.1)
+
+    @job(name="acceptance.failing_job", max_attempts=1)
+    def failing_job(occurrence: str) -> None:
+        raise RuntimeError("a monitored occurrence's job fails")
+
+    @task(cron="* * * * *", tz="Europe/Paris", name="acceptance.monitored", catch_up="run-all")
+    def monitored(occurrence: datetime) -> list[Entry]:
+        # Two jobs: whichever ends last closes the check-in, once.
+        at = occurrence.isoformat()
+        return [
+            (monitored_job, {"occurrence": at, "part": 1}),
+            (monitored_job, {"occurrence": at, "part": 2}),
+        ]
+
+    @task(
+        cron="* * * * *",
+        tz="UTC",
+        name="acceptance.monitored_fails",
+        catch_up="run-all",
+        monitor={"checkin_margin": 2, "max_runtime": 5},
+    )
+    def monitored_fails(occurrence: datetime) -> list[Entry]:
+        at = occurrence.isoformat()
+        return [(monitored_job, {"occurrence": at, "part": 1}), (failing_job, {"occurrence": at})]
+
+    @task(
+        cron="* * * * *",
+        tz="UTC",
+        name="acceptance.monitored_overlap",
+        catch_up="run-all",
+        overlap="skip",
+        monitor=True,
+    )
+    def monitored_overlap(occurrence: datetime) -> list[Entry]:
+        return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]
+
+    @task(cron="* * * * *", tz="UTC", name="acceptance.monitored_dropped", monitor=True)
+    def monitored_dropped(occurrence: datetime) -> list[Entry]:
+        return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]
+
+    @task(
+        cron="* * * * *", tz="UTC", name="acceptance.monitored_paused", catch_up="run-all",
+        monitor=True,
+    )  # fmt: skip
+    def monitored_paused(occurrence: datetime) -> list[Entry]:
+        return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]
+
+    @task(
+        cron="* * * * *", tz="UTC", name="acceptance.unmonitored", catch_up="run-all",
+        monitor=False,
+    )  # fmt: skip
+    def unmonitored(occurrence: datetime) -> list[Entry]:
+        return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]

@@ -1,10 +1,12 @@
-"""The app with no extra, only ``celery``, only ``tasks``, only ``otel``, or all: it imports,
-passes ``manage.py check`` and runs each role, the way a project that installed just that would.
+"""The app with no extra, only ``celery``, only ``tasks``, only ``otel``, or every one: it
+imports, passes ``manage.py check`` and runs each role, the way a project that installed just
+that would.
 
 ``make test`` runs this file in one virtualenv per single extra and with none (``make
-extras``: ``.venv-extra-none``, ``-celery``, ``-tasks``, ``-otel``) and, with all, in ``.venv``
-with the rest of the suite. ``ULTIMAT3_EXTRAS`` names the extras a leg was built with, so a leg that
-holds more than it should fails here rather than passing for the wrong reason.
+extras``: ``.venv-extra-none``, ``-celery``, ``-tasks``, ``-otel``) and, with every extra
+(``sentry`` and ``health`` too), in ``.venv`` with the rest of the suite. ``ULTIMAT3_EXTRAS``
+names the extras a leg was built with, so a leg that holds more than it should fails here
+rather than passing for the wrong reason.
 """
 
 from __future__ import annotations
@@ -36,14 +38,26 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 CELERY = find_spec("celery") is not None
 OTEL = find_spec("opentelemetry") is not None
 DJANGO_TASKS = tasks_compat.AVAILABLE
+SENTRY = find_spec("sentry_sdk") is not None
+HEALTH = find_spec("health_check") is not None
 #: The modules that are their extra's own, and whether it is installed: only these may refuse
-#: to import, and only without it.
-EXTRA_MODULES = {"ultimat3_jobs.celery": CELERY, "ultimat3_jobs.backends": DJANGO_TASKS}
+#: to import, and only without it. (``checkins`` imports without ``sentry``: it sends nothing.)
+EXTRA_MODULES = {
+    "ultimat3_jobs.celery": CELERY,
+    "ultimat3_jobs.backends": DJANGO_TASKS,
+    "ultimat3_jobs.health_checks": HEALTH,
+}
 FAST = {"TICK_INTERVAL": 0.2, "HEARTBEAT_INTERVAL": 1, "WORKER_POLL_INTERVAL": 0.2}
 
 
 def installed_extras() -> set[str]:
-    found = (("celery", CELERY), ("otel", OTEL), ("tasks", DJANGO_TASKS))
+    found = (
+        ("celery", CELERY),
+        ("otel", OTEL),
+        ("tasks", DJANGO_TASKS),
+        ("sentry", SENTRY),
+        ("health", HEALTH),
+    )
     return {name for name, present in found if present}
 
 
@@ -92,8 +106,8 @@ def assert_clean(process: Process) -> None:
 
 
 def test_extras__the_environment_holds_the_extras_it_is_named_for() -> None:
-    # Outside a leg of the matrix this is `.venv`, built with the `dev` extra: all of them.
-    named = os.environ.get("ULTIMAT3_EXTRAS", "celery,otel,tasks")
+    # Outside a leg of the matrix this is `.venv`, built with the `dev` extra: every one.
+    named = os.environ.get("ULTIMAT3_EXTRAS", "celery,otel,tasks,sentry,health")
     expected = {name for name in named.split(",") if name and name != "none"}
     assert installed_extras() == expected
 

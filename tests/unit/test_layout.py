@@ -119,17 +119,17 @@ def test_layout__no_import_cycle_counting_imports_inside_functions() -> None:
 LAYERS: dict[str, set[str]] = {
     "leaves": {
         "catchup", "clock", "conf", "cron", "db", "errors", "humanize", "inputs", "instruments",
-        "logs", "models", "retries", "shutdown", "tasks_compat", "tracing", "zones",
+        "logs", "models", "monitors", "retries", "shutdown", "tasks_compat", "tracing", "zones",
     },
     "declarations": {"declarations", "handles", "registry"},
     "store": {"history", "listener", "nodes", "store"},
     "roles": {
-        "backends", "backfill", "celery", "celery_beat", "leaders", "lifecycle", "manual",
-        "outbox", "planner", "relay", "retention", "scheduler", "state", "worker",
+        "backends", "backfill", "celery", "celery_beat", "checkins", "leaders", "lifecycle",
+        "manual", "outbox", "planner", "relay", "retention", "scheduler", "state", "worker",
     },
     "surfaces": {
-        "admin", "apps", "checks", "management", "metrics", "overview", "relay_checks", "status",
-        "tasks", "testing",
+        "admin", "apps", "checks", "health", "health_checks", "management", "metrics",
+        "overview", "relay_checks", "status", "tasks", "testing",
     },
 }  # fmt: skip
 #: ``from ultimat3_jobs import job, task``: the public facade sits outside the layers.

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS
 
-from ultimat3_jobs import logs, metrics
+from ultimat3_jobs import health, logs, metrics
 from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
@@ -140,12 +140,14 @@ def build_scheduler(options: dict[str, Any]) -> Scheduler:
         clock_skew_warning=config.clock_skew_warning,
     )
     tick_interval = options.get("tick_interval")
-    return Scheduler(
+    scheduler = Scheduler(
         state=state,
         leader=election,
         tick_interval=timedelta(seconds=tick_interval) if tick_interval else config.tick_interval,
         misfire_grace=config.misfire_grace,
     )
+    health.process.watch(scheduler)  # What /healthz on --metrics-port reports.
+    return scheduler
 
 
 def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
@@ -153,7 +155,7 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
     poll_interval = options.get("poll_interval")
     drain_grace = options.get("drain_grace")
     try:
-        return Worker(
+        worker = Worker(
             queues=options.get("queues"),
             concurrency=options["concurrency"],
             prefetch=options.get("prefetch"),
@@ -165,6 +167,8 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
         )
     except UltimateError as error:
         raise command_error(error) from error
+    health.process.watch(worker)
+    return worker
 
 
 def worker_exit(exit_code: int, database: str) -> None:

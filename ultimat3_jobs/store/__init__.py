@@ -25,6 +25,7 @@ from .values import (
     BUSY,
     FINISHED,
     ClaimedJob,
+    ClosedOccurrence,
     Copied,
     DecidedRecord,
     Enqueued,
@@ -244,6 +245,18 @@ class JobStore(Protocol):
         """Jobs a worker abandons (its drain ran out of grace) go back like a dead worker's."""
         ...
 
+    def close_occurrences(
+        self, job_ids: Iterable[int], *, tasks: Iterable[str]
+    ) -> list[ClosedOccurrence]:
+        """The scheduled occurrences of ``job_ids`` (of the monitored ``tasks``) whose jobs have
+        all ended (succeeded, failed or cancelled), each returned to one caller alone.
+
+        Call it after the finishes of ``job_ids`` committed, outside a transaction: of the
+        workers that end an occurrence's last jobs at once, the last to commit sees them all
+        ended, and the unique key on (task, occurrence) closes it once whoever else did.
+        """
+        ...
+
     # -- the relay's outbox (``relay.py``, ``celery.py``) ----------------------------------------
 
     def claim_outbox(
@@ -455,6 +468,7 @@ __all__ = [
     "BUSY",
     "FINISHED",
     "ClaimedJob",
+    "ClosedOccurrence",
     "Copied",
     "DecidedRecord",
     "EnqueueResult",

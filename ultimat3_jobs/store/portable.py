@@ -21,6 +21,7 @@ from django.db.models import (
     DurationField,
     ExpressionWrapper,
     F,
+    Max,
     Min,
     Model,
     Q,
@@ -33,7 +34,7 @@ from .. import clock, history, tracing
 from ..conf import get_settings
 from ..errors import TaskSyncError
 from ..inputs import check_key, check_run_at, occurrence_prefix
-from ..models import Job, JobStatus, Node, Occurrence, Outcome, Task
+from ..models import CheckIn, Job, JobStatus, Node, Occurrence, Outcome, Task
 from .columns import (
     CLAIMED_COLUMNS,
     DECLARED,
@@ -48,6 +49,7 @@ from .values import (
     BUSY,
     FINISHED,
     ClaimedJob,
+    ClosedOccurrence,
     DecidedRecord,
     Enqueued,
     EnqueueResult,
@@ -457,6 +459,54 @@ class PortableStore:
         note = Value(f"worker {worker} stopped before this attempt finished")
         _requeue_or_fail(ours, now=now, note=note, exhausted="; no attempts left")
 
+    def close_occurrences(
+        self, job_ids: Iterable[int], *, tasks: Iterable[str]
+    ) -> list[ClosedOccurrence]:
+        """Per occurrence, a read of its jobs and an insert the unique key lets one caller win."""
+        ended = (
+            self._jobs()
+            .filter(pk__in=list(job_ids), task__in=list(tasks), enqueued_by="scheduler")
+            .exclude(occurrence=None)
+            .order_by("task", "occurrence")
+            .values_list("task", "occurrence")
+            .distinct()
+        )
+        closed = []
+        for task, occurrence in ended:
+            assert occurrence is not None  # Excluded above.
+            summary = (
+                self._jobs()
+                .filter(task=task, occurrence=occurrence)
+                .aggregate(
+                    live=Count("pk", filter=~Q(status__in=FINISHED)),
+                    failed=Count("pk", filter=Q(status=JobStatus.FAILED)),
+                    started_at=Min("created_at"),
+                    finished_at=Max("finished_at"),
+                )
+            )
+            if summary["live"]:
+                continue
+            row = ClosedOccurrence(
+                task,
+                occurrence,
+                "error" if summary["failed"] else "ok",
+                summary["started_at"],
+                summary["finished_at"] or clock.now(),
+            )
+            try:
+                with transaction.atomic(using=self.using):
+                    CheckIn.objects.using(self.using).create(
+                        task=row.task,
+                        occurrence=row.occurrence,
+                        status=row.status,
+                        started_at=row.started_at,
+                        finished_at=row.finished_at,
+                    )
+            except IntegrityError:
+                continue  # Another process closed it first, and sends its check-in.
+            closed.append(row)
+        return closed
+
     # -- the relay's outbox -----------------------------------------------------------------------
 
     def claim_outbox(
@@ -603,12 +653,14 @@ class PortableStore:
         occurrences = Occurrence.objects.using(self.using).filter(recorded_at__lt=cutoff)
         # A node silent for the whole retention period is long dead; its jobs were recovered.
         nodes = Node.objects.using(self.using).filter(last_seen_at__lt=cutoff)
+        # A closed check-in is a record of its occurrence, counted with them.
+        check_ins = CheckIn.objects.using(self.using).filter(finished_at__lt=cutoff)
         if dry_run:
-            return jobs.count(), occurrences.count(), nodes.count()
+            return jobs.count(), occurrences.count() + check_ins.count(), nodes.count()
         jobs_deleted = _delete_in_batches(jobs, batch_size)
         return (
             jobs_deleted,
-            _delete_in_batches(occurrences, batch_size),
+            _delete_in_batches(occurrences, batch_size) + _delete_in_batches(check_ins, batch_size),
             _delete_in_batches(nodes, batch_size),
         )
 

@@ -44,6 +44,7 @@ from .columns import (
 from .portable import PortableStore
 from .values import (
     ClaimedJob,
+    ClosedOccurrence,
     Copied,
     DecidedRecord,
     Enqueued,
@@ -246,6 +247,17 @@ class PostgresStore(PortableStore):
         written = {row[1] for row in rows if not row[0]}
         jobs = _claimed_rows(row[1:] for row in rows if row[0])
         return written, jobs
+
+    def close_occurrences(
+        self, job_ids: Iterable[int], *, tasks: Iterable[str]
+    ) -> list[ClosedOccurrence]:
+        """One statement (``sql.CLOSE_OCCURRENCES``)."""
+        ids, names = list(job_ids), sorted(set(tasks))
+        if not ids or not names:
+            return []
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.CLOSE_OCCURRENCES, {"ids": ids, "tasks": names})
+            return [ClosedOccurrence(*row) for row in cursor.fetchall()]
 
     # -- the relay's outbox -----------------------------------------------------------------------
 

@@ -9,12 +9,13 @@ through the ORM.
 
 from __future__ import annotations
 
-from ..models import Job, Occurrence, Task
+from ..models import CheckIn, Job, Occurrence, Task
 from .columns import CARRIED, CLAIMED_COLUMNS, NEW_JOB_COLUMNS, NEW_JOB_NAMES
 
 _TASK = Task._meta.db_table
 _JOB = Job._meta.db_table
 _OCCURRENCE = Occurrence._meta.db_table
+_CHECK_IN = CheckIn._meta.db_table
 
 #: Every task's watermark (as whole microseconds since the epoch) and pause, in no order. An
 #: integer, not a timestamptz: Django's timestamptz loader runs in Python for every row, an
@@ -267,4 +268,31 @@ WHERE (status = 'outbox' AND run_at <= %(now)s)
 ORDER BY run_at, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
+"""
+
+#: The scheduled occurrences of the jobs ``%(ids)s`` (of the tasks ``%(tasks)s``) whose jobs have
+#: all ended, each closed once: the unique key on (task, occurrence) lets one caller alone
+#: insert it, however many finish an occurrence's last jobs at once, and returns it to that
+#: caller. Run after the finishes committed, so the last of them sees every other; the
+#: occurrence's jobs are found through the (task, occurrence) index.
+CLOSE_OCCURRENCES = f"""
+WITH ended AS (
+    SELECT DISTINCT task, occurrence FROM {_JOB}
+    WHERE id = ANY(%(ids)s) AND task = ANY(%(tasks)s) AND occurrence IS NOT NULL
+      AND enqueued_by = 'scheduler'
+),
+closed AS (
+    SELECT e.task, e.occurrence, bool_or(j.status = 'failed') AS failed,
+           min(j.created_at) AS started_at, max(j.finished_at) AS finished_at
+    FROM ended AS e JOIN {_JOB} AS j ON j.task = e.task AND j.occurrence = e.occurrence
+    GROUP BY e.task, e.occurrence
+    HAVING bool_and(j.status IN ('succeeded', 'failed', 'cancelled'))
+)
+INSERT INTO {_CHECK_IN} (task, occurrence, status, started_at, finished_at)
+SELECT task, occurrence, CASE WHEN failed THEN 'error' ELSE 'ok' END, started_at,
+       coalesce(finished_at, now())
+FROM closed
+ORDER BY task, occurrence
+ON CONFLICT (task, occurrence) DO NOTHING
+RETURNING task, occurrence, status, started_at, finished_at
 """

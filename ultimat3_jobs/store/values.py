@@ -108,6 +108,20 @@ class Finish:
         return cls(job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error)
 
 
+@dataclass(frozen=True, slots=True)
+class ClosedOccurrence:
+    """A monitored occurrence whose jobs have all ended, closed by this call alone: its
+    ``ok`` or ``error`` check-in is this caller's to send."""
+
+    task: str
+    occurrence: datetime
+    #: "ok" when every job succeeded, "error" when one failed.
+    status: str
+    #: Its first job created, its last job finished.
+    started_at: datetime
+    finished_at: datetime
+
+
 @dataclass(slots=True)
 class TaskState:
     """A task's row as a round reads it: its watermark and whether it is paused."""

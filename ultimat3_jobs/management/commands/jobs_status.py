@@ -1,4 +1,5 @@
-"""``manage.py jobs_status``: the scheduler's health, the job table and each task's next run."""
+"""``manage.py jobs_status``: the scheduler's health, the job table and each task's next run;
+``--check``: whether each role is alive and ready, as an exec probe's exit status."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
+from ultimat3_jobs.health import ROLES, RoleHealth, database_health
 from ultimat3_jobs.humanize import duration
 from ultimat3_jobs.management.preflight import database_error, require_migrated
 from ultimat3_jobs.overview import overview
@@ -32,16 +34,43 @@ def _seconds(value: float | None) -> str:
 class Command(BaseCommand):
     help = (
         "Print the scheduler's leader and last round, dispatch lateness, jobs by status and "
-        "each task's next run (--json for machines)."
+        "each task's next run (--json for machines). --check exits 1 unless every role is "
+        "alive and ready: an exec probe."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="One JSON object.")
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Only say whether each role is alive and ready (a leader whose round is "
+            "recent, a worker heard from, a relay whose broker takes its rows); exit 1 if one "
+            "is not.",
+        )
+        parser.add_argument(
+            "--role",
+            choices=ROLES,
+            action="append",
+            dest="roles",
+            help="With --check: the role to check (repeatable; default: the scheduler and the "
+            "worker, and the relay where one runs).",
+        )
 
-    def handle(self, *, json: bool, database: str, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        json: bool,
+        database: str,
+        check: bool,
+        roles: list[str] | None,
+        **options: Any,
+    ) -> None:
         require_migrated(database)
         try:
+            if check:
+                self._check(database, roles, as_json=json)
+                return
             report = overview(using=database)
         except (DatabaseError, psycopg.Error) as error:
             # A one-shot command has no loop to retry in: say what failed and how to fix it.
@@ -50,6 +79,19 @@ class Command(BaseCommand):
             self.stdout.write(_dumps(report))
         else:
             self.stdout.write(self._text(report))
+
+    def _check(self, database: str, roles: list[str] | None, *, as_json: bool) -> None:
+        found = database_health(database, roles=roles)
+        healthy = all(role.ready for role in found)
+        if as_json:
+            self.stdout.write(
+                _dumps({"healthy": healthy, "roles": [role.as_dict() for role in found]})
+            )
+        else:
+            self.stdout.write("\n".join(_check_line(role) for role in found))
+        if not healthy:
+            failing = ", ".join(role.role for role in found if not role.ready)
+            raise CommandError(f"not healthy: {failing}", returncode=1)
 
     def _text(self, report: dict[str, Any]) -> str:
         leader = report["leader"]
@@ -93,6 +135,12 @@ class Command(BaseCommand):
         for row in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         return "\n".join(lines)
+
+
+def _check_line(role: RoleHealth) -> str:
+    state = "ok" if role.ready else "alive, not ready" if role.live else "FAILED"
+    line = f"{role.role}: {state}: {role.detail}"
+    return line if role.ready else f"{line}\n  fix: {role.fix}"
 
 
 def duration_text(seconds: float) -> str:

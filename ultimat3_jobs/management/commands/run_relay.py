@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from ultimat3_jobs import health
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int, positive_seconds
 from ultimat3_jobs.management.preflight import command_error
@@ -77,6 +78,7 @@ class Command(BaseCommand):
             )
         except UltimateError as error:
             raise command_error(error) from error
+        health.process.watch(relay)
         if stats:
             self.stdout.write(json.dumps(relay.counts(), sort_keys=True))
             return

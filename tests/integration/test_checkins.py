@@ -1,0 +1,290 @@
+"""Sentry Crons check-ins against a real database: a round opens each monitored occurrence, the
+worker that ends its last job closes it, once; with a transport that records envelopes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ultimat3_jobs.checkins import CheckIns, watched_tasks
+from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.conf import get_settings
+from ultimat3_jobs.cron import parse
+from ultimat3_jobs.declarations import job
+from ultimat3_jobs.handles import JobHandle, TaskHandle
+from ultimat3_jobs.leaders import SoleLeader
+from ultimat3_jobs.models import CheckIn, Job, JobStatus
+from ultimat3_jobs.monitors import check_in_id
+from ultimat3_jobs.registry import Registry
+from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import store_for
+from ultimat3_jobs.worker import Worker
+from ultimat3_jobs.zones import resolve_zone
+
+from ..sentry_support import by_check_in, check_ins, envelopes
+from .factories import demo_ping
+
+__all__ = ["envelopes"]
+
+T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)
+AT = datetime(2026, 6, 1, 3, tzinfo=UTC)
+
+
+def monitored(
+    name: str,
+    entries: list[tuple[JobHandle, dict[str, Any]]],
+    *,
+    monitor: Any = True,
+    cron: str = "* * * * *",
+    tz: str = "Europe/Paris",
+) -> TaskHandle:
+    return TaskHandle(
+        lambda occurrence: [(handle, {**data, "label": f"{data.get('label', '')}{occurrence}"})
+                            for handle, data in entries],
+        name=name,
+        schedule=parse(cron),
+        zone=resolve_zone(tz, name),
+        catch_up="skip",
+        max_catch_up=10,
+        monitor=monitor,
+    )  # fmt: skip
+
+
+def scheduled_job(task: str, occurrence: datetime, status: str, *, part: int = 1) -> Job:
+    return Job.objects.create(
+        name="demo.ping",
+        key=f"{task}:{int(occurrence.timestamp() * 1000)}:{part}:{uuid.uuid4().hex}",
+        input={"label": "x"},
+        status=status,
+        run_at=occurrence,
+        created_at=occurrence,
+        finished_at=None if status in (JobStatus.QUEUED, JobStatus.RUNNING) else occurrence,
+        task=task,
+        occurrence=occurrence,
+        enqueued_by="scheduler",
+    )
+
+
+# -- the store: closing an occurrence once ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_close_occurrences__closes_once_when_the_last_job_has_ended() -> None:
+    store = store_for()
+    first = scheduled_job("m.nightly", AT, JobStatus.SUCCEEDED, part=1)
+    last = scheduled_job("m.nightly", AT, JobStatus.RUNNING, part=2)
+
+    assert store.close_occurrences([first.pk], tasks=["m.nightly"]) == []
+
+    Job.objects.filter(pk=last.pk).update(status=JobStatus.SUCCEEDED, finished_at=AT)
+    [closed] = store.close_occurrences([first.pk, last.pk], tasks=["m.nightly"])
+    assert (closed.task, closed.occurrence, closed.status) == ("m.nightly", AT, "ok")
+    # Whoever asks again, for either job, closes nothing: it was sent once.
+    assert store.close_occurrences([last.pk], tasks=["m.nightly"]) == []
+    assert store.close_occurrences([first.pk], tasks=["m.nightly"]) == []
+    assert CheckIn.objects.get().status == "ok"
+
+
+@pytest.mark.django_db
+def test_close_occurrences__one_failed_job_makes_it_an_error() -> None:
+    ok = scheduled_job("m.nightly", AT, JobStatus.SUCCEEDED, part=1)
+    failed = scheduled_job("m.nightly", AT, JobStatus.FAILED, part=2)
+    [closed] = store_for().close_occurrences([ok.pk, failed.pk], tasks=["m.nightly"])
+    assert closed.status == "error"
+
+
+@pytest.mark.django_db
+def test_close_occurrences__only_scheduled_jobs_of_the_monitored_tasks() -> None:
+    other = scheduled_job("m.other", AT, JobStatus.SUCCEEDED)
+    backfilled = scheduled_job("m.nightly", AT, JobStatus.SUCCEEDED)
+    Job.objects.filter(pk=backfilled.pk).update(enqueued_by="backfill:ops")
+    direct = scheduled_job("m.nightly", AT + timedelta(minutes=1), JobStatus.SUCCEEDED)
+    Job.objects.filter(pk=direct.pk).update(occurrence=None, enqueued_by="code")
+    ids = [other.pk, backfilled.pk, direct.pk]
+    assert store_for().close_occurrences(ids, tasks=["m.nightly"]) == []
+
+
+@pytest.mark.django_db
+def test_close_occurrences__an_occurrence_whose_jobs_are_still_queued_stays_open() -> None:
+    done = scheduled_job("m.nightly", AT, JobStatus.FAILED, part=1)
+    scheduled_job("m.nightly", AT, JobStatus.QUEUED, part=2)
+    assert store_for().close_occurrences([done.pk], tasks=["m.nightly"]) == []
+    assert not CheckIn.objects.exists()
+
+
+# -- which tasks are monitors ----------------------------------------------------------------------
+
+
+def test_watched_tasks__the_option_else_the_setting_and_only_what_sentry_can_follow(
+    settings: Any,
+) -> None:
+    ping = demo_ping()
+    tasks = [
+        monitored("m.on", [(ping, {})], monitor=True),
+        monitored("m.default", [(ping, {})], monitor=None),
+        monitored("m.off", [(ping, {})], monitor=False),
+        monitored("m.fast", [(ping, {})], monitor=None, cron="*/10 * * * * *"),
+    ]
+    assert set(watched_tasks(tasks, get_settings())) == {"m.on"}
+    settings.ULTIMAT3_JOBS = {"SENTRY_CRONS": True}
+    watched = watched_tasks(tasks, get_settings())
+    assert set(watched) == {"m.on", "m.default"}
+    assert watched["m.on"].slug == "m-on"
+    assert watched["m.on"].config["timezone"] == "Europe/Paris"
+
+
+# -- a round and a worker, in one process ---------------------------------------------------------
+
+
+@pytest.fixture
+def failing_job(fresh_registry: Registry) -> Iterator[JobHandle]:
+    @job(name="it.monitored_fails", max_attempts=1)
+    def fails(label: str) -> None:
+        raise RuntimeError("this job fails")
+
+    yield fails
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkins__a_round_opens_each_occurrence_and_its_last_job_closes_it(
+    envelopes: Path, failing_job: JobHandle
+) -> None:
+    ping = demo_ping()
+    tasks = [
+        monitored("m.fine", [(ping, {"label": "a"}), (ping, {"label": "b"})]),
+        monitored("m.broken", [(ping, {"label": "a"}), (failing_job, {"label": "b"})],
+                  monitor={"checkin_margin": 3, "max_runtime": 7}),
+        monitored("m.unwatched", [(ping, {"label": "a"})], monitor=False),
+    ]  # fmt: skip
+    clock = FrozenClock(T0)
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    checkins = CheckIns(tasks=tasks, inline=True)
+    scheduler = Scheduler(
+        state=state,
+        leader=SoleLeader(),
+        clock=clock,
+        tasks=tasks,
+        drain_on_shutdown=False,
+        checkins=checkins,
+    )
+    scheduler.tick()  # arms every task
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    occurrence = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+
+    opened = check_ins(envelopes)
+    assert sorted((c["monitor_slug"], c["status"]) for c in opened) == [
+        ("m-broken", "in_progress"),
+        ("m-fine", "in_progress"),
+    ]
+    config = {c["monitor_slug"]: c["monitor_config"] for c in opened}
+    assert config["m-fine"] == {
+        "schedule": {"type": "crontab", "value": "* * * * *"},
+        "timezone": "Europe/Paris",
+        "checkin_margin": 1,
+        "max_runtime": 30,
+    }
+    assert (config["m-broken"]["checkin_margin"], config["m-broken"]["max_runtime"]) == (3, 7)
+
+    worker = Worker(
+        burst=True,
+        concurrency=2,
+        poll_interval=timedelta(seconds=0.05),
+        drain_on_shutdown=False,
+        checkins=CheckIns(tasks=tasks, inline=True),
+    )
+    assert worker.run() == 0
+
+    assert by_check_in(envelopes, "m-fine") == {
+        check_in_id("m.fine", occurrence): ["in_progress", "ok"]
+    }
+    assert by_check_in(envelopes, "m-broken") == {
+        check_in_id("m.broken", occurrence): ["in_progress", "error"]
+    }
+    assert by_check_in(envelopes, "m-unwatched") == {}
+    closing = [c for c in check_ins(envelopes) if c["status"] != "in_progress"]
+    assert all(c["duration"] >= 0 and "monitor_config" not in c for c in closing)
+    assert set(CheckIn.objects.values_list("task", "status")) == {
+        ("m.fine", "ok"),
+        ("m.broken", "error"),
+    }
+
+
+@pytest.mark.django_db
+def test_checkins__a_paused_task_sends_nothing(envelopes: Path) -> None:
+    from ultimat3_jobs.models import Task
+
+    tasks = [monitored("m.paused", [(demo_ping(), {})])]
+    clock = FrozenClock(T0)
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state,
+        clock=clock,
+        tasks=tasks,
+        drain_on_shutdown=False,
+        checkins=CheckIns(tasks=tasks, inline=True),
+    )
+    scheduler.tick()
+    Task.objects.filter(name="m.paused").update(paused=True)
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    assert not Job.objects.exists()
+    assert check_ins(envelopes) == []
+
+
+@pytest.mark.django_db
+def test_checkins__an_occurrence_without_jobs_opens_and_closes_at_once(envelopes: Path) -> None:
+    task = TaskHandle(
+        lambda occurrence: [],
+        name="m.empty",
+        schedule=parse("* * * * *"),
+        zone=resolve_zone("UTC", "m.empty"),
+        catch_up="skip",
+        max_catch_up=10,
+        monitor=True,
+    )
+    clock = FrozenClock(T0)
+    scheduler = Scheduler(
+        state=DatabaseState(node_id="node-a", leader="sole", clock=clock),
+        clock=clock,
+        tasks=[task],
+        drain_on_shutdown=False,
+        checkins=CheckIns(tasks=[task], inline=True),
+    )
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    assert list(by_check_in(envelopes, "m-empty").values()) == [["in_progress", "ok"]]
+
+
+@pytest.mark.django_db
+def test_checkins__without_a_sentry_client_nothing_is_asked_of_the_database() -> None:
+    tasks = [monitored("m.nightly", [(demo_ping(), {})])]
+    done = scheduled_job("m.nightly", AT, JobStatus.SUCCEEDED)
+    checkins = CheckIns(tasks=tasks, inline=True)
+    with CaptureQueriesContext(connection) as queries:
+        checkins.ended([(done.pk, done.key)])
+    assert len(queries) == 0
+    assert not CheckIn.objects.exists()
+
+
+@pytest.mark.django_db
+def test_checkins__a_thread_sends_what_the_roles_hand_over(envelopes: Path) -> None:
+    # Outside a test's transaction the thread's own connection would see the rows; here it
+    # only sends the in_progress of a round, which needs no database.
+    from ultimat3_jobs.planner import PlannedOccurrence
+
+    tasks = [monitored("m.nightly", [(demo_ping(), {})])]
+    checkins = CheckIns(tasks=tasks)
+    checkins.opened([PlannedOccurrence("m.nightly", AT, False, ())])
+    assert checkins.flush()
+    checkins.close()
+    assert list(by_check_in(envelopes, "m-nightly").values()) == [["in_progress", "ok"]]

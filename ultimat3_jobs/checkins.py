@@ -1,0 +1,275 @@
+"""Sentry Crons check-ins: ``in_progress`` when a monitored occurrence fires, then ``ok`` or
+``error`` once its jobs have ended (all succeeded, or one failed).
+
+Neither the round nor the worker waits on Sentry: the scheduler hands the occurrences it fired
+to ``CheckIns.opened`` after its commit, the worker the jobs it finished to ``ended`` after
+theirs, and a thread of the process sends them, a batch at a time. The check-in id is derived
+from the occurrence (``monitors.check_in_id``), so the worker that closes it need not hear from
+the scheduler that opened it. Which worker closes it is the database's call
+(``JobStore.close_occurrences``): the one whose statement inserts the occurrence's closing row.
+
+An occurrence that does not fire (skipped for overlap, dropped by catch-up, paused) sends
+nothing, which is what makes Sentry report it missed. Without the ``sentry`` extra, or without
+a Sentry client (``sentry_sdk.init`` with a DSN), nothing is sent and nothing is asked of the
+database.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .conf import Settings, get_settings
+from .lifecycle import DATABASE_ERRORS
+from .logs import emit, failure_fields
+from .monitors import check_in_id, is_monitored, monitor_config, slug
+from .registry import registry
+from .store import ClosedOccurrence, FiredOccurrence, JobStore, store_for
+
+if TYPE_CHECKING:
+    from .handles import TaskHandle
+
+try:
+    import sentry_sdk
+    from sentry_sdk.crons import capture_checkin
+except ImportError:  # The `sentry` extra is not installed: check-ins are off.
+    sentry_sdk = None  # type: ignore[assignment]
+    capture_checkin = None  # type: ignore[assignment]
+
+logger = logging.getLogger("ultimat3_jobs.checkins")
+
+#: Tries of a closing statement that failed with the database, a second apart, before its jobs
+#: are given up (their occurrences then time out in Sentry).
+CLOSE_TRIES = 3
+#: Seconds ``close()`` waits for what is queued to be sent.
+CLOSE_TIMEOUT = 5.0
+
+
+def sentry_installed() -> bool:
+    """Whether the ``sentry`` extra (``sentry-sdk``) is importable here."""
+    return sentry_sdk is not None
+
+
+def _client_active() -> bool:
+    return sentry_sdk is not None and sentry_sdk.get_client().is_active()
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A monitored task: its monitor's slug and the config its ``in_progress`` upserts."""
+
+    slug: str
+    config: dict[str, Any]
+
+
+def watched_tasks(tasks: Iterable[TaskHandle], config: Settings) -> dict[str, Watched]:
+    """The tasks that are Sentry monitors, by name: ``monitor=``, else ``SENTRY_CRONS``.
+
+    A task Sentry cannot follow (more than one run a minute) is left out under
+    ``SENTRY_CRONS``; ``manage.py check`` names it (``W012``).
+    """
+    watched = {}
+    for handle in tasks:
+        if not is_monitored(handle.monitor, default=config.sentry_crons):
+            continue
+        made = monitor_config(
+            handle.schedule,
+            handle.tz,
+            handle.monitor,
+            checkin_margin=config.sentry_checkin_margin,
+            max_runtime=config.sentry_max_runtime,
+        )
+        if made is not None:
+            watched[handle.name] = Watched(slug(handle.name, handle.monitor), made)
+    return watched
+
+
+class CheckIns:
+    """Sends the check-ins of the monitored tasks of one database, from a thread of its own.
+
+    ``tasks`` defaults to the registry's; ``store`` to ``store_for(using)``. ``inline`` sends
+    each batch in the calling thread instead, for tests that hold the database in a
+    transaction of their own.
+    """
+
+    def __init__(
+        self,
+        *,
+        using: str = DEFAULT_DB_ALIAS,
+        store: JobStore | None = None,
+        tasks: Sequence[TaskHandle] | None = None,
+        inline: bool = False,
+    ) -> None:
+        self.using = using
+        self._store = store
+        self._tasks = list(tasks) if tasks is not None else None
+        self.inline = inline
+        self._cache: tuple[int, Settings, dict[str, Watched]] | None = None
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            self._store = store_for(self.using)
+        return self._store
+
+    def watched(self) -> dict[str, Watched]:
+        """The monitored tasks, made again only when the declarations or settings change."""
+        version = -1 if self._tasks is not None else registry.version
+        config = get_settings()
+        cached = self._cache
+        if cached is None or cached[0] != version or cached[1] is not config:
+            tasks = self._tasks if self._tasks is not None else registry.tasks()
+            cached = self._cache = (version, config, watched_tasks(tasks, config))
+        return cached[2]
+
+    # -- what the roles hand over -----------------------------------------------------------------
+
+    def opened(self, fired: Sequence[FiredOccurrence]) -> None:
+        """A round committed ``fired``: their ``in_progress`` check-ins are sent (after it)."""
+        # The client first: without one, a round of many tasks never walks them for monitors.
+        if fired and _client_active() and self.watched():
+            self._put(("opened", fired))
+
+    def ended(self, jobs: Iterable[tuple[int, str | None]]) -> None:
+        """Jobs ``(id, key)`` finished for good (their finish committed): the occurrences whose
+        last jobs they were are closed. Only keys of monitored tasks are looked at; a key of
+        None leaves the job for the database to sort out."""
+        if not _client_active():
+            return
+        watched = self.watched()
+        if not watched:
+            return
+        # An occurrence key starts with its task's name, which holds no ":".
+        ids = [job_id for job_id, key in jobs if key is None or key.partition(":")[0] in watched]
+        if ids:
+            self._put(("ended", ids))
+
+    def flush(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Wait until what was handed over is sent (to the Sentry client); True if it was."""
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+        if not running:
+            return True
+        done = threading.Event()
+        self._queue.put(("flush", done))
+        return done.wait(timeout)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Send what is queued, stop the thread and flush the Sentry client: a role stopping."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._queue.put(("stop", None))
+            thread.join(timeout)
+        if _client_active():
+            sentry_sdk.flush(timeout=timeout)
+
+    # -- the thread -------------------------------------------------------------------------------
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        if self.inline:
+            self._send([item])
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="ultimat3-checkins", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(item)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = [self._queue.get()]
+                while True:  # Whatever else is waiting goes in the same batch.
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                self._send(batch)
+                if any(kind == "stop" for kind, _ in batch):
+                    return
+        finally:
+            connections.close_all()
+
+    def _send(self, batch: list[tuple[str, Any]]) -> None:
+        watched = self.watched()
+        for kind, value in batch:
+            if kind == "opened":
+                try:
+                    self._open(value, watched)
+                except Exception as error:  # Sentry's client must never stop the thread.
+                    emit(logger, "jobs.checkins.failed", logging.WARNING, **failure_fields(error))
+        ended = [job_id for kind, ids in batch if kind == "ended" for job_id in ids]
+        if ended:
+            self._close(ended, watched)
+        for kind, value in batch:
+            if kind == "flush":
+                value.set()
+
+    def _open(self, fired: Sequence[FiredOccurrence], watched: dict[str, Watched]) -> None:
+        for occurrence in fired:
+            monitor = watched.get(occurrence.task)
+            if monitor is None:
+                continue
+            check_in = check_in_id(occurrence.task, occurrence.occurrence)
+            capture_checkin(
+                monitor_slug=monitor.slug,
+                check_in_id=check_in,
+                status="in_progress",
+                monitor_config=monitor.config,  # type: ignore[arg-type]
+            )
+            if not occurrence.jobs:
+                # Nothing to run: the occurrence ended as it fired.
+                capture_checkin(
+                    monitor_slug=monitor.slug, check_in_id=check_in, status="ok", duration=0.0
+                )
+
+    def _close(self, job_ids: list[int], watched: dict[str, Watched]) -> None:
+        for attempt in range(1, CLOSE_TRIES + 1):
+            try:
+                closed = self.store.close_occurrences(job_ids, tasks=watched)
+                break
+            except DATABASE_ERRORS as error:
+                connections[self.using].close()
+                emit(
+                    logger,
+                    "jobs.checkins.failed",
+                    logging.WARNING,
+                    jobs=len(job_ids),
+                    attempt=attempt,
+                    **failure_fields(error),
+                )
+                if attempt == CLOSE_TRIES:
+                    return
+                time.sleep(1.0)
+        for row in closed:
+            self._send_closed(row, watched)
+
+    def _send_closed(self, row: ClosedOccurrence, watched: dict[str, Watched]) -> None:
+        monitor = watched.get(row.task)
+        if monitor is None:
+            return
+        try:
+            capture_checkin(
+                monitor_slug=monitor.slug,
+                check_in_id=check_in_id(row.task, row.occurrence),
+                status=row.status,
+                duration=max((row.finished_at - row.started_at).total_seconds(), 0.0),
+            )
+        except Exception as error:
+            emit(logger, "jobs.checkins.failed", logging.WARNING, **failure_fields(error))
+
+
+__all__ = ["CheckIns", "Watched", "sentry_installed", "watched_tasks"]

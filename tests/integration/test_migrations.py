@@ -232,3 +232,26 @@ def test_0010__keeps_every_job_and_no_row_has_waited_for_its_target() -> None:
         new.objects.order_by("key").values_list("key", "status", "relay", "target_unknown_since")
     )
     assert rows == [("o1", "outbox", "celery", None), ("q1", "queued", "", None)]
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0011__keeps_every_job_and_no_occurrence_is_closed_yet() -> None:
+    before, after = "0010_relay_target_unknown_since", "0011_monitor_checkins"
+    executor = migrate_to(before)
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    old.objects.create(
+        name="demo.ping", key="s1", task="demo.t", occurrence=AT, run_at=AT, created_at=AT
+    )
+    old.objects.create(name="demo.ping", key="s2", status="succeeded", run_at=AT, created_at=AT)
+
+    executor = migrate_to(after)
+
+    new_apps = executor.loader.project_state([("ultimat3_jobs", after)]).apps
+    jobs = new_apps.get_model("ultimat3_jobs", "Job").objects
+    assert list(jobs.order_by("key").values_list("key", "status", "task", "occurrence")) == [
+        ("s1", "queued", "demo.t", AT),
+        ("s2", "succeeded", "", None),
+    ]
+    assert new_apps.get_model("ultimat3_jobs", "CheckIn").objects.count() == 0

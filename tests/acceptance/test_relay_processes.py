@@ -25,8 +25,8 @@ from django.db.models import Count
 
 from testproject.demo import celery_tasks
 from testproject.demo.models import Ping
+from ultimat3_jobs.engines import send_celery
 from ultimat3_jobs.models import Job
-from ultimat3_jobs.relay import send_celery
 
 from ..redis_server import RedisServer, point_celery_at
 from .helpers import ROOT, Process, process_database_url, processes, spawn, stop_all, wait_for

@@ -21,11 +21,12 @@ from testproject.demo.models import Ping
 from ultimat3_jobs import tasks_compat
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.engines import celery_task_id, send
 from ultimat3_jobs.errors import BrokerUnavailableError
 from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.planner import occurrence_key
-from ultimat3_jobs.relay import JOBS_BACKEND, Relay, celery_task_id, send
+from ultimat3_jobs.relay import JOBS_BACKEND, Relay
 from ultimat3_jobs.store import store_for
 
 from ..redis_server import RedisServer, point_celery_at
@@ -574,7 +575,7 @@ def test_run_relay__stats_prints_the_outbox_by_state(broker: redis.Redis) -> Non
 def test_relay__a_surprise_from_the_engine_is_logged_and_the_row_sent_on_the_next_pass(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from ultimat3_jobs.relay import Sent
+    from ultimat3_jobs.engines import Sent
 
     job = celery_round("relay.surprise")
     calls: list[int] = []

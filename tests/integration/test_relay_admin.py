@@ -15,11 +15,11 @@ from django.utils.html import strip_tags
 from testproject.demo import celery_tasks
 from ultimat3_jobs import clock
 from ultimat3_jobs.declarations import task
+from ultimat3_jobs.engines import celery_task_id
 from ultimat3_jobs.manual import run_now
 from ultimat3_jobs.models import Job
 from ultimat3_jobs.outbox import celery_task_handle
 from ultimat3_jobs.registry import Registry
-from ultimat3_jobs.relay import celery_task_id
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
 from ultimat3_jobs.store import store_for

@@ -21,9 +21,10 @@ from testproject.demo.celery_tasks import once_ends, plain_ends, plain_row, writ
 from testproject.demo.models import Ping
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.engines import broker_down, celery_task_id
 from ultimat3_jobs.errors import BrokerUnavailableError, RelayRefusedError
 from ultimat3_jobs.models import Job
-from ultimat3_jobs.relay import TARGET_RETRY, Relay, broker_down, celery_task_id
+from ultimat3_jobs.relay import TARGET_RETRY, Relay
 from ultimat3_jobs.store import store_for
 
 from ..redis_server import RedisServer, point_celery_at

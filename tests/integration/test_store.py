@@ -23,7 +23,10 @@ from ultimat3_jobs.store.columns import (
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
-def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> Job:
+def running(
+    worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3, started: bool = True
+) -> Job:
+    """A running row: started (its function ran), or claimed ahead (``started=False``)."""
     return Job.objects.create(
         name="demo.ping",
         key=f"demo.ping:{uuid.uuid4().hex}",
@@ -33,6 +36,7 @@ def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> 
         max_attempts=max_attempts,
         run_at=T0,
         created_at=T0,
+        started_at=T0 if started else None,
         worker=worker,
     )
 

@@ -124,8 +124,8 @@ LAYERS: dict[str, set[str]] = {
     "declarations": {"declarations", "handles", "registry"},
     "store": {"history", "listener", "nodes", "store"},
     "roles": {
-        "backends", "backfill", "celery", "celery_beat", "leaders", "lifecycle", "manual",
-        "outbox", "planner", "relay", "retention", "scheduler", "state", "worker",
+        "attempts", "backends", "backfill", "celery", "celery_beat", "leaders", "lifecycle",
+        "manual", "outbox", "planner", "relay", "retention", "scheduler", "state", "worker",
     },
     "surfaces": {
         "admin", "apps", "checks", "management", "metrics", "overview", "relay_checks", "status",

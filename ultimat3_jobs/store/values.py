@@ -44,11 +44,13 @@ class Copied(Mapping[str, tuple[int, bool]]):
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
-    """How many jobs of dead workers went back to the queue, and how many ended failed."""
+    """How the jobs of dead workers went back: started ones requeued with their attempt counted
+    (or failed, out of attempts), and claimed ones that never started released uncounted."""
 
     requeued: int
     failed: int
     jobs: tuple[int, ...] = ()
+    released: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +58,8 @@ class ClaimedJob:
     """A job a worker claimed: what running it needs, read in the claim itself.
 
     A plain record rather than a model instance: a busy worker claims thousands a second.
-    The claim's statements return these fields, in this order (``sql.CLAIMED_COLUMNS``).
+    The claim's statements return these fields, in this order (``columns.CLAIMED_COLUMNS``,
+    then ``started``).
     """
 
     id: int
@@ -71,6 +74,10 @@ class ClaimedJob:
     priority: int = 0
     #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
     backend: str = ""
+    #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
+    #: thread. One claimed ahead is not, until ``JobStore.mark_started`` says its function may
+    #: run; only a started attempt is counted when its worker dies.
+    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)

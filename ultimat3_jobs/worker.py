@@ -38,7 +38,7 @@ from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connecti
 from .listener import Listener
 from .logs import emit, failure_fields
 from .nodes import RunStatus, new_node_id
-from .store import ClaimedJob, JobStore, Recovered, store_for
+from .store import ClaimedJob, JobStore, Recovered, Start, store_for
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -158,6 +158,8 @@ class Worker:
         #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
         #: with its next claim, so a busy worker spends one statement per turn of its loop.
         self._pending: list[Ended] = []
+        #: Starts of claimed-ahead jobs, recorded with the dispatcher's next statement too.
+        self._starting: list[Start] = []
         # SimpleQueue: its put and get are C, without the Condition that queue.Queue takes
         # and notifies per job.
         self._inbox: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
@@ -235,14 +237,20 @@ class Worker:
     def _take(self, job: ClaimedJob) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
         row = None
+        started_at = None
         try:
             if job.backend:
+                # Its row is read before it runs: the start is recorded in that statement.
                 row = self.store.start_task(job=job, worker=self.node_id, now=self.clock())
                 started = row is not None
+            elif job.started:
+                started = True
+            elif job.orphaned:
+                # It may be what killed a worker: its start is recorded before it runs.
+                started = self.store.mark_started(job=job, worker=self.node_id, now=self.clock())
             else:
-                started = job.started or self.store.mark_started(
-                    job=job, worker=self.node_id, now=self.clock()
-                )
+                started, started_at = True, self.clock()
+                self._note_start(Start(job.id, job.attempts, started_at))
         except DATABASE_ERRORS as error:
             # Not run, and maybe marked started: it goes back uncounted.
             self._let_go(job, error, ran=False)
@@ -257,13 +265,13 @@ class Worker:
                 self._let_go(job, None, ran=True)
             self.life.wake.set()
             return
-        ended = self.attempts.run(job)
+        ended = self.attempts.run(job, started_at=started_at)
         wake = False
         with self._lock:
             self._in_flight.pop(job.id, None)
             late = self._abandoned.is_set()
             if not late:
-                if not self._pending:
+                if not self._pending and not self._starting:
                     self._pending_since = time.monotonic()
                     wake = True
                 self._pending.append(ended)
@@ -275,6 +283,18 @@ class Worker:
             # The drain gave up and nobody writes for us: the row went back to the queue, so
             # this write only confirms the attempt was lost.
             self.attempts.report_all(self.attempts.record([ended]))
+
+    def _note_start(self, start: Start) -> None:
+        """A claimed-ahead job starts now: the dispatcher records it with its next statement,
+        within ``FLUSH_AFTER``. Should the worker die first, the job goes back uncounted and
+        ``orphaned``, and its next start is recorded before it runs."""
+        with self._lock:
+            first = not self._pending and not self._starting
+            if first:
+                self._pending_since = time.monotonic()
+            self._starting.append(start)
+        if first:
+            self.life.wake.set()
 
     def _let_go(self, job: ClaimedJob, error: BaseException | None, *, ran: bool) -> None:
         """A job this worker claimed and no longer holds, its row perhaps still running as
@@ -447,14 +467,16 @@ class Worker:
                 if self.life.draining.is_set():
                     room = 0
                 with self._lock:
+                    waiting_writes = bool(self._pending or self._starting)
                     due = len(self._pending) >= FLUSH_BATCH or (
-                        self._pending and moment - self._pending_since >= FLUSH_AFTER
+                        waiting_writes and moment - self._pending_since >= FLUSH_AFTER
                     )
                     if room > 0 or due:
                         ended, self._pending = self._pending, []
+                        starts, self._starting = self._starting, []
                     else:
-                        ended = []
-                    flush_in = FLUSH_AFTER if self._pending else idle_wait
+                        ended, starts = [], []
+                    flush_in = FLUSH_AFTER if self._pending or self._starting else idle_wait
                 # New jobs that free threads take at once: the claim marks them started.
                 start = max(0, min(room, self.concurrency - running))
                 try:
@@ -465,6 +487,7 @@ class Worker:
                         now=self.clock(),
                         queues=self.queues,
                         start=start,
+                        starts=starts,
                     )
                     written = Written(ids, ended)
                 except REFUSED_ERRORS as error:
@@ -474,12 +497,12 @@ class Worker:
                     # One by one, the outcome refused cannot hold the others back.
                     jobs = []
                     try:
-                        written = self.attempts.write_each(ended, error)
+                        written = self.attempts.write_each(ended, error, starts)
                     except DATABASE_ERRORS as again:
-                        self._keep_pending(ended, again)
+                        self._keep_pending(ended, again, starts)
                         raise
                 except DATABASE_ERRORS as error:
-                    self._keep_pending(ended, error)
+                    self._keep_pending(ended, error, starts)
                     with self._lock:
                         self._unsure = self._unsure or room > 0
                     raise
@@ -500,7 +523,7 @@ class Worker:
                 continue
             if self.max_jobs is not None and self.claimed >= self.max_jobs:
                 return
-            if self.burst and not jobs and running == 0:
+            if self.burst and not jobs and running == 0 and not self._unsure:
                 return
             if room > 0 and len(jobs) == room:
                 continue  # Every slot we asked for was filled: more may be due right away.
@@ -547,12 +570,15 @@ class Worker:
         if released:
             emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
 
-    def _keep_pending(self, ended: list[Ended], error: BaseException) -> None:
-        """A write failed: its outcomes go back in front, for the next turn to write."""
+    def _keep_pending(
+        self, ended: list[Ended], error: BaseException, starts: Sequence[Start] = ()
+    ) -> None:
+        """A write failed: its outcomes (and starts) go back in front, for the next turn."""
         if ended:
             self.attempts.record_failed(ended, error)
-            with self._lock:
-                self._pending[:0] = ended
+        with self._lock:
+            self._pending[:0] = ended
+            self._starting[:0] = starts
 
     def _release_waiting(self) -> None:
         """Put the claimed jobs no thread has started back in the queue, attempt uncounted."""
@@ -588,12 +614,13 @@ class Worker:
         """Write the outcomes waiting, without claiming (draining, stopping)."""
         with self._lock:
             ended, self._pending = self._pending, []
-        if not ended:
+            starts, self._starting = self._starting, []
+        if not ended and not starts:
             return
         try:
-            written = self.attempts.write(ended)
+            written = self.attempts.write(ended, starts)
         except DATABASE_ERRORS as error:
-            self._keep_pending(ended, error)
+            self._keep_pending(ended, error, starts)
             close_old_connections()
             return
         self._report(written)

@@ -8,10 +8,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from tests.integration.factories import demo_ping
-from ultimat3_jobs.models import Job, JobStatus
-from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, PostgresStore, store_for
+from ultimat3_jobs.models import Job, JobStatus, Node
+from ultimat3_jobs.store import (
+    ClaimedJob,
+    Finish,
+    PortableStore,
+    PostgresStore,
+    Start,
+    store_for,
+)
 from ultimat3_jobs.store.columns import (
     CARRIED,
     NEW_JOB_NAMES,
@@ -208,7 +216,7 @@ def test_store_for__one_store_per_alias_chosen_by_its_engine() -> None:
 
 def test_new_job_columns__are_every_column_of_the_table_but_those_left_to_their_defaults() -> None:
     left_out = {"args", "return_value", "error_class", "traceback", "relayed_at", "engine_id"}
-    left_out |= {"done_at", "started_at", "finished_at"}
+    left_out |= {"done_at", "started_at", "finished_at", "orphaned"}
     columns = {field.column for field in Job._meta.concrete_fields} - {"id"}
     assert set(NEW_JOB_NAMES) == columns - left_out
     assert len(NEW_JOB_NAMES) == len(set(NEW_JOB_NAMES))
@@ -298,3 +306,146 @@ def test_delete_finished__leaves_queued_running_and_outbox_jobs() -> None:
     every = Job.objects.filter(pk__in=[done.pk, busy.pk, waiting.pk])
     assert store_for().delete_finished(every) == 1
     assert set(Job.objects.values_list("pk", flat=True)) == {busy.pk, waiting.pk}
+
+
+# -- claimed is not started -------------------------------------------------------------------
+
+
+def _queued(n: int) -> list[Job]:
+    return [
+        Job.objects.create(
+            name="demo.ping",
+            key=f"demo.ping:{uuid.uuid4().hex}",
+            input={"label": str(i)},
+            run_at=T0 - timedelta(seconds=n - i),
+            created_at=T0,
+        )
+        for i in range(n)
+    ]
+
+
+def _started_at(job_id: int) -> datetime | None:
+    return Job.objects.get(pk=job_id).started_at
+
+
+@pytest.mark.django_db
+def test_claim__marks_started_only_the_first_rows_it_hands_to_idle_threads() -> None:
+    _queued(3)
+    first, second, third = store_for("default").claim(worker="w1", limit=3, now=T0, start=1)
+    assert [job.started for job in (first, second, third)] == [True, False, False]
+    assert [_started_at(job.id) for job in (first, second, third)] == [T0, None, None]
+    # The attempt is counted at claim time all the same; the start is what keeps it.
+    assert {job.attempts for job in (first, second, third)} == {1}
+
+
+@pytest.mark.django_db
+def test_claim__without_start_marks_every_row_started() -> None:
+    _queued(2)
+    claimed_jobs = store_for("default").claim(worker="w1", limit=2, now=T0)
+    assert [job.started for job in claimed_jobs] == [True, True]
+
+
+@pytest.mark.django_db
+def test_finish_and_claim__records_starts_and_a_finish_carries_its_own() -> None:
+    _queued(3)
+    store = store_for("default")
+    running_one, finished_one, taken = store.claim(worker="w1", limit=3, now=T0, start=0)
+    Job.objects.filter(pk=taken.id).update(worker="w2")
+    at = T0 + timedelta(seconds=1)
+    done = T0 + timedelta(seconds=2)
+    store.finish_and_claim(
+        worker="w1",
+        finishes=[Finish.succeeded(finished_one, now=done, started_at=at)],
+        limit=0,
+        starts=[Start(job.id, job.attempts, at) for job in (running_one, finished_one, taken)],
+    )
+    assert _started_at(running_one.id) == at
+    row = Job.objects.get(pk=finished_one.id)
+    assert (row.status, row.started_at, row.finished_at) == (JobStatus.SUCCEEDED, at, done)
+    assert _started_at(taken.id) is None  # Not ours: left alone.
+
+
+@pytest.mark.django_db
+def test_mark_started__marks_only_the_workers_same_attempt() -> None:
+    _queued(2)
+    store = store_for("default")
+    mine, taken = store.claim(worker="w1", limit=2, now=T0, start=0)
+    Job.objects.filter(pk=taken.id).update(worker="w2")  # Recovered and claimed by another.
+    later = T0 + timedelta(seconds=3)
+    assert store.mark_started(job=mine, worker="w1", now=later) is True
+    assert store.mark_started(job=taken, worker="w1", now=later) is False
+    assert (_started_at(mine.id), _started_at(taken.id)) == (later, None)
+
+
+@pytest.mark.django_db
+def test_start_task__marks_and_reads_the_row_or_none_once_it_is_not_ours() -> None:
+    _queued(2)
+    store = store_for("default")
+    mine, cancelled = store.claim(worker="w1", limit=2, now=T0, start=0)
+    Job.objects.filter(pk=cancelled.id).update(status=JobStatus.CANCELLED)
+    row = store.start_task(job=mine, worker="w1", now=T0)
+    assert row is not None and (row.pk, row.started_at, row.input) == (mine.id, T0, mine.input)
+    assert store.start_task(job=cancelled, worker="w1", now=T0) is None
+
+
+def _node(node_id: str, *, stale: bool) -> None:
+    seen = timezone.now() - timedelta(minutes=5 if stale else 0)
+    Node.objects.create(
+        node_id=node_id, role="worker", host="h", pid=1, started_at=seen, last_seen_at=seen
+    )
+
+
+@pytest.mark.django_db
+def test_recover__claimed_ahead_rows_go_back_uncounted_started_ones_keep_their_attempt() -> None:
+    _node("dead", stale=True)
+    started = running("dead", attempts=1)
+    ahead = running("dead", attempts=1, max_attempts=1, started=False)
+    killer = running("dead", attempts=2, max_attempts=2)
+    found = store_for("default").recover(stale_after=timedelta(seconds=60), now=T0)
+    assert (found.requeued, found.failed, found.released) == (1, 1, 1)
+    assert sorted(found.jobs) == sorted([started.pk, ahead.pk, killer.pk])
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert (rows[started.pk].status, rows[started.pk].attempts) == (JobStatus.QUEUED, 1)
+    assert (rows[ahead.pk].status, rows[ahead.pk].attempts) == (JobStatus.QUEUED, 0)
+    assert (rows[ahead.pk].worker, rows[ahead.pk].started_at) == ("", None)
+    assert rows[ahead.pk].last_error == ""  # Its start was never recorded: nothing to say.
+    # It may have started unrecorded and killed its worker: its next start is recorded first.
+    assert (rows[ahead.pk].orphaned, rows[started.pk].orphaned) == (True, False)
+    assert rows[killer.pk].status == JobStatus.FAILED
+    assert rows[killer.pk].last_error.endswith("no attempts left: the job kept killing its worker")
+
+
+@pytest.mark.django_db
+def test_recover__a_hand_made_running_row_without_attempts_goes_back_at_zero() -> None:
+    row = running("gone", attempts=0, started=False)
+    found = store_for("default").recover(stale_after=timedelta(seconds=60), now=T0)
+    assert found.released == 1
+    assert Job.objects.get(pk=row.pk).attempts == 0
+
+
+@pytest.mark.django_db
+def test_give_back__a_row_no_thread_started_goes_back_uncounted() -> None:
+    ahead = running("w1", attempts=1, max_attempts=1, started=False)
+    store_for("default").give_back(job_ids=[ahead.pk], worker="w1", now=T0)
+    row = Job.objects.get(pk=ahead.pk)
+    assert (row.status, row.attempts, row.started_at) == (JobStatus.QUEUED, 0, None)
+
+
+@pytest.mark.django_db
+def test_release_unheld__rows_that_ran_keep_their_attempt_the_others_do_not() -> None:
+    held = running("w1")
+    ran_spare = running("w1", attempts=1, max_attempts=3)
+    ran_spent = running("w1", attempts=1, max_attempts=1)
+    unrun = running("w1", attempts=1, max_attempts=1)
+    theirs = running("w2")
+    released = store_for("default").release_unheld(
+        worker="w1", held=[held.pk], ran=[ran_spare.pk, ran_spent.pk]
+    )
+    assert released == 3
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert (rows[ran_spare.pk].status, rows[ran_spare.pk].attempts) == (JobStatus.QUEUED, 1)
+    assert "could not record how this attempt ended" in rows[ran_spare.pk].last_error
+    assert (rows[ran_spent.pk].status, rows[ran_spent.pk].attempts) == (JobStatus.FAILED, 1)
+    assert rows[ran_spent.pk].last_error.endswith("no attempts left")
+    assert (rows[unrun.pk].status, rows[unrun.pk].attempts) == (JobStatus.QUEUED, 0)
+    assert rows[held.pk].status == rows[theirs.pk].status == JobStatus.RUNNING

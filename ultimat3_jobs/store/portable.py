@@ -28,7 +28,7 @@ from django.db.models import (
     QuerySet,
     Value,
 )
-from django.db.models.functions import Concat, Greatest, Now
+from django.db.models.functions import Coalesce, Concat, Greatest, Now
 
 from .. import clock, history
 from ..conf import get_settings
@@ -55,6 +55,7 @@ from .values import (
     FiredOccurrence,
     Recovered,
     Rows,
+    Start,
     TaskState,
 )
 
@@ -255,8 +256,10 @@ class PortableStore:
             worker=worker, finishes=(), limit=limit, now=now, queues=queues, start=start
         )[1]
 
-    def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
-        return self.finish_and_claim(worker=worker, finishes=finishes, limit=0)[0]
+    def finish(
+        self, *, worker: str, finishes: Sequence[Finish], starts: Sequence[Start] = ()
+    ) -> set[int]:
+        return self.finish_and_claim(worker=worker, finishes=finishes, limit=0, starts=starts)[0]
 
     def finish_and_claim(
         self,
@@ -267,11 +270,20 @@ class PortableStore:
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
         start: int | None = None,
+        starts: Sequence[Start] = (),
     ) -> tuple[set[int], list[ClaimedJob]]:
         limit = max(limit, 0)
-        if not finishes and not limit:
+        if not finishes and not limit and not starts:
             return set(), []
         rows = self._jobs()
+        for begun in starts:
+            rows.filter(
+                pk=begun.job_id,
+                status=JobStatus.RUNNING,
+                worker=worker,
+                attempts=begun.attempts,
+                started_at__isnull=True,
+            ).update(started_at=begun.at)
         written = set()
         for done in finishes:
             ours = rows.filter(
@@ -284,6 +296,8 @@ class PortableStore:
             }
             if done.status == JobStatus.QUEUED:
                 changes.update(run_at=done.run_at, worker="")
+            if done.started_at is not None:
+                changes["started_at"] = Coalesce(F("started_at"), Value(done.started_at))
             if ours.update(**changes):
                 written.add(done.job_id)
         if not limit:
@@ -402,8 +416,11 @@ class PortableStore:
         # Re-checked in the updates: a job finished and claimed again by a live worker since
         # the read above is no longer an orphan.
         found_orphans = orphans.filter(pk__in=found)
-        # Claimed ahead and never started: its worker's death is not the job's doing.
-        released = _release(found_orphans.filter(started_at__isnull=True))
+        # No start recorded: claimed ahead and never started, its worker's death not its
+        # doing; or started in the moment before its start was to be written, when it may have
+        # been what killed the worker. Either way uncounted, and from now on its start is
+        # recorded before it runs, so each further death counts.
+        released = _release(found_orphans.filter(started_at__isnull=True), orphaned=True)
         died = Concat(
             Value("worker "), F("worker"), Value(" stopped heartbeating during this attempt")
         )
@@ -419,7 +436,7 @@ class PortableStore:
         if not job_ids:
             return
         ours = self._jobs().filter(pk__in=list(job_ids), status=JobStatus.RUNNING, worker=worker)
-        _release(ours.filter(started_at__isnull=True))
+        _release(ours.filter(started_at__isnull=True), orphaned=True)
         note = Value(f"worker {worker} stopped before this attempt finished")
         _requeue_or_fail(
             ours.filter(started_at__isnull=False),
@@ -742,14 +759,17 @@ class PortableStore:
         self._tasks().bulk_update(rows, ["last_fired_at"])
 
 
-def _release(rows: QuerySet[Job]) -> int:
+def _release(rows: QuerySet[Job], *, orphaned: bool = False) -> int:
     """Send claimed ``rows`` back to the queue as they were before the claim: their attempt
-    uncounted (never below 0, whatever a hand-made row holds), not started, no worker."""
+    uncounted (never below 0, whatever a hand-made row holds), not started, no worker.
+    ``orphaned``: they come from a worker that died, and may have been running."""
+    changes: dict[str, Any] = {"orphaned": True} if orphaned else {}
     return rows.update(
         status=JobStatus.QUEUED,
         attempts=Greatest(F("attempts") - 1, 0),
         started_at=None,
         worker="",
+        **changes,
     )
 
 

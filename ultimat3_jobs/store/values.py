@@ -74,10 +74,22 @@ class ClaimedJob:
     priority: int = 0
     #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
     backend: str = ""
+    #: Taken back once from a worker that died before its start was recorded: its start must
+    #: be recorded (``JobStore.mark_started``) before its function runs.
+    orphaned: bool = False
     #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
-    #: thread. One claimed ahead is not, until ``JobStore.mark_started`` says its function may
-    #: run; only a started attempt is counted when its worker dies.
+    #: thread. Only a started attempt is counted when its worker dies.
     started: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """A claimed-ahead job a thread started at ``at``, its start to be recorded with the
+    worker's next statement (``finish_and_claim``)."""
+
+    job_id: int
+    attempts: int
+    at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,7 @@ class Finish:
 
     ``status`` is succeeded or failed (``finished_at`` set), or queued for a retry at
     ``run_at``. ``attempts`` names the attempt, so a stale finish never lands on a later one.
+    ``started_at``: when its thread started it, for a row whose start is not recorded yet.
     """
 
     job_id: int
@@ -94,21 +107,36 @@ class Finish:
     finished_at: datetime | None = None
     run_at: datetime | None = None
     error: str = ""
+    started_at: datetime | None = None
 
     @classmethod
-    def succeeded(cls, job: ClaimedJob, *, now: datetime) -> Finish:
+    def succeeded(
+        cls, job: ClaimedJob, *, now: datetime, started_at: datetime | None = None
+    ) -> Finish:
         """Running -> succeeded."""
-        return cls(job.id, job.attempts, JobStatus.SUCCEEDED, finished_at=now)
+        return cls(
+            job.id, job.attempts, JobStatus.SUCCEEDED, finished_at=now, started_at=started_at
+        )
 
     @classmethod
-    def retrying(cls, job: ClaimedJob, *, run_at: datetime, error: str) -> Finish:
+    def retrying(
+        cls, job: ClaimedJob, *, run_at: datetime, error: str, started_at: datetime | None = None
+    ) -> Finish:
         """Running -> queued again at ``run_at``, keeping the error in view until the next try."""
-        return cls(job.id, job.attempts, JobStatus.QUEUED, run_at=run_at, error=error)
+        return cls(
+            job.id, job.attempts, JobStatus.QUEUED, run_at=run_at, error=error,
+            started_at=started_at,
+        )  # fmt: skip
 
     @classmethod
-    def failed(cls, job: ClaimedJob, *, now: datetime, error: str) -> Finish:
+    def failed(
+        cls, job: ClaimedJob, *, now: datetime, error: str, started_at: datetime | None = None
+    ) -> Finish:
         """Running -> failed for good."""
-        return cls(job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error)
+        return cls(
+            job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error,
+            started_at=started_at,
+        )  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -11,8 +11,9 @@ a long job can stall neither. The first SIGTERM stops claiming and waits for the
 (bounded by a grace period); the second exits at once.
 
 Claimed is not started: the jobs a claim hands straight to idle threads are marked started by
-the claim itself, and a job claimed ahead gets its start mark from the thread that takes it,
-before its function runs. Only a started attempt counts when its worker dies. A job this worker
+the claim itself; the start of a job claimed ahead is written with the dispatcher's next
+statement after a thread takes it (one taken back from a dead worker, ``orphaned``: before its
+function runs). Only a started attempt counts when its worker dies. A job this worker
 claimed but can no longer account for (a claim, a start mark, a release or an outcome whose
 write failed) goes back through ``release_unheld``: a live worker's rows are never recovered by
 the others, so none may stay ``running`` without a thread or an outcome here holding it.
@@ -287,7 +288,7 @@ class Worker:
     def _note_start(self, start: Start) -> None:
         """A claimed-ahead job starts now: the dispatcher records it with its next statement,
         within ``FLUSH_AFTER``. Should the worker die first, the job goes back uncounted and
-        ``orphaned``, and its next start is recorded before it runs."""
+        ``orphaned``: its next starts are recorded before it runs."""
         with self._lock:
             first = not self._pending and not self._starting
             if first:

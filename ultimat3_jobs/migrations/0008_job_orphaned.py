@@ -1,4 +1,5 @@
-# A job taken back from a dead worker before its start was recorded is marked, every row kept:
+# A job taken back from a dead worker is marked (its next starts are recorded before it runs),
+# every row kept:
 # a constant database default, so PostgreSQL adds the column without rewriting the table, and a
 # worker of the previous release (which names the columns it writes) leaves it false.
 

@@ -254,9 +254,9 @@ class JobStore(Protocol):
         Staleness is judged by the database clock, which every heartbeat is written with. A
         started attempt stays counted; a job whose attempts are used up ends ``failed``: it
         kept killing the workers that ran it. A job whose start was never recorded (claimed
-        ahead) goes back as it was before the claim, its attempt uncounted, and ``orphaned``:
-        its next starts are recorded before it runs (``Recovered.released``). A batch at a time;
-        the rest wait for the next.
+        ahead) goes back as it was before the claim, its attempt uncounted
+        (``Recovered.released``). Either way it is ``orphaned``: its next starts are recorded
+        before it runs. A batch at a time; the rest wait for the next.
         """
         ...
 

@@ -417,8 +417,8 @@ class PortableStore:
         # the read above is no longer an orphan.
         found_orphans = orphans.filter(pk__in=found)
         # No start recorded: claimed ahead and never started, its worker's death not its
-        # doing; or started in the moment before its start was to be written, when it may have
-        # been what killed the worker. Either way uncounted, and from now on its start is
+        # doing; or started in the moment before its start was to be written. Uncounted.
+        # Started or not, it may be what killed the worker: ``orphaned``, its next starts are
         # recorded before it runs, so each further death counts.
         released = _release(found_orphans.filter(started_at__isnull=True), orphaned=True)
         died = Concat(
@@ -429,6 +429,7 @@ class PortableStore:
             now=now,
             note=died,
             exhausted="; no attempts left: the job kept killing its worker",
+            orphaned=True,
         )
         return Recovered(requeued, failed, tuple(found), released)
 
@@ -443,6 +444,7 @@ class PortableStore:
             now=now,
             note=note,
             exhausted="; no attempts left",
+            orphaned=True,
         )
 
     # -- the relay's outbox -----------------------------------------------------------------------
@@ -774,14 +776,16 @@ def _release(rows: QuerySet[Job], *, orphaned: bool = False) -> int:
 
 
 def _requeue_or_fail(
-    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str
+    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str, orphaned: bool = False
 ) -> tuple[int, int]:
     """Send ``rows`` back to the queue with their attempts counted; those out of attempts fail.
+    ``orphaned``: they come from a worker that died or gave up on them.
 
     Returns how many were requeued and how many failed.
     """
+    changes: dict[str, Any] = {"orphaned": True} if orphaned else {}
     requeued = rows.filter(attempts__lt=F("max_attempts")).update(
-        status=JobStatus.QUEUED, run_at=now, worker="", last_error=note
+        status=JobStatus.QUEUED, run_at=now, worker="", last_error=note, **changes
     )
     failed = rows.filter(attempts__gte=F("max_attempts")).update(
         status=JobStatus.FAILED, finished_at=now, last_error=Concat(note, Value(exhausted))

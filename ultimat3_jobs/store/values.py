@@ -74,8 +74,8 @@ class ClaimedJob:
     priority: int = 0
     #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
     backend: str = ""
-    #: Taken back once from a worker that died before its start was recorded: its start must
-    #: be recorded (``JobStore.mark_started``) before its function runs.
+    #: Taken back once from a worker that died holding it: its start must be recorded
+    #: (``JobStore.mark_started``) before its function runs.
     orphaned: bool = False
     #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
     #: thread. Only a started attempt is counted when its worker dies.

@@ -38,7 +38,7 @@ from .logs import emit, failure_fields
 from .models import JobStatus
 from .registry import registry
 from .retries import format_error, retry_delay, storable
-from .store import ClaimedJob, Finish, JobStore, Start
+from .store import ClaimedJob, Finish, JobStore
 
 if TYPE_CHECKING:
     from .models import Job
@@ -130,9 +130,8 @@ class Attempts:
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, job: ClaimedJob, *, started_at: datetime | None = None) -> Ended:
-        """Run one claimed @job; how it ended, not yet written. ``started_at``: when it started,
-        for a job whose start is not recorded yet (its finish records it)."""
+    def run(self, job: ClaimedJob) -> Ended:
+        """Run one claimed, started @job; how it ended, not yet written."""
         handle = registry.get_job(job.name)
         started = time.monotonic()
         if handle is None:
@@ -142,26 +141,17 @@ class Attempts:
                 "declares it with @job, and check that its app is in INSTALLED_APPS, then "
                 "retry the job from the admin"
             )
-            return self._failed(
-                job, message, started, started_at, retry=False, fields={"error": message}
-            )
+            return self._failed(job, message, started, retry=False, fields={"error": message})
         try:
             handle.func(**job.input)
         except BaseException as error:
-            fields = failure_fields(error)
-            return self._failed(job, format_error(error), started, started_at, fields=fields)
-        finish = Finish.succeeded(job, now=self.clock(), started_at=started_at)
-        return Ended(job, finish, _since(started))
+            return self._failed(
+                job, format_error(error), started, retry=True, fields=failure_fields(error)
+            )
+        return Ended(job, Finish.succeeded(job, now=self.clock()), _since(started))
 
     def _failed(
-        self,
-        job: ClaimedJob,
-        text: str,
-        started: float,
-        started_at: datetime | None,
-        *,
-        retry: bool = True,
-        fields: dict[str, Any],
+        self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
     ) -> Ended:
         # Storable whatever the exception held (NUL, lone surrogates): the outcome must land.
         text = storable(text)
@@ -170,9 +160,9 @@ class Attempts:
                 job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
             )
             run_at = self.clock() + delay
-            finish = Finish.retrying(job, run_at=run_at, error=text, started_at=started_at)
+            finish = Finish.retrying(job, run_at=run_at, error=text)
             return Ended(job, finish, _since(started), {"retry_at": run_at, **fields})
-        finish = Finish.failed(job, now=self.clock(), error=text, started_at=started_at)
+        finish = Finish.failed(job, now=self.clock(), error=text)
         return Ended(job, finish, _since(started), fields)
 
     def run_django_task(self, job: ClaimedJob, row: Job) -> Outcome | None:
@@ -283,19 +273,15 @@ class Attempts:
                 time.sleep(delay)
                 delay = min(delay * 2, self.retry_every)
 
-    def write(self, ended: Sequence[Ended], starts: Sequence[Start] = ()) -> Written:
-        """Write outcomes (and record ``starts``) in one statement; a batch the database
-        refuses, one by one."""
+    def write(self, ended: Sequence[Ended]) -> Written:
+        """Write outcomes in one statement; a batch the database refuses, one by one."""
         try:
-            finishes = [e.finish for e in ended]
-            ids = self.store.finish(worker=self.node_id, finishes=finishes, starts=starts)
+            ids = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
         except REFUSED_ERRORS as error:
-            return self.write_each(ended, error, starts)
+            return self.write_each(ended, error)
         return Written(ids, ended)
 
-    def write_each(
-        self, ended: Sequence[Ended], error: BaseException, starts: Sequence[Start] = ()
-    ) -> Written:
+    def write_each(self, ended: Sequence[Ended], error: BaseException) -> Written:
         """Outcomes of a batch the database refused with ``error``, written one by one, so the
         one it refuses cannot hold the others back. That one is written as a failure with
         ``jobs.job.result-unstorable``; refused even so, it is returned in ``refused``.
@@ -306,8 +292,6 @@ class Attempts:
         ids: set[int] = set()
         written: list[Ended] = []
         refused: list[Ended] = []
-        if starts:
-            self.store.finish(worker=self.node_id, finishes=(), starts=starts)
         for one in ended:
             try:
                 ids |= self.store.finish(worker=self.node_id, finishes=[one.finish])
@@ -318,9 +302,7 @@ class Attempts:
             text = storable(str(refusal))
             failed = Ended(
                 one.job,
-                Finish.failed(
-                    one.job, now=self.clock(), error=text, started_at=one.finish.started_at
-                ),
+                Finish.failed(one.job, now=self.clock(), error=text),
                 one.duration_ms,
                 refusal.as_fields(),
             )

@@ -99,10 +99,6 @@ class Job(models.Model):
     engine_id = models.CharField(max_length=255, blank=True, default="", db_default="")
     #: When the engine reported it done (an ``ExactlyOnceTask`` in its own transaction).
     done_at = models.DateTimeField(null=True, blank=True)
-    #: Taken back from a worker that died holding it: it may be what killed it. From then on
-    #: its start is recorded before its function runs (not with the worker's next statement),
-    #: so each death of a worker running it uses up an attempt.
-    orphaned = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         ordering = ["-id"]

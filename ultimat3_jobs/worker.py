@@ -11,9 +11,8 @@ a long job can stall neither. The first SIGTERM stops claiming and waits for the
 (bounded by a grace period); the second exits at once.
 
 Claimed is not started: the jobs a claim hands straight to idle threads are marked started by
-the claim itself; the start of a job claimed ahead is written with the dispatcher's next
-statement after a thread takes it (one taken back from a dead worker, ``orphaned``: before its
-function runs). Only a started attempt counts when its worker dies. A job this worker
+the claim itself, and a job claimed ahead gets its start mark from the thread that takes it,
+before its function runs. Only a started attempt counts when its worker dies. A job this worker
 claimed but can no longer account for (a claim, a start mark, a release or an outcome whose
 write failed) goes back through ``release_unheld``: a live worker's rows are never recovered by
 the others, so none may stay ``running`` without a thread or an outcome here holding it.
@@ -39,7 +38,7 @@ from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connecti
 from .listener import Listener
 from .logs import emit, failure_fields
 from .nodes import RunStatus, new_node_id
-from .store import ClaimedJob, JobStore, Recovered, Start, store_for
+from .store import ClaimedJob, JobStore, Recovered, store_for
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -159,8 +158,6 @@ class Worker:
         #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
         #: with its next claim, so a busy worker spends one statement per turn of its loop.
         self._pending: list[Ended] = []
-        #: Starts of claimed-ahead jobs, recorded with the dispatcher's next statement too.
-        self._starting: list[Start] = []
         # SimpleQueue: its put and get are C, without the Condition that queue.Queue takes
         # and notifies per job.
         self._inbox: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
@@ -238,20 +235,17 @@ class Worker:
     def _take(self, job: ClaimedJob) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
         row = None
-        started_at = None
         try:
             if job.backend:
-                # Its row is read before it runs: the start is recorded in that statement.
+                # Its row is read before it runs: the start mark is that statement.
                 row = self.store.start_task(job=job, worker=self.node_id, now=self.clock())
                 started = row is not None
-            elif job.started:
-                started = True
-            elif job.orphaned:
-                # It may be what killed a worker: its start is recorded before it runs.
-                started = self.store.mark_started(job=job, worker=self.node_id, now=self.clock())
             else:
-                started, started_at = True, self.clock()
-                self._note_start(Start(job.id, job.attempts, started_at))
+                # Durable before the function runs: a job that kills its worker at once must
+                # still use up an attempt, or it would be claimed and run forever.
+                started = job.started or self.store.mark_started(
+                    job=job, worker=self.node_id, now=self.clock()
+                )
         except DATABASE_ERRORS as error:
             # Not run, and maybe marked started: it goes back uncounted.
             self._let_go(job, error, ran=False)
@@ -266,13 +260,13 @@ class Worker:
                 self._let_go(job, None, ran=True)
             self.life.wake.set()
             return
-        ended = self.attempts.run(job, started_at=started_at)
+        ended = self.attempts.run(job)
         wake = False
         with self._lock:
             self._in_flight.pop(job.id, None)
             late = self._abandoned.is_set()
             if not late:
-                if not self._pending and not self._starting:
+                if not self._pending:
                     self._pending_since = time.monotonic()
                     wake = True
                 self._pending.append(ended)
@@ -284,18 +278,6 @@ class Worker:
             # The drain gave up and nobody writes for us: the row went back to the queue, so
             # this write only confirms the attempt was lost.
             self.attempts.report_all(self.attempts.record([ended]))
-
-    def _note_start(self, start: Start) -> None:
-        """A claimed-ahead job starts now: the dispatcher records it with its next statement,
-        within ``FLUSH_AFTER``. Should the worker die first, the job goes back uncounted and
-        ``orphaned``: its next starts are recorded before it runs."""
-        with self._lock:
-            first = not self._pending and not self._starting
-            if first:
-                self._pending_since = time.monotonic()
-            self._starting.append(start)
-        if first:
-            self.life.wake.set()
 
     def _let_go(self, job: ClaimedJob, error: BaseException | None, *, ran: bool) -> None:
         """A job this worker claimed and no longer holds, its row perhaps still running as
@@ -468,16 +450,14 @@ class Worker:
                 if self.life.draining.is_set():
                     room = 0
                 with self._lock:
-                    waiting_writes = bool(self._pending or self._starting)
                     due = len(self._pending) >= FLUSH_BATCH or (
-                        waiting_writes and moment - self._pending_since >= FLUSH_AFTER
+                        self._pending and moment - self._pending_since >= FLUSH_AFTER
                     )
                     if room > 0 or due:
                         ended, self._pending = self._pending, []
-                        starts, self._starting = self._starting, []
                     else:
-                        ended, starts = [], []
-                    flush_in = FLUSH_AFTER if self._pending or self._starting else idle_wait
+                        ended = []
+                    flush_in = FLUSH_AFTER if self._pending else idle_wait
                 # New jobs that free threads take at once: the claim marks them started.
                 start = max(0, min(room, self.concurrency - running))
                 try:
@@ -488,7 +468,6 @@ class Worker:
                         now=self.clock(),
                         queues=self.queues,
                         start=start,
-                        starts=starts,
                     )
                     written = Written(ids, ended)
                 except REFUSED_ERRORS as error:
@@ -498,12 +477,12 @@ class Worker:
                     # One by one, the outcome refused cannot hold the others back.
                     jobs = []
                     try:
-                        written = self.attempts.write_each(ended, error, starts)
+                        written = self.attempts.write_each(ended, error)
                     except DATABASE_ERRORS as again:
-                        self._keep_pending(ended, again, starts)
+                        self._keep_pending(ended, again)
                         raise
                 except DATABASE_ERRORS as error:
-                    self._keep_pending(ended, error, starts)
+                    self._keep_pending(ended, error)
                     with self._lock:
                         self._unsure = self._unsure or room > 0
                     raise
@@ -571,15 +550,12 @@ class Worker:
         if released:
             emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
 
-    def _keep_pending(
-        self, ended: list[Ended], error: BaseException, starts: Sequence[Start] = ()
-    ) -> None:
-        """A write failed: its outcomes (and starts) go back in front, for the next turn."""
+    def _keep_pending(self, ended: list[Ended], error: BaseException) -> None:
+        """A write failed: its outcomes go back in front, for the next turn to write."""
         if ended:
             self.attempts.record_failed(ended, error)
-        with self._lock:
-            self._pending[:0] = ended
-            self._starting[:0] = starts
+            with self._lock:
+                self._pending[:0] = ended
 
     def _release_waiting(self) -> None:
         """Put the claimed jobs no thread has started back in the queue, attempt uncounted."""
@@ -615,13 +591,12 @@ class Worker:
         """Write the outcomes waiting, without claiming (draining, stopping)."""
         with self._lock:
             ended, self._pending = self._pending, []
-            starts, self._starting = self._starting, []
-        if not ended and not starts:
+        if not ended:
             return
         try:
-            written = self.attempts.write(ended, starts)
+            written = self.attempts.write(ended)
         except DATABASE_ERRORS as error:
-            self._keep_pending(ended, error, starts)
+            self._keep_pending(ended, error)
             close_old_connections()
             return
         self._report(written)

@@ -159,36 +159,3 @@ def test_0007__keeps_every_job_and_task_and_their_names_stay_unique() -> None:
         assert not [name for name in indexes if name.endswith("_like")]
         assert {"u3j_job_key", "u3j_job_running", "u3j_job_task", "u3j_job_ready"} <= indexes
         assert "u3j_task_name" in indexes
-
-
-@pytest.mark.usefixtures("leave_at_latest")
-def test_0008__keeps_every_job_none_orphaned_and_a_previous_release_insert_still_works() -> None:
-    before, after = "0007_lean_job_indexes", "0008_job_orphaned"
-    executor = migrate_to(before)
-    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
-        "ultimat3_jobs", "Job"
-    )
-    old.objects.create(name="demo.ping", key="q1", run_at=AT, created_at=AT)
-    old.objects.create(
-        name="demo.ping", key="r1", status="running", worker="w1", attempts=1, started_at=AT,
-        run_at=AT, created_at=AT,
-    )  # fmt: skip
-
-    executor = migrate_to(after)
-
-    new = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
-        "ultimat3_jobs", "Job"
-    )
-    rows = list(new.objects.order_by("key").values_list("key", "status", "started_at", "orphaned"))
-    assert rows == [("q1", "queued", None, False), ("r1", "running", AT, False)]
-    # A worker of the previous release names the columns it writes: the new one takes its
-    # database default.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO ultimat3_jobs_job (name, key, input, status, queue, attempts, "
-            "max_attempts, run_at, created_at, last_error, task, catch_up, enqueued_by, worker) "
-            "VALUES ('demo.ping', 'old1', '{}', 'queued', 'default', 0, 3, %s, %s, '', '', "
-            "false, 'code', '')",
-            [AT, AT],
-        )
-    assert new.objects.get(key="old1").orphaned is False

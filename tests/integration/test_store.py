@@ -12,14 +12,7 @@ from django.utils import timezone
 
 from tests.integration.factories import demo_ping
 from ultimat3_jobs.models import Job, JobStatus, Node
-from ultimat3_jobs.store import (
-    ClaimedJob,
-    Finish,
-    PortableStore,
-    PostgresStore,
-    Start,
-    store_for,
-)
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, PostgresStore, store_for
 from ultimat3_jobs.store.columns import (
     CARRIED,
     NEW_JOB_NAMES,
@@ -216,7 +209,7 @@ def test_store_for__one_store_per_alias_chosen_by_its_engine() -> None:
 
 def test_new_job_columns__are_every_column_of_the_table_but_those_left_to_their_defaults() -> None:
     left_out = {"args", "return_value", "error_class", "traceback", "relayed_at", "engine_id"}
-    left_out |= {"done_at", "started_at", "finished_at", "orphaned"}
+    left_out |= {"done_at", "started_at", "finished_at"}
     columns = {field.column for field in Job._meta.concrete_fields} - {"id"}
     assert set(NEW_JOB_NAMES) == columns - left_out
     assert len(NEW_JOB_NAMES) == len(set(NEW_JOB_NAMES))
@@ -346,26 +339,6 @@ def test_claim__without_start_marks_every_row_started() -> None:
 
 
 @pytest.mark.django_db
-def test_finish_and_claim__records_starts_and_a_finish_carries_its_own() -> None:
-    _queued(3)
-    store = store_for("default")
-    running_one, finished_one, taken = store.claim(worker="w1", limit=3, now=T0, start=0)
-    Job.objects.filter(pk=taken.id).update(worker="w2")
-    at = T0 + timedelta(seconds=1)
-    done = T0 + timedelta(seconds=2)
-    store.finish_and_claim(
-        worker="w1",
-        finishes=[Finish.succeeded(finished_one, now=done, started_at=at)],
-        limit=0,
-        starts=[Start(job.id, job.attempts, at) for job in (running_one, finished_one, taken)],
-    )
-    assert _started_at(running_one.id) == at
-    row = Job.objects.get(pk=finished_one.id)
-    assert (row.status, row.started_at, row.finished_at) == (JobStatus.SUCCEEDED, at, done)
-    assert _started_at(taken.id) is None  # Not ours: left alone.
-
-
-@pytest.mark.django_db
 def test_mark_started__marks_only_the_workers_same_attempt() -> None:
     _queued(2)
     store = store_for("default")
@@ -408,9 +381,7 @@ def test_recover__claimed_ahead_rows_go_back_uncounted_started_ones_keep_their_a
     assert (rows[started.pk].status, rows[started.pk].attempts) == (JobStatus.QUEUED, 1)
     assert (rows[ahead.pk].status, rows[ahead.pk].attempts) == (JobStatus.QUEUED, 0)
     assert (rows[ahead.pk].worker, rows[ahead.pk].started_at) == ("", None)
-    assert rows[ahead.pk].last_error == ""  # Its start was never recorded: nothing to say.
-    # Either may be what killed its worker: their next starts are recorded before they run.
-    assert rows[ahead.pk].orphaned and rows[started.pk].orphaned
+    assert rows[ahead.pk].last_error == ""  # It never ran: nothing to say about its attempt.
     assert rows[killer.pk].status == JobStatus.FAILED
     assert rows[killer.pk].last_error.endswith("no attempts left: the job kept killing its worker")
 

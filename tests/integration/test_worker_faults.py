@@ -81,25 +81,11 @@ def seen_started(fresh_registry: Registry) -> Iterator[dict[str, datetime | None
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run__jobs_claimed_ahead_record_their_start_with_the_next_statement() -> None:
-    made = _pings(4, "ahead")
-    worker, store = _worker()
-    assert worker.run() == CLEAN_EXIT
-    rows = Job.objects.filter(pk__in=[job.pk for job in made])
-    assert set(rows.values_list("status", "attempts")) == {(JobStatus.SUCCEEDED, 1)}
-    spans = list(rows.values_list("started_at", "finished_at"))
-    assert all(began is not None and ended is not None and began <= ended for began, ended in spans)
-    # No statement of its own: the start goes with the outcomes and the next claim.
-    assert "mark_started" not in store.calls
-
-
-@pytest.mark.django_db(transaction=True)
-def test_run__an_orphaned_job_is_marked_started_before_its_function_runs(
+def test_run__a_job_claimed_ahead_is_marked_started_before_its_function_runs(
     seen_started: dict[str, datetime | None],
 ) -> None:
     for n in range(4):
-        made = make_job("test.seen_started", data={"label": f"s-{n}"})
-        Job.objects.filter(pk=made.pk).update(orphaned=True)  # Back from a dead worker.
+        make_job("test.seen_started", data={"label": f"s-{n}"})
     worker, store = _worker()
     assert worker.run() == CLEAN_EXIT
     assert sorted(seen_started) == ["s-0", "s-1", "s-2", "s-3"]
@@ -111,7 +97,6 @@ def test_run__an_orphaned_job_is_marked_started_before_its_function_runs(
 @pytest.mark.django_db(transaction=True)
 def test_run__a_start_mark_lost_with_the_connection_leaves_the_job_to_run_once_uncounted() -> None:
     made = _pings(3, "mark")
-    Job.objects.filter(pk__in=[job.pk for job in made]).update(orphaned=True)
     worker, _ = _worker(fail("mark_started", OperationalError("connection lost")))
     assert worker.run() == CLEAN_EXIT
     rows = Job.objects.filter(pk__in=[job.pk for job in made])

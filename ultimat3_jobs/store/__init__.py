@@ -33,7 +33,6 @@ from .values import (
     Recovered,
     Rows,
     ScheduledJob,
-    Start,
     TaskState,
 )
 
@@ -167,21 +166,17 @@ class JobStore(Protocol):
         the longest due; the attempt is counted.
 
         The first ``start`` of them (default: all) are marked started: they go straight to
-        idle threads. The others are claimed ahead (``ClaimedJob.started`` false): the thread
-        that takes one records its start with the worker's next statement (a ``Start``), or at
-        once (``mark_started``) when it is ``orphaned``. A job whose worker dies before its start
-        is recorded goes back with its attempt uncounted.
+        idle threads. The others are claimed ahead (``ClaimedJob.started`` false) until
+        ``mark_started``: a claimed-ahead job whose worker dies goes back with its attempt
+        uncounted.
         """
         ...
 
-    def finish(
-        self, *, worker: str, finishes: Sequence[Finish], starts: Sequence[Start] = ()
-    ) -> set[int]:
-        """Write how ``finishes`` ended, and record ``starts``, in one statement on PostgreSQL;
-        the ids finished.
+    def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
+        """Write how ``finishes`` ended, in one statement on PostgreSQL; the ids written.
 
-        A finish (or start) whose row is no longer ``worker``'s running attempt (recovered by
-        another worker, cancelled) is not written and its id is not returned.
+        A finish whose row is no longer ``worker``'s running attempt (recovered by another
+        worker, cancelled) is not written and its id is not returned.
         """
         ...
 
@@ -194,17 +189,16 @@ class JobStore(Protocol):
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
         start: int | None = None,
-        starts: Sequence[Start] = (),
     ) -> tuple[set[int], list[ClaimedJob]]:
-        """Write ``finishes`` and ``starts`` and claim up to ``limit`` due jobs, in one round
-        trip on PostgreSQL: the ids of the finishes written (see ``finish``) and the jobs
-        claimed (see ``claim``, and its ``start``)."""
+        """Write ``finishes`` and claim up to ``limit`` due jobs, in one round trip on
+        PostgreSQL: the ids of the finishes written (see ``finish``) and the jobs claimed (see
+        ``claim``, and its ``start``)."""
         ...
 
     def mark_started(self, *, job: ClaimedJob, worker: str, now: datetime) -> bool:
-        """A claimed job's function is about to run: its attempt now counts even if its worker
-        dies. False when the row is no longer ``worker``'s same attempt (cancelled, recovered
-        meanwhile): it must not run.
+        """A claimed-ahead job's function is about to run: its attempt now counts even if its
+        worker dies. False when the row is no longer ``worker``'s same attempt (cancelled,
+        recovered meanwhile): it must not run.
 
         Committed before it returns (lazily flushed on PostgreSQL: visible at once; a database
         crash may lose it, and the job then runs again uncounted), so a job that kills its
@@ -253,10 +247,9 @@ class JobStore(Protocol):
 
         Staleness is judged by the database clock, which every heartbeat is written with. A
         started attempt stays counted; a job whose attempts are used up ends ``failed``: it
-        kept killing the workers that ran it. A job whose start was never recorded (claimed
-        ahead) goes back as it was before the claim, its attempt uncounted
-        (``Recovered.released``). Either way it is ``orphaned``: its next starts are recorded
-        before it runs. A batch at a time; the rest wait for the next.
+        kept killing the workers that ran it. A job claimed ahead that never started goes back
+        as it was before the claim, its attempt uncounted (``Recovered.released``). A batch at
+        a time; the rest wait for the next.
         """
         ...
 
@@ -463,7 +456,6 @@ __all__ = [
     "Recovered",
     "Rows",
     "ScheduledJob",
-    "Start",
     "TaskState",
     "enqueue",
     "store_for",

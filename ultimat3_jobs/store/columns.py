@@ -42,8 +42,8 @@ class Column:
 
 
 #: A new job row's columns, in COPY order (after the id). Those left out (args, return_value,
-#: error_class, traceback, relayed_at, engine_id, done_at, started_at, finished_at, orphaned)
-#: take their database defaults, empty, NULL or false.
+#: error_class, traceback, relayed_at, engine_id, done_at, started_at, finished_at) take their
+#: database defaults, empty or NULL.
 NEW_JOB_COLUMNS = (
     Column("name", "text"),
     Column("key", "text"),

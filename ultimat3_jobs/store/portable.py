@@ -28,7 +28,7 @@ from django.db.models import (
     QuerySet,
     Value,
 )
-from django.db.models.functions import Coalesce, Concat, Greatest, Now
+from django.db.models.functions import Concat, Greatest, Now
 
 from .. import clock, history
 from ..conf import get_settings
@@ -55,7 +55,6 @@ from .values import (
     FiredOccurrence,
     Recovered,
     Rows,
-    Start,
     TaskState,
 )
 
@@ -256,10 +255,8 @@ class PortableStore:
             worker=worker, finishes=(), limit=limit, now=now, queues=queues, start=start
         )[1]
 
-    def finish(
-        self, *, worker: str, finishes: Sequence[Finish], starts: Sequence[Start] = ()
-    ) -> set[int]:
-        return self.finish_and_claim(worker=worker, finishes=finishes, limit=0, starts=starts)[0]
+    def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
+        return self.finish_and_claim(worker=worker, finishes=finishes, limit=0)[0]
 
     def finish_and_claim(
         self,
@@ -270,20 +267,11 @@ class PortableStore:
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
         start: int | None = None,
-        starts: Sequence[Start] = (),
     ) -> tuple[set[int], list[ClaimedJob]]:
         limit = max(limit, 0)
-        if not finishes and not limit and not starts:
+        if not finishes and not limit:
             return set(), []
         rows = self._jobs()
-        for begun in starts:
-            rows.filter(
-                pk=begun.job_id,
-                status=JobStatus.RUNNING,
-                worker=worker,
-                attempts=begun.attempts,
-                started_at__isnull=True,
-            ).update(started_at=begun.at)
         written = set()
         for done in finishes:
             ours = rows.filter(
@@ -296,8 +284,6 @@ class PortableStore:
             }
             if done.status == JobStatus.QUEUED:
                 changes.update(run_at=done.run_at, worker="")
-            if done.started_at is not None:
-                changes["started_at"] = Coalesce(F("started_at"), Value(done.started_at))
             if ours.update(**changes):
                 written.add(done.job_id)
         if not limit:
@@ -416,11 +402,8 @@ class PortableStore:
         # Re-checked in the updates: a job finished and claimed again by a live worker since
         # the read above is no longer an orphan.
         found_orphans = orphans.filter(pk__in=found)
-        # No start recorded: claimed ahead and never started, its worker's death not its
-        # doing; or started in the moment before its start was to be written. Uncounted.
-        # Started or not, it may be what killed the worker: ``orphaned``, its next starts are
-        # recorded before it runs, so each further death counts.
-        released = _release(found_orphans.filter(started_at__isnull=True), orphaned=True)
+        # Claimed ahead and never started: its worker's death is not the job's doing.
+        released = _release(found_orphans.filter(started_at__isnull=True))
         died = Concat(
             Value("worker "), F("worker"), Value(" stopped heartbeating during this attempt")
         )
@@ -429,7 +412,6 @@ class PortableStore:
             now=now,
             note=died,
             exhausted="; no attempts left: the job kept killing its worker",
-            orphaned=True,
         )
         return Recovered(requeued, failed, tuple(found), released)
 
@@ -437,14 +419,13 @@ class PortableStore:
         if not job_ids:
             return
         ours = self._jobs().filter(pk__in=list(job_ids), status=JobStatus.RUNNING, worker=worker)
-        _release(ours.filter(started_at__isnull=True), orphaned=True)
+        _release(ours.filter(started_at__isnull=True))
         note = Value(f"worker {worker} stopped before this attempt finished")
         _requeue_or_fail(
             ours.filter(started_at__isnull=False),
             now=now,
             note=note,
             exhausted="; no attempts left",
-            orphaned=True,
         )
 
     # -- the relay's outbox -----------------------------------------------------------------------
@@ -761,31 +742,26 @@ class PortableStore:
         self._tasks().bulk_update(rows, ["last_fired_at"])
 
 
-def _release(rows: QuerySet[Job], *, orphaned: bool = False) -> int:
+def _release(rows: QuerySet[Job]) -> int:
     """Send claimed ``rows`` back to the queue as they were before the claim: their attempt
-    uncounted (never below 0, whatever a hand-made row holds), not started, no worker.
-    ``orphaned``: they come from a worker that died, and may have been running."""
-    changes: dict[str, Any] = {"orphaned": True} if orphaned else {}
+    uncounted (never below 0, whatever a hand-made row holds), not started, no worker."""
     return rows.update(
         status=JobStatus.QUEUED,
         attempts=Greatest(F("attempts") - 1, 0),
         started_at=None,
         worker="",
-        **changes,
     )
 
 
 def _requeue_or_fail(
-    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str, orphaned: bool = False
+    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str
 ) -> tuple[int, int]:
     """Send ``rows`` back to the queue with their attempts counted; those out of attempts fail.
-    ``orphaned``: they come from a worker that died or gave up on them.
 
     Returns how many were requeued and how many failed.
     """
-    changes: dict[str, Any] = {"orphaned": True} if orphaned else {}
     requeued = rows.filter(attempts__lt=F("max_attempts")).update(
-        status=JobStatus.QUEUED, run_at=now, worker="", last_error=note, **changes
+        status=JobStatus.QUEUED, run_at=now, worker="", last_error=note
     )
     failed = rows.filter(attempts__gte=F("max_attempts")).update(
         status=JobStatus.FAILED, finished_at=now, last_error=Concat(note, Value(exhausted))

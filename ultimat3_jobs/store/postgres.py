@@ -50,7 +50,6 @@ from .values import (
     Finish,
     FiredOccurrence,
     Rows,
-    Start,
 )
 
 if TYPE_CHECKING:
@@ -207,24 +206,22 @@ class PostgresStore(PortableStore):
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
         start: int | None = None,
-        starts: Sequence[Start] = (),
     ) -> tuple[set[int], list[ClaimedJob]]:
-        """One statement, and one round trip, for the finishes, the starts and the claim."""
+        """One statement, and one round trip, for the finishes and the claim together."""
         limit = max(limit, 0)
-        if not finishes and not limit and not starts:
+        if not finishes and not limit:
             return set(), []
         params: dict[str, Any] = {}
         if limit:
             params.update(_claim_params(worker, limit, now or clock.now(), queues, start))
-        writes = bool(finishes or starts)
-        if writes:
-            params.update(_finish_params(worker, finishes, starts))
+        if finishes:
+            params.update(_finish_params(worker, finishes))
         connection = connections[self.using]
         if not limit:
             with connection.cursor() as cursor:
                 cursor.execute(sql.FINISH, params)
                 return {row[0] for row in cursor.fetchall()}, []
-        if writes:
+        if finishes:
             statement = (
                 sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
             )
@@ -242,7 +239,7 @@ class PostgresStore(PortableStore):
             rows = cursor.fetchall()
             if inside_caller:
                 cursor.execute(sql.SORT_AGAIN)
-        if not writes:
+        if not finishes:
             return set(), _claimed_rows(rows)
         written = {row[1] for row in rows if not row[0]}
         jobs = _claimed_rows(row[1:] for row in rows if row[0])
@@ -389,11 +386,9 @@ def _start_params(job: ClaimedJob, worker: str, now: datetime) -> dict[str, Any]
     return {"now": now, "job_id": job.id, "worker": worker, "attempts": job.attempts}
 
 
-def _finish_params(
-    worker: str, finishes: Sequence[Finish], starts: Sequence[Start]
-) -> dict[str, Any]:
-    # Objects keyed as ``sql.FINISH`` and ``sql.MARK`` read them. Dicts: orjson writes slotted
-    # dataclasses far slower.
+def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
+    # Objects keyed as ``sql.FINISH`` reads them. Dicts: orjson writes slotted dataclasses
+    # far slower.
     rows = [
         {
             "job_id": f.job_id,
@@ -402,18 +397,10 @@ def _finish_params(
             "finished_at": f.finished_at,
             "run_at": f.run_at,
             "error": f.error,
-            "started_at": f.started_at,
         }
         for f in finishes
     ]
-    # A row is updated once per statement: a job that finished takes its start with its finish.
-    finished = {f.job_id for f in finishes}
-    marks = [
-        {"job_id": s.job_id, "attempts": s.attempts, "at": s.at}
-        for s in starts
-        if s.job_id not in finished
-    ]
-    return {"worker": worker, "finishes": dumps(rows), "starts": dumps(marks)}
+    return {"worker": worker, "finishes": dumps(rows)}
 
 
 def _claimed_rows(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:

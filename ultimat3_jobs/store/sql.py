@@ -156,11 +156,10 @@ _RETURNING = ", ".join(
 # without waiting on each other's rows, and a row locked by one is never returned to another.
 # The attempt is counted here, at claim time. The first %(start)s rows in claim order go
 # straight to idle threads and are marked started by the claim itself; the rest are claimed
-# ahead, ``started_at`` NULL, until a thread takes one (its start is written with the worker's
-# next statement, ``_MARK``). Only a started attempt stays counted when its worker dies, so the
-# jobs claimed beside one that kills its worker do not lose an attempt to it.
-# ``status = 'queued'`` matches the partial index u3j_job_ready, so finished history is never
-# scanned.
+# ahead, ``started_at`` NULL, until a thread takes one (``MARK_STARTED``). Only a started
+# attempt stays counted when its worker dies, so a job that kills its worker still uses one up
+# and the jobs claimed beside it do not. ``status = 'queued'`` matches the partial index
+# u3j_job_ready, so finished history is never scanned.
 _DUE = """
     SELECT id FROM {table}
     WHERE status = 'queued' AND run_at <= %(now)s {queue_filter}
@@ -208,12 +207,12 @@ CLAIM_QUEUES = _CLAIM.format(
     returning=_RETURNING,
 )
 
-# A start recorded before the function runs, for a job taken back once from a dead worker
-# (``orphaned``) and for a Django Task's row: one statement, by the thread that takes it,
+# A claimed-ahead row's start, written by the thread that takes it before its function runs,
 # conditional on the row still being this worker's same attempt. Committed without waiting for
 # the flush to disk (``synchronous_commit`` off for this transaction alone, set in the
 # statement so it costs no round trip of its own): other sessions see it at once, which is what
-# recovery reads, and a crash of the database itself that loses it only means a run uncounted.
+# recovery needs, and a crash of the database itself that loses it only means the job runs
+# again with that attempt uncounted.
 _MARK_STARTED = """
 UPDATE {table} AS job SET started_at = %(now)s
 FROM (SELECT {lazy}) AS commit_setting
@@ -222,7 +221,7 @@ WHERE job.id = %(job_id)s AND job.status = 'running' AND job.worker = %(worker)s
 RETURNING {returning}
 """
 _LAZY_COMMIT = "set_config('synchronous_commit', 'off', true)"
-#: Mark one claimed job started; returns its id, or nothing when it is no longer ours.
+#: Mark one claimed-ahead row started; returns its id, or nothing when it is no longer ours.
 MARK_STARTED = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.id")
 #: ``MARK_STARTED`` inside a caller's transaction: its commit is the caller's, left as it is.
 MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.id")
@@ -230,18 +229,6 @@ MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="j
 START_TASK = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.*")
 #: ``START_TASK`` inside a caller's transaction.
 START_TASK_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.*")
-
-# The starts of claimed-ahead jobs whose threads took them since the worker's last statement
-# and that have not finished (a finish carries its own start), as one JSON array: recorded
-# with the next statement rather than one each, on rows still this worker's same attempt.
-_MARK = """
-UPDATE {table} AS job SET started_at = s.at
-FROM jsonb_to_recordset(%(starts)s::jsonb) AS s(job_id bigint, attempts integer, at timestamptz)
-WHERE job.id = s.job_id AND job.status = 'running' AND job.worker = %(worker)s
-  AND job.attempts = s.attempts AND job.started_at IS NULL
-RETURNING job.id
-"""
-MARK = _MARK.format(table=_JOB)
 
 # Write how a batch of attempts ended, given as one JSON array of objects, one a finish: one
 # quoted text rather than six arrays quoted element by element, far cheaper to send for the
@@ -253,28 +240,23 @@ _FINISH = """
 UPDATE {table} AS job
 SET status = f.status, finished_at = f.finished_at, last_error = f.error,
     run_at = coalesce(f.run_at, job.run_at),
-    started_at = coalesce(job.started_at, f.started_at),
     worker = CASE WHEN f.status = 'queued' THEN '' ELSE job.worker END
 FROM jsonb_to_recordset(%(finishes)s::jsonb)
      AS f(job_id bigint, attempts integer, status text, finished_at timestamptz,
-          run_at timestamptz, error text, started_at timestamptz)
+          run_at timestamptz, error text)
 WHERE job.id = f.job_id AND job.status = 'running' AND job.worker = %(worker)s
   AND job.attempts = f.attempts
 RETURNING job.id
 """
-#: Finish a batch of attempts, and record the starts of others; returns the ids finished.
-FINISH = f"""
-WITH marked AS ({MARK}), finished AS ({_FINISH.format(table=_JOB)})
-SELECT id FROM finished
-"""
+#: Finish a batch of attempts; returns the ids written.
+FINISH = _FINISH.format(table=_JOB)
 
-# A batch of finishes, the starts recorded since, and the next claim in one round trip and one
-# transaction: a busy worker writes one statement per turn of its loop. They touch different
-# rows (running ones of ours, finished or not; queued ones), so they cannot conflict. Claimed
-# rows come first, finished ids after, told apart by the first column.
+# A batch of finishes and the next claim in one round trip and one transaction: a busy worker
+# writes one statement per turn of its loop. The two touch different rows (running ones of
+# ours, queued ones), so they cannot conflict. Claimed rows come first, finished ids after,
+# told apart by the first column.
 _FINISH_AND_CLAIM = """
-WITH marked AS ({mark}),
-finished AS ({finish}),
+WITH finished AS ({finish}),
 due AS ({due}),
 ranked AS ({ranked}),
 claimed AS (
@@ -290,8 +272,7 @@ SELECT false, id, {nulls} FROM finished
 _NULLS = ", ".join(["NULL"] * len(CLAIMED_COLUMNS))
 #: Finish a batch and claim due jobs of every queue.
 FINISH_AND_CLAIM_ANY_QUEUE = _FINISH_AND_CLAIM.format(
-    mark=MARK,
-    finish=_FINISH.format(table=_JOB),
+    finish=FINISH,
     due=_DUE.format(table=_JOB, queue_filter=""),
     ranked=_RANKED,
     table=_JOB,
@@ -301,8 +282,7 @@ FINISH_AND_CLAIM_ANY_QUEUE = _FINISH_AND_CLAIM.format(
 )
 #: Finish a batch and claim due jobs of the queues in ``%(queues)s``.
 FINISH_AND_CLAIM_QUEUES = _FINISH_AND_CLAIM.format(
-    mark=MARK,
-    finish=_FINISH.format(table=_JOB),
+    finish=FINISH,
     due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
     ranked=_RANKED,
     table=_JOB,

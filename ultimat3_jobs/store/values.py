@@ -74,22 +74,10 @@ class ClaimedJob:
     priority: int = 0
     #: The TASKS alias of a Django Task's row (run through ``backends``); empty for a @job.
     backend: str = ""
-    #: Taken back once from a worker that died holding it: its start must be recorded
-    #: (``JobStore.mark_started``) before its function runs.
-    orphaned: bool = False
     #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
-    #: thread. Only a started attempt is counted when its worker dies.
+    #: thread. One claimed ahead is not, until ``JobStore.mark_started`` says its function may
+    #: run; only a started attempt is counted when its worker dies.
     started: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """A claimed-ahead job a thread started at ``at``, its start to be recorded with the
-    worker's next statement (``finish_and_claim``)."""
-
-    job_id: int
-    attempts: int
-    at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +86,6 @@ class Finish:
 
     ``status`` is succeeded or failed (``finished_at`` set), or queued for a retry at
     ``run_at``. ``attempts`` names the attempt, so a stale finish never lands on a later one.
-    ``started_at``: when its thread started it, for a row whose start is not recorded yet.
     """
 
     job_id: int
@@ -107,36 +94,21 @@ class Finish:
     finished_at: datetime | None = None
     run_at: datetime | None = None
     error: str = ""
-    started_at: datetime | None = None
 
     @classmethod
-    def succeeded(
-        cls, job: ClaimedJob, *, now: datetime, started_at: datetime | None = None
-    ) -> Finish:
+    def succeeded(cls, job: ClaimedJob, *, now: datetime) -> Finish:
         """Running -> succeeded."""
-        return cls(
-            job.id, job.attempts, JobStatus.SUCCEEDED, finished_at=now, started_at=started_at
-        )
+        return cls(job.id, job.attempts, JobStatus.SUCCEEDED, finished_at=now)
 
     @classmethod
-    def retrying(
-        cls, job: ClaimedJob, *, run_at: datetime, error: str, started_at: datetime | None = None
-    ) -> Finish:
+    def retrying(cls, job: ClaimedJob, *, run_at: datetime, error: str) -> Finish:
         """Running -> queued again at ``run_at``, keeping the error in view until the next try."""
-        return cls(
-            job.id, job.attempts, JobStatus.QUEUED, run_at=run_at, error=error,
-            started_at=started_at,
-        )  # fmt: skip
+        return cls(job.id, job.attempts, JobStatus.QUEUED, run_at=run_at, error=error)
 
     @classmethod
-    def failed(
-        cls, job: ClaimedJob, *, now: datetime, error: str, started_at: datetime | None = None
-    ) -> Finish:
+    def failed(cls, job: ClaimedJob, *, now: datetime, error: str) -> Finish:
         """Running -> failed for good."""
-        return cls(
-            job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error,
-            started_at=started_at,
-        )  # fmt: skip
+        return cls(job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error)
 
 
 @dataclass(slots=True)

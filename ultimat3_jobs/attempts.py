@@ -97,6 +97,53 @@ def unstorable(error: BaseException) -> ResultUnstorableError:
     )
 
 
+class StartMarks:
+    """The start marks of claimed-ahead jobs, shared by the threads that take jobs at the same
+    moment: the first to ask writes the marks of every thread waiting then, in one statement,
+    and the others wait for it (as a database's group commit does), so a busy worker writes
+    fewer of them than it starts jobs. Each thread gets its own answer before its job runs.
+    """
+
+    def __init__(self, *, store: JobStore, node_id: str, clock: Callable[[], datetime]) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.clock = clock
+        self._ready = threading.Condition()
+        self._asked: dict[int, ClaimedJob] = {}
+        self._answers: dict[int, bool | BaseException] = {}
+        self._writing = False
+
+    def mark(self, job: ClaimedJob) -> bool:
+        """Whether ``job`` is marked started and may run (False: no longer ours). Raises what
+        the statement raised: the mark may or may not have landed, the job must not run."""
+        with self._ready:
+            self._asked[job.id] = job
+            while job.id not in self._answers and self._writing:
+                self._ready.wait()
+            if job.id not in self._answers:
+                self._writing = True
+                asked, self._asked = self._asked, {}
+            else:
+                asked = {}
+        if asked:
+            answers: dict[int, bool | BaseException]
+            try:
+                jobs = list(asked.values())
+                marked = self.store.mark_started(jobs=jobs, worker=self.node_id, now=self.clock())
+                answers = {pk: pk in marked for pk in asked}
+            except BaseException as error:
+                answers = dict.fromkeys(asked, error)
+            with self._ready:
+                self._answers.update(answers)
+                self._writing = False
+                self._ready.notify_all()
+        with self._ready:
+            answer = self._answers.pop(job.id)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
 class Attempts:
     """Runs the attempts of one worker's claimed jobs and records how they ended.
 

@@ -32,7 +32,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from . import clock as default_clock
 from . import nodes, shutdown
-from .attempts import REFUSED_ERRORS, Attempts, Ended, Outcome, Written
+from .attempts import REFUSED_ERRORS, Attempts, Ended, Outcome, StartMarks, Written
 from .conf import get_settings, stale_after_problem
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
@@ -153,6 +153,7 @@ class Worker:
             retry_every=self.poll_interval,
             abandoned=self._abandoned,
         )
+        self._starts = StartMarks(store=self.store, node_id=self.node_id, clock=self.clock)
         self._lock = threading.Lock()
         self._in_flight: dict[int, ClaimedJob] = {}
         #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
@@ -243,9 +244,7 @@ class Worker:
             else:
                 # Durable before the function runs: a job that kills its worker at once must
                 # still use up an attempt, or it would be claimed and run forever.
-                started = job.started or self.store.mark_started(
-                    job=job, worker=self.node_id, now=self.clock()
-                )
+                started = job.started or self._starts.mark(job)
         except DATABASE_ERRORS as error:
             # Not run, and maybe marked started: it goes back uncounted.
             self._let_go(job, error, ran=False)

@@ -345,8 +345,7 @@ def test_mark_started__marks_only_the_workers_same_attempt() -> None:
     mine, taken = store.claim(worker="w1", limit=2, now=T0, start=0)
     Job.objects.filter(pk=taken.id).update(worker="w2")  # Recovered and claimed by another.
     later = T0 + timedelta(seconds=3)
-    assert store.mark_started(job=mine, worker="w1", now=later) is True
-    assert store.mark_started(job=taken, worker="w1", now=later) is False
+    assert store.mark_started(jobs=[mine, taken], worker="w1", now=later) == {mine.id}
     assert (_started_at(mine.id), _started_at(taken.id)) == (later, None)
 
 

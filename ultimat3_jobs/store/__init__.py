@@ -195,10 +195,10 @@ class JobStore(Protocol):
         ``claim``, and its ``start``)."""
         ...
 
-    def mark_started(self, *, job: ClaimedJob, worker: str, now: datetime) -> bool:
-        """A claimed-ahead job's function is about to run: its attempt now counts even if its
-        worker dies. False when the row is no longer ``worker``'s same attempt (cancelled,
-        recovered meanwhile): it must not run.
+    def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
+        """Claimed-ahead jobs whose functions are about to run: their attempts now count even
+        if their worker dies. The ids marked: one left out is no longer ``worker``'s same
+        attempt (cancelled, recovered meanwhile) and must not run. One statement for all.
 
         Committed before it returns (lazily flushed on PostgreSQL: visible at once; a database
         crash may lose it, and the job then runs again uncounted), so a job that kills its

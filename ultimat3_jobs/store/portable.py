@@ -317,11 +317,11 @@ class PortableStore:
             replace(ClaimedJob(*row[:-1]), started=row[-1] is not None) for row in claimed
         ]
 
-    def mark_started(self, *, job: ClaimedJob, worker: str, now: datetime) -> bool:
-        return bool(self._attempt(job, worker).update(started_at=now))
+    def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
+        return {job.id for job in jobs if self._attempt(job, worker).update(started_at=now)}
 
     def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
-        if not job.started and not self.mark_started(job=job, worker=worker, now=now):
+        if not job.started and not self.mark_started(jobs=[job], worker=worker, now=now):
             return None
         return self._attempt(job, worker).first()
 

@@ -245,13 +245,15 @@ class PostgresStore(PortableStore):
         jobs = _claimed_rows(row[1:] for row in rows if row[0])
         return written, jobs
 
-    def mark_started(self, *, job: ClaimedJob, worker: str, now: datetime) -> bool:
+    def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
         """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``)."""
+        if not jobs:
+            return set()
         connection = connections[self.using]
         statement = sql.MARK_STARTED_IN_CALLER if connection.in_atomic_block else sql.MARK_STARTED
         with connection.cursor() as cursor:
-            cursor.execute(statement, _start_params(job, worker, now))
-            return cursor.fetchone() is not None
+            cursor.execute(statement, _start_params(jobs, worker, now))
+            return {pk for (pk,) in cursor.fetchall()}
 
     def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
         """The start mark and the row's read in one statement (see ``sql.START_TASK``)."""
@@ -259,7 +261,7 @@ class PostgresStore(PortableStore):
         statement = sql.START_TASK_IN_CALLER if connection.in_atomic_block else sql.START_TASK
         if job.started:
             return super().start_task(job=job, worker=worker, now=now)
-        found = list(self._jobs().raw(statement, _start_params(job, worker, now)))
+        found = list(self._jobs().raw(statement, _start_params([job], worker, now)))
         return found[0] if found else None
 
     # -- the relay's outbox -----------------------------------------------------------------------
@@ -382,8 +384,9 @@ def _claim_params(
     return params
 
 
-def _start_params(job: ClaimedJob, worker: str, now: datetime) -> dict[str, Any]:
-    return {"now": now, "job_id": job.id, "worker": worker, "attempts": job.attempts}
+def _start_params(jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> dict[str, Any]:
+    rows = [{"job_id": job.id, "attempts": job.attempts} for job in jobs]
+    return {"now": now, "jobs": dumps(rows), "worker": worker}
 
 
 def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:

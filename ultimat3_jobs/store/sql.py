@@ -213,19 +213,22 @@ CLAIM_QUEUES = _CLAIM.format(
 # statement so it costs no round trip of its own): other sessions see it at once, which is what
 # recovery needs, and a crash of the database itself that loses it only means the job runs
 # again with that attempt uncounted.
+# The rows come as one JSON array of ``[id, attempts]``: the threads that take jobs at the same
+# moment share one statement.
 _MARK_STARTED = """
 UPDATE {table} AS job SET started_at = %(now)s
-FROM (SELECT {lazy}) AS commit_setting
-WHERE job.id = %(job_id)s AND job.status = 'running' AND job.worker = %(worker)s
-  AND job.attempts = %(attempts)s
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS s(job_id bigint, attempts integer),
+     (SELECT {lazy}) AS commit_setting
+WHERE job.id = s.job_id AND job.status = 'running' AND job.worker = %(worker)s
+  AND job.attempts = s.attempts
 RETURNING {returning}
 """
 _LAZY_COMMIT = "set_config('synchronous_commit', 'off', true)"
-#: Mark one claimed-ahead row started; returns its id, or nothing when it is no longer ours.
+#: Mark claimed-ahead rows started; returns the ids of those still ours.
 MARK_STARTED = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.id")
 #: ``MARK_STARTED`` inside a caller's transaction: its commit is the caller's, left as it is.
 MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.id")
-#: ``MARK_STARTED`` returning the whole row: a Django Task's run reads all of it.
+#: ``MARK_STARTED`` of one row, returning it whole: a Django Task's run reads all of it.
 START_TASK = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.*")
 #: ``START_TASK`` inside a caller's transaction.
 START_TASK_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.*")

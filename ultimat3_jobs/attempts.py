@@ -174,8 +174,20 @@ class Attempts:
         self.abandoned = abandoned
         self.outcomes: dict[Outcome, int] = {"succeeded": 0, "retrying": 0, "failed": 0, "lost": 0}
         self._lock = threading.Lock()
+        self._marks = StartMarks(store=store, node_id=node_id, clock=clock)
 
     # -- running ------------------------------------------------------------------------------
+
+    def start(self, job: ClaimedJob) -> bool | Job:
+        """Make ``job``'s start durable before its function runs, unless the claim did: a job
+        that kills its worker at once must still use up an attempt, or it would be claimed and
+        run forever. A Django Task's row comes back whole (its run reads it; the start is
+        marked in that read). False: the row is no longer ours, it must not run. Raises the
+        database's error: the start may or may not have landed, the job must not run."""
+        if job.backend:
+            row = self.store.start_task(job=job, worker=self.node_id, now=self.clock())
+            return False if row is None else row
+        return job.started or self._marks.mark(job)
 
     def run(self, job: ClaimedJob) -> Ended:
         """Run one claimed, started @job; how it ended, not yet written."""

@@ -32,7 +32,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from . import clock as default_clock
 from . import nodes, shutdown
-from .attempts import REFUSED_ERRORS, Attempts, Ended, Outcome, StartMarks, Written
+from .attempts import REFUSED_ERRORS, Attempts, Ended, Outcome, Written
 from .conf import get_settings, stale_after_problem
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
@@ -153,7 +153,6 @@ class Worker:
             retry_every=self.poll_interval,
             abandoned=self._abandoned,
         )
-        self._starts = StartMarks(store=self.store, node_id=self.node_id, clock=self.clock)
         self._lock = threading.Lock()
         self._in_flight: dict[int, ClaimedJob] = {}
         #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
@@ -235,25 +234,18 @@ class Worker:
 
     def _take(self, job: ClaimedJob) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
-        row = None
         try:
-            if job.backend:
-                # Its row is read before it runs: the start mark is that statement.
-                row = self.store.start_task(job=job, worker=self.node_id, now=self.clock())
-                started = row is not None
-            else:
-                # Durable before the function runs: a job that kills its worker at once must
-                # still use up an attempt, or it would be claimed and run forever.
-                started = job.started or self._starts.mark(job)
+            started = self.attempts.start(job)
         except DATABASE_ERRORS as error:
             # Not run, and maybe marked started: it goes back uncounted.
             self._let_go(job, error, ran=False)
             return
-        if not started:
+        if started is False:
             self.attempts.lost(job)
             self.life.wake.set()
             return
-        if row is not None:
+        if started is not True:
+            row = started
             # Writes its own outcome, with its result; None: every write of it was refused.
             if self.attempts.run_django_task(job, row) is None:
                 self._let_go(job, None, ran=True)

@@ -142,6 +142,7 @@ def measure_floor(n: int, connections: int) -> float:
                 params = {
                     "now": datetime.now(UTC),
                     "limit": FLOOR_BATCH,
+                    "start": FLOOR_BATCH,
                     "worker": name,
                     "queues": [QUEUE],
                 }
@@ -396,7 +397,12 @@ def measure_claim_cost(history: int, repeats: int = 300, batch: int = 10) -> tup
         spent: list[list[float]] = [[], []]
         for _ in range(repeats):
             for conn, times in zip(conns, spent, strict=True):
-                params = {"now": datetime.now(UTC), "limit": batch, "worker": "bench"}
+                params = {
+                    "now": datetime.now(UTC),
+                    "limit": batch,
+                    "start": batch,
+                    "worker": "bench",
+                }
                 with conn.transaction(force_rollback=True):
                     conn.execute(NO_SORT)  # As the worker claims.
                     start = time.perf_counter()

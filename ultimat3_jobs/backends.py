@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
 from .errors import TaskBackendError
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
-from .inputs import NAME_LIMIT, QUEUE_LIMIT
+from .inputs import NAME_LIMIT, QUEUE_LIMIT, check_arguments, check_result
 from .outbox import TASKS
 from .retries import format_error
 from .tasks_compat import (
@@ -114,16 +113,19 @@ class JobsBackend(BaseTaskBackend):
             )
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """One job row in the caller's transaction, due at ``task.run_after`` (else now)."""
+        """One job row in the caller's transaction, due at ``task.run_after`` (else now).
+
+        Arguments a job row cannot hold (NUL or an unpaired surrogate in text, too deep, too
+        large) raise ``InvalidJobInputError`` before anything is written, so the caller's
+        transaction goes on. ``task_enqueued`` is sent once that transaction commits (at once
+        outside one): a rolled-back enqueue announces nothing.
+        """
         self.validate_task(task)
-        job = self.store.enqueue_task(
-            django_task_handle(task),
-            normalize_json(list(args)),
-            normalize_json(dict(kwargs)),
-            run_at=task.run_after,
-        )
+        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        check_arguments(task.module_path, args, kwargs)
+        job = self.store.enqueue_task(django_task_handle(task), args, kwargs, run_at=task.run_after)
         result = result_of(job, task, self.alias)
-        task_enqueued.send(type(self), task_result=result)
+        _enqueued_at_commit(type(self), result, using=self.database)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
@@ -159,10 +161,13 @@ def result_of(job: Job, task: Task, alias: str) -> TaskResult:
     errors: list[TaskError] = []
     if job.error_class:
         errors.append(TaskError(exception_class_path=job.error_class, traceback=job.traceback))
+    status = STATUSES[job.status]
+    if job.status == "running" and job.started_at is None:
+        status = TaskResultStatus.READY  # Claimed ahead by a worker; not started yet.
     result: TaskResult = TaskResult(
         task=task,
         id=str(job.pk),
-        status=STATUSES[job.status],
+        status=status,
         enqueued_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -209,15 +214,24 @@ def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> Job
     return backend
 
 
+def _enqueued_at_commit(sender: type[BaseTaskBackend], result: TaskResult, *, using: str) -> None:
+    """``task_enqueued`` once the transaction that wrote the row commits on ``using`` (at once
+    outside one); never for a row a rollback took back."""
+    transaction.on_commit(lambda: task_enqueued.send(sender, task_result=result), using=using)
+
+
 def announce(backend: JobsBackend, task: Task, job_id: int) -> None:
-    """``task_enqueued`` for one row enqueued outside ``enqueue()`` (a manual "Run now")."""
+    """``task_enqueued`` for one row enqueued outside ``enqueue()`` (a manual "Run now"), once
+    the caller's transaction commits."""
     job = backend.store.read_task(job_id, backend=backend.alias)
     if job is not None:
-        task_enqueued.send(type(backend), task_result=result_of(job, task, backend.alias))
+        result = result_of(job, task, backend.alias)
+        _enqueued_at_commit(type(backend), result, using=backend.database)
 
 
 def announce_round(rows: list[dict[str, Any]], enqueued: Mapping[str, tuple[int, bool]]) -> None:
-    """``task_enqueued`` for the Django Task rows a committed scheduler round created."""
+    """``task_enqueued`` for the Django Task rows a scheduler round created, once the round's
+    transaction commits (a round inside a caller's transaction: once that one does)."""
     from .models import Job
 
     for row in rows:
@@ -231,7 +245,9 @@ def announce_round(rows: list[dict[str, Any]], enqueued: Mapping[str, tuple[int,
         except Exception:
             continue  # The round refused such an entry; nothing to announce.
         job = Job(pk=pk, **row)
-        task_enqueued.send(type(backend), task_result=result_of(job, task, row["backend"]))
+        result = result_of(job, task, row["backend"])
+        using = getattr(backend, "database", DEFAULT_DB_ALIAS)
+        _enqueued_at_commit(type(backend), result, using=using)
 
 
 # -- Django Tasks as scheduler entries ------------------------------------------------------------
@@ -415,8 +431,9 @@ def run_task(job: Job) -> TaskRun:
             args.insert(0, TaskContext(task_result=result))
         # Task.call runs a coroutine function to completion (async_to_sync), a plain one as is.
         value = normalize_json(run.task.call(*args, **(job.input or {})))
-        json.dumps(value, allow_nan=False)  # The row's JSON column takes nothing else.
-        run.return_value = value
+        # Held to what the row's JSON column keeps, as its input was: a value the database
+        # would refuse ends the run failed (``ResultUnstorableError``), never left running.
+        run.return_value = check_result(job.name, value)
     except BaseException as error:
         run.error = error
         cls = type(error)

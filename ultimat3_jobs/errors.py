@@ -86,6 +86,14 @@ class InvalidJobInputError(UltimateError):
     code = "jobs.job.input-invalid"
 
 
+class ResultUnstorableError(UltimateError):
+    """What a job's run ended with cannot be stored: a return value that is not JSON the job
+    row can hold (NUL, an unpaired surrogate, too deep, too large), or an outcome the database
+    refused. The job ends failed with this error rather than staying ``running``."""
+
+    code = "jobs.job.result-unstorable"
+
+
 class InvalidDeclarationError(UltimateError):
     """A ``@job`` or ``@task`` used on something it cannot wrap, or with a bad option."""
 

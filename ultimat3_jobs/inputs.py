@@ -21,6 +21,7 @@ from .errors import (
     InvalidJobInputError,
     InvalidJobKeyError,
     InvalidRunAtError,
+    ResultUnstorableError,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ INT_LIMIT = 2**31 - 1
 #: Job input nesting and size: ids and small values belong in it, never documents.
 MAX_INPUT_DEPTH = 100
 MAX_INPUT_BYTES = 1024 * 1024
+#: A return value kept on the row (a Django Task's): held to the same nesting, and this size.
+MAX_RESULT_BYTES = MAX_INPUT_BYTES
 
 
 # Built once: ``json.dumps`` with any non-default option builds a new encoder per call.
@@ -95,6 +98,49 @@ def canonical_input(job_name: str, value: object) -> dict[str, Any]:
             cause=len(text),
         )
     return data
+
+
+def value_problem(value: object, limit: int) -> str | None:
+    """Why no JSON column can keep ``value`` as it is, or None: not JSON (``NaN`` included),
+    text PostgreSQL refuses (NUL, a lone surrogate), nesting deeper than ``MAX_INPUT_DEPTH``,
+    over ``limit`` bytes as JSON."""
+    problem = _input_problem(value)
+    if problem is not None:
+        return problem
+    try:
+        text = _STRICT_ENCODE(value)
+    except (TypeError, ValueError, RecursionError) as error:
+        return f"is not JSON: {error}"
+    if len(text) > limit:  # ASCII: json.dumps escapes everything else.
+        return f"is {len(text)} bytes as JSON, over the {limit} a job row keeps"
+    return None
+
+
+def check_arguments(job_name: str, args: object, kwargs: object) -> None:
+    """A Django Task's positional and keyword arguments as a job row can hold them, else
+    ``InvalidJobInputError``: the checks of a job's input, before anything is written."""
+    canonical_input(job_name, kwargs)
+    problem = value_problem(args, MAX_INPUT_BYTES)
+    if problem is not None:
+        raise InvalidJobInputError(
+            f'positional arguments of task "{job_name}" {problem}',
+            fix="pass ids and small values (str, int, float, bool, None, lists, dicts), "
+            "not documents; strip NUL and unpaired surrogates from text",
+            cause=problem,
+        )
+
+
+def check_result(job_name: str, value: object) -> object:
+    """``value`` if a job row can keep it as a return value, else ``ResultUnstorableError``."""
+    problem = value_problem(value, MAX_RESULT_BYTES)
+    if problem is not None:
+        raise ResultUnstorableError(
+            f'the return value of "{job_name}" {problem}',
+            fix="return ids and small JSON values (keep documents elsewhere and return their "
+            "id); strip NUL and unpaired surrogates from returned text",
+            cause=problem,
+        )
+    return value
 
 
 def _flat_size_bound(value: Mapping[str, Any]) -> int | None:

@@ -1,21 +1,22 @@
-"""Test doubles for code that uses the scheduler: a state kept in process memory.
+"""Test doubles: a scheduler state kept in process memory, and a job store that fails on cue.
 
-Not a fallback: a ``Scheduler`` must be given its state, and production code passes a
+Not fallbacks: a ``Scheduler`` must be given its state, and production code passes a
 ``DatabaseState``. ``MemoryState`` keeps the same contract (compare-and-set watermarks, fencing,
 one commit per round) so a round's logic can be tested, or reasoned about, without a database.
+``faulty_store`` wraps a real store so a worker meets a refused or lost write where a test says.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from .handles import TaskHandle
 from .planner import RoundPlan, Streamed, skip_overlaps
 from .state import Fence, FencingLost, WatermarkMoved
-from .store import BUSY, Enqueued, TaskState
+from .store import BUSY, Enqueued, JobStore, TaskState
 
 
 class MemoryState:
@@ -111,3 +112,66 @@ class MemoryState:
 
     def stopped(self) -> None:
         return None
+
+
+#: Called before each call of a ``FaultyStore``'s method, with its name and keyword arguments:
+#: an error it returns is raised instead of the call.
+Fault = Callable[[str, dict[str, Any]], BaseException | None]
+
+
+class FaultyStore:
+    """A job store that raises what ``fault`` returns, and otherwise is ``inner``: every row it
+    writes, it writes for real. ``calls`` counts the calls by method name, failed ones too."""
+
+    def __init__(self, inner: JobStore, fault: Fault) -> None:
+        self.inner = inner
+        self.fault = fault
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.inner, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                error = self.fault(name, kwargs)
+            if error is not None:
+                raise error
+            return found(*args, **kwargs)
+
+        return call
+
+    def as_store(self) -> JobStore:
+        """This double where a ``JobStore`` is expected: it is one, method for method."""
+        return cast(JobStore, self)
+
+
+def fail(
+    method: str, *errors: BaseException, when: Callable[[dict[str, Any]], bool] | None = None
+) -> Fault:
+    """A ``Fault``: the next calls of ``method`` (those whose keyword arguments ``when``
+    accepts) raise ``errors``, one call each, then every call goes through."""
+    left = list(errors)
+
+    def fault(name: str, kwargs: dict[str, Any]) -> BaseException | None:
+        if name != method or not left or (when is not None and not when(kwargs)):
+            return None
+        return left.pop(0)
+
+    return fault
+
+
+def faults(*each: Fault) -> Fault:
+    """The first error any of ``each`` returns for a call."""
+
+    def fault(name: str, kwargs: dict[str, Any]) -> BaseException | None:
+        for one in each:
+            error = one(name, kwargs)
+            if error is not None:
+                return error
+        return None
+
+    return fault

@@ -1,13 +1,21 @@
 """The worker role: threads that run claimed jobs, the claiming loop, drain and stop.
 
-Job rows change only through the job store (``store``), retry timing comes from ``retries``;
-the life it shares with the other roles (signals and drain, backoff while the database is down,
-LISTEN) from ``lifecycle``, its heartbeat from ``nodes``: this module holds no SQL.
+Job rows change only through the job store (``store``); running one attempt and writing how
+it ended is ``attempts``'s; the life it shares with the other roles (signals and drain, backoff
+while the database is down, LISTEN) comes from ``lifecycle``, its heartbeat from ``nodes``:
+this module holds no SQL.
 
 The thread that calls ``run()`` is the dispatcher: it claims jobs in batches sized to the idle
 job threads and hands them over. It alone heartbeats and recovers the jobs of dead workers, so
 a long job can stall neither. The first SIGTERM stops claiming and waits for the jobs in flight
 (bounded by a grace period); the second exits at once.
+
+Claimed is not started: the jobs a claim hands straight to idle threads are marked started by
+the claim itself, and a job claimed ahead gets its start mark from the thread that takes it,
+before its function runs. Only a started attempt counts when its worker dies. A job this worker
+claimed but can no longer account for (a claim, a start mark, a release or an outcome whose
+write failed) goes back through ``release_unheld``: a live worker's rows are never recovered by
+the others, so none may stay ``running`` without a thread or an outcome here holding it.
 """
 
 from __future__ import annotations
@@ -18,55 +26,22 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
 
-from django.db import (
-    DEFAULT_DB_ALIAS,
-    InterfaceError,
-    OperationalError,
-    close_old_connections,
-    connections,
-)
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from . import clock as default_clock
-from . import instruments, nodes, shutdown, tracing
+from . import nodes, shutdown
+from .attempts import REFUSED_ERRORS, Attempts, Ended, Outcome, Written
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
 from .logs import emit, failure_fields
-from .models import JobStatus
 from .nodes import RunStatus, new_node_id
-from .registry import registry
-from .retries import format_error, retry_delay, storable
-from .store import ClaimedJob, Finish, JobStore, Recovered, store_for
+from .store import ClaimedJob, JobStore, Recovered, store_for
 
 logger = logging.getLogger("ultimat3_jobs.worker")
-
-Outcome = Literal["succeeded", "retrying", "failed", "lost"]
-
-#: What a finish's row status says of the attempt.
-_OUTCOMES: dict[str, Outcome] = {
-    JobStatus.SUCCEEDED: "succeeded",
-    JobStatus.QUEUED: "retrying",
-    JobStatus.FAILED: "failed",
-}
-# A line per success at INFO would cost a busy worker much of its time; ``stopped`` counts
-# them and ``-v 2`` shows each.
-_LEVELS = {"succeeded": logging.DEBUG, "failed": logging.ERROR}
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """An attempt that ran: its finish, waiting to be written, and what its log line says."""
-
-    job: ClaimedJob
-    finish: Finish
-    duration_ms: float
-    log: dict[str, Any] = field(default_factory=dict)
-
 
 #: The longest an outcome waits to be written with the next claim; past it, it is written alone.
 FLUSH_AFTER = 0.005
@@ -168,9 +143,21 @@ class Worker:
         )
         self.exit_code: int | None = None
         self.last_error = ""
-        #: Jobs claimed since ``run()`` started, and how those that finished ended.
+        #: Jobs claimed since ``run()`` started (those given back unrun are taken off).
         self.claimed = 0
-        self.outcomes: dict[Outcome, int] = {"succeeded": 0, "retrying": 0, "failed": 0, "lost": 0}
+        self._abandoned = threading.Event()
+        #: Runs the attempts, writes and reports how they ended.
+        self.attempts = Attempts(
+            store=self.store,
+            node_id=self.node_id,
+            clock=self.clock,
+            rand=self.rand,
+            backoff_base=self.backoff_base,
+            backoff_max=self.backoff_max,
+            retry_every=self.poll_interval,
+            abandoned=self._abandoned,
+            checkins=self.checkins,
+        )
         self._lock = threading.Lock()
         self._in_flight: dict[int, ClaimedJob] = {}
         #: Attempts that ran and whose outcome is not written yet; the dispatcher writes them
@@ -180,12 +167,15 @@ class Worker:
         # and notifies per job.
         self._inbox: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._abandoned = threading.Event()
         self._handed_at = 0.0
         self._pending_since = 0.0
         self._short = True
-        #: A claim failed: it may have committed with its answer lost (see release_unheld).
+        #: Rows may be running as ours with nothing here holding them: a claim failed (it may
+        #: have committed with its answer lost), or a start mark, a release or an outcome's
+        #: write did (see ``_let_go``). The next turn calls ``release_unheld``.
         self._unsure = False
+        #: Of those, the jobs whose function ran: their attempt stays counted.
+        self._lost: set[int] = set()
         self._gave_up = False
         self._listener: Listener | None = None
 
@@ -194,165 +184,12 @@ class Worker:
         """Where the worker is in its life: idle, running, draining, stopped."""
         return self.life.status
 
+    @property
+    def outcomes(self) -> dict[Outcome, int]:
+        """How the attempts that ended since ``run()`` started ended, by outcome."""
+        return self.attempts.outcomes
+
     # -- the job table ----------------------------------------------------------------------
-
-    def _execute_django_task(self, job: ClaimedJob) -> Outcome:
-        """A Django Task's row: one run, no retry; its return value or ``TaskError`` kept.
-
-        Written at once rather than batched: the row's result columns go with it.
-        """
-        from . import backends
-
-        started = time.monotonic()
-        with tracing.job_run(job, worker=self.node_id) as span:
-            row = self.store.load_job(job.id)
-            run = backends.run_task(row)
-            if run.error is not None:
-                tracing.failed(span, run.error)
-        store, node, now = self.store, self.node_id, self.clock()
-        if run.error is None:
-            finish = Finish.succeeded(job, now=now)
-            ended = Ended(job, finish, _since(started))
-            written = self._write_now(
-                ended,
-                lambda: store.task_succeeded(
-                    job_id=job.id, worker=node, now=now, return_value=run.return_value
-                ),
-            )
-        else:
-            message = storable(run.message)
-            finish = Finish.failed(job, now=now, error=message)
-            ended = Ended(job, finish, _since(started), failure_fields(run.error))
-            written = self._write_now(
-                ended,
-                lambda: store.task_failed(
-                    job_id=job.id,
-                    worker=node,
-                    now=now,
-                    error=message,
-                    error_class=run.error_class,
-                    tb=storable(run.traceback),
-                ),
-            )
-        outcome = self._report(ended, written)
-        if outcome != "lost":
-            backends.finished(run, now=now)
-            self.checkins.ended([(job.id, job.key)])
-        return outcome
-
-    def _write_now(self, ended: Ended, write: Callable[[], bool]) -> bool:
-        """One outcome written by itself; retried while the database is away, like a batch."""
-        delay = 0.05
-        while True:
-            try:
-                return write()
-            except (OperationalError, InterfaceError) as error:
-                if self._abandoned.is_set():
-                    raise
-                self._record_failed([ended], error)
-                close_old_connections()
-                time.sleep(delay)
-                delay = min(delay * 2, self.poll_interval.total_seconds())
-
-    def attempt(self, job: ClaimedJob) -> Ended:
-        """Run one claimed job; how it ended, not yet written."""
-        handle = registry.get_job(job.name)
-        started = time.monotonic()
-        if handle is None:
-            # Retrying cannot help: this code does not know the job. Fail it now, loudly.
-            message = (
-                f'job "{job.name}" is not registered in this worker; fix: deploy the code that '
-                "declares it with @job, and check that its app is in INSTALLED_APPS, then "
-                "retry the job from the admin"
-            )
-            return self._failed(job, message, started, retry=False, fields={"error": message})
-        try:
-            # Its span continues the trace its row keeps (its occurrence's, its caller's).
-            with tracing.job_run(job, worker=self.node_id):
-                handle.func(**job.input)
-        except BaseException as error:
-            return self._failed(
-                job, format_error(error), started, retry=True, fields=failure_fields(error)
-            )
-        return Ended(job, Finish.succeeded(job, now=self.clock()), _since(started))
-
-    def _failed(
-        self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
-    ) -> Ended:
-        # Storable whatever the exception held (NUL, lone surrogates): the outcome must land.
-        text = storable(text)
-        if retry and job.attempts < job.max_attempts:
-            delay = retry_delay(
-                job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
-            )
-            run_at = self.clock() + delay
-            finish = Finish.retrying(job, run_at=run_at, error=text)
-            return Ended(job, finish, _since(started), {"retry_at": run_at, **fields})
-        finish = Finish.failed(job, now=self.clock(), error=text)
-        return Ended(job, finish, _since(started), fields)
-
-    def _report(self, ended: Ended, written: bool) -> Outcome:
-        # Not written: recovered by another worker (our heartbeat went stale) or cancelled
-        # meanwhile; its row was no longer ours to write.
-        outcome = _OUTCOMES[ended.finish.status] if written else "lost"
-        with self._lock:
-            self.outcomes[outcome] += 1
-        instruments.job_finished(ended.job.name, ended.job.queue, outcome, ended.duration_ms / 1000)
-        level = _LEVELS.get(outcome, logging.WARNING)
-        if not logger.isEnabledFor(level):
-            return outcome
-        job = ended.job
-        emit(
-            logger,
-            f"jobs.worker.job-{outcome}",
-            level,
-            job=job.id,
-            name=job.name,
-            queue=job.queue,
-            attempt=job.attempts,
-            max_attempts=job.max_attempts,
-            duration_ms=ended.duration_ms,
-            **ended.log,
-        )
-        return outcome
-
-    def _report_all(self, ended: Sequence[Ended], written: set[int]) -> list[Outcome]:
-        if ended:
-            self._short = all(one.duration_ms < self._short_ms for one in ended)
-        outcomes = [self._report(one, one.job.id in written) for one in ended]
-        # Written and over for good (not a retry): these may be an occurrence's last jobs.
-        self.checkins.ended(
-            (one.job.id, one.job.key)
-            for one in ended
-            if one.job.id in written and one.finish.finished_at is not None
-        )
-        return outcomes
-
-    def _record(self, ended: Sequence[Ended]) -> list[Outcome]:
-        """Write outcomes now, where the row is still ours; retry while the database is away."""
-        delay = 0.05
-        while True:
-            try:
-                written = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
-                return self._report_all(ended, written)
-            except (OperationalError, InterfaceError) as error:
-                # The job ran; losing its outcome would run it again. Keep trying until the
-                # drain gives up on this job, which then goes back to the queue.
-                if self._abandoned.is_set():
-                    raise
-                self._record_failed(ended, error)
-                close_old_connections()
-                time.sleep(delay)
-                delay = min(delay * 2, self.poll_interval.total_seconds())
-
-    def _record_failed(self, ended: Sequence[Ended], error: BaseException) -> None:
-        emit(
-            logger,
-            "jobs.worker.record-failed",
-            logging.WARNING,
-            jobs=[e.job.id for e in ended],
-            **failure_fields(error),
-        )
 
     def heartbeat(self) -> None:
         """Record that this node is alive, by the database clock that judges staleness."""
@@ -361,13 +198,14 @@ class Worker:
     def recover(self) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue."""
         recovered = self.store.recover(stale_after=self.stale_after, now=self.clock())
-        if recovered.requeued or recovered.failed:
+        if recovered.jobs:
             emit(
                 logger,
                 "jobs.worker.recovered",
                 logging.WARNING,
                 requeued=recovered.requeued,
                 failed=recovered.failed,
+                released=recovered.released,
                 jobs=list(recovered.jobs),
             )
         if recovered.failed:
@@ -389,46 +227,75 @@ class Worker:
                     continue
                 if job is None:
                     return
-                wake = False
                 try:
                     drop_broken_connections()
-                    if job.backend:
-                        self._execute_django_task(job)  # writes its own outcome, with its result
-                        wake = True
-                        continue
-                    ended = self.attempt(job)
-                    with self._lock:
-                        self._in_flight.pop(job.id, None)
-                        late = self._abandoned.is_set()
-                        if not late:
-                            if not self._pending:
-                                self._pending_since = time.monotonic()
-                                wake = True
-                            self._pending.append(ended)
-                    # The dispatcher writes outcomes with its next claim: wake it when it may
-                    # claim (little work left waiting) and for the first outcome, whose age
-                    # starts its flush timer.
-                    wake = wake or self._inbox.qsize() <= self._low_water
-                    if late:
-                        # The drain gave up and nobody writes for us: the row went back to
-                        # the queue, so this write only confirms the attempt was lost.
-                        self._record([ended])
+                    self._take(job)
                 except Exception as error:
-                    wake = True
-                    emit(
-                        logger,
-                        "jobs.worker.record-failed",
-                        logging.ERROR,
-                        job=job.id,
-                        **failure_fields(error),
-                    )
+                    # Whether it ran or not, nothing here accounts for it any more.
+                    self._let_go(job, error, ran=True)
                 finally:
                     with self._lock:
                         self._in_flight.pop(job.id, None)
-                    if wake:
-                        self.life.wake.set()
         finally:
             connections.close_all()
+
+    def _take(self, job: ClaimedJob) -> None:
+        """Start one job a thread took from the inbox, run it, and hand over how it ended."""
+        try:
+            started = self.attempts.start(job)
+        except DATABASE_ERRORS as error:
+            # Not run, and maybe marked started: it goes back uncounted.
+            self._let_go(job, error, ran=False)
+            return
+        if started is False:
+            self.attempts.lost(job)
+            self.life.wake.set()
+            return
+        if started is not True:
+            row = started
+            # Writes its own outcome, with its result; None: every write of it was refused.
+            if self.attempts.run_django_task(job, row) is None:
+                self._let_go(job, None, ran=True)
+            self.life.wake.set()
+            return
+        ended = self.attempts.run(job)
+        wake = False
+        with self._lock:
+            self._in_flight.pop(job.id, None)
+            late = self._abandoned.is_set()
+            if not late:
+                if not self._pending:
+                    self._pending_since = time.monotonic()
+                    wake = True
+                self._pending.append(ended)
+        # The dispatcher writes outcomes with its next claim: wake it when it may claim (little
+        # work left waiting) and for the first outcome, whose age starts its flush timer.
+        if wake or self._inbox.qsize() <= self._low_water:
+            self.life.wake.set()
+        if late:
+            # The drain gave up and nobody writes for us: the row went back to the queue, so
+            # this write only confirms the attempt was lost.
+            self.attempts.report_all(self.attempts.record([ended]))
+
+    def _let_go(self, job: ClaimedJob, error: BaseException | None, *, ran: bool) -> None:
+        """A job this worker claimed and no longer holds, its row perhaps still running as
+        ours: the next turn's ``release_unheld`` puts it back, its attempt counted if ``ran``."""
+        if error is not None:
+            emit(
+                logger,
+                "jobs.worker.record-failed",
+                logging.ERROR,
+                job=job.id,
+                **failure_fields(error),
+            )
+        with self._lock:
+            self._in_flight.pop(job.id, None)
+            if ran:
+                self._lost.add(job.id)
+            else:
+                self.claimed -= 1
+            self._unsure = True
+        self.life.wake.set()
 
     @property
     def listening(self) -> bool:
@@ -589,19 +456,35 @@ class Worker:
                     else:
                         ended = []
                     flush_in = FLUSH_AFTER if self._pending else idle_wait
+                # New jobs that free threads take at once: the claim marks them started.
+                start = max(0, min(room, self.concurrency - running))
                 try:
-                    written, jobs = self.store.finish_and_claim(
+                    ids, jobs = self.store.finish_and_claim(
                         worker=self.node_id,
                         finishes=[e.finish for e in ended],
                         limit=room,
                         now=self.clock(),
                         queues=self.queues,
+                        start=start,
                     )
+                    written = Written(ids, ended)
+                except REFUSED_ERRORS as error:
+                    if not ended:
+                        raise
+                    # A value refused, not the connection: nothing was written or claimed.
+                    # One by one, the outcome refused cannot hold the others back.
+                    jobs = []
+                    try:
+                        written = self.attempts.write_each(ended, error)
+                    except DATABASE_ERRORS as again:
+                        self._keep_pending(ended, again)
+                        raise
                 except DATABASE_ERRORS as error:
                     self._keep_pending(ended, error)
-                    self._unsure = self._unsure or room > 0
+                    with self._lock:
+                        self._unsure = self._unsure or room > 0
                     raise
-                self._report_all(ended, written)
+                self._report(written)
                 self._hand_over(jobs)
                 backoff.succeeded()
                 self.last_error = ""
@@ -618,7 +501,7 @@ class Worker:
                 continue
             if self.max_jobs is not None and self.claimed >= self.max_jobs:
                 return
-            if self.burst and not jobs and running == 0:
+            if self.burst and not jobs and running == 0 and not self._unsure:
                 return
             if room > 0 and len(jobs) == room:
                 continue  # Every slot we asked for was filled: more may be due right away.
@@ -639,18 +522,36 @@ class Worker:
                 emit(logger, "jobs.worker.job-started", logging.DEBUG, job=job.id, name=job.name)
             self._inbox.put(job)
 
+    def _report(self, written: Written) -> None:
+        if written.ended:
+            self._short = all(one.duration_ms < self._short_ms for one in written.ended)
+        self.attempts.report_all(written)
+        if written.refused:
+            with self._lock:
+                self._lost.update(one.job.id for one in written.refused)
+                self._unsure = True
+
     def _release_unheld(self) -> None:
         with self._lock:
+            # Cleared first: a thread letting a job go from now on asks for the next pass.
+            self._unsure = False
             held = [*self._in_flight, *(e.job.id for e in self._pending)]
-        released = self.store.release_unheld(worker=self.node_id, held=held)
-        self._unsure = False
+            ran = sorted(self._lost)
+        try:
+            released = self.store.release_unheld(worker=self.node_id, held=held, ran=ran)
+        except BaseException:
+            with self._lock:
+                self._unsure = True
+            raise
+        with self._lock:
+            self._lost.difference_update(ran)
         if released:
             emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
 
     def _keep_pending(self, ended: list[Ended], error: BaseException) -> None:
         """A write failed: its outcomes go back in front, for the next turn to write."""
         if ended:
-            self._record_failed(ended, error)
+            self.attempts.record_failed(ended, error)
             with self._lock:
                 self._pending[:0] = ended
 
@@ -668,10 +569,12 @@ class Worker:
             waiting.append(job)
         if not waiting:
             return
+        unsure = True
         try:
             released = self.store.release(jobs=waiting, worker=self.node_id)
+            unsure = False
         except DATABASE_ERRORS as error:
-            # Still claimed by us: our heartbeat stops with us and they are recovered.
+            # Still ours, maybe, with nothing holding them: the next release_unheld frees them.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
             released = 0
         finally:
@@ -679,6 +582,7 @@ class Worker:
                 for job in waiting:
                     self._in_flight.pop(job.id, None)
                 self.claimed -= len(waiting)
+                self._unsure = self._unsure or unsure
         emit(logger, "jobs.worker.released", jobs=[job.id for job in waiting], released=released)
 
     def _flush(self) -> None:
@@ -688,12 +592,12 @@ class Worker:
         if not ended:
             return
         try:
-            written = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
+            written = self.attempts.write(ended)
         except DATABASE_ERRORS as error:
             self._keep_pending(ended, error)
             close_old_connections()
             return
-        self._report_all(ended, written)
+        self._report(written)
 
     def _settle(self) -> int:
         """Wait for the jobs in flight and write their outcomes; past the drain grace, hand the
@@ -703,6 +607,11 @@ class Worker:
             if self.life.draining.is_set():
                 self._release_waiting()
             self._flush()
+            if self._unsure:
+                try:
+                    self._release_unheld()
+                except DATABASE_ERRORS as error:
+                    emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))
             with self._lock:
                 busy = bool(self._in_flight)
                 if not busy and not self._pending:
@@ -775,8 +684,4 @@ class Worker:
         self.life.end()
 
 
-__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Ended", "Worker"]
-
-
-def _since(started: float) -> float:
-    return round((time.monotonic() - started) * 1000, 1)
+__all__ = ["ABANDONED_EXIT", "CLEAN_EXIT", "UNAVAILABLE_EXIT", "Worker"]

@@ -73,3 +73,9 @@ def reported(label: str) -> None:
 def stamp(occurrence: str) -> str:
     """What the multi-process tests schedule every second: its result names its occurrence."""
     return occurrence
+
+
+@task()
+def unstorable(label: str) -> str:
+    """Return text no JSON column keeps (a NUL character): its run must still end, failed."""
+    return f"{label}\x00"

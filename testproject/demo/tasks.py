@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from datetime import datetime
 
@@ -69,6 +70,18 @@ def slow_ping(label: str, seconds: float, started: str = "") -> None:
             pass
     time.sleep(seconds)
     Ping.objects.create(label=label)
+
+
+@job(max_attempts=1)
+def ping_once(label: str) -> None:
+    """A job with one attempt: one lost to its worker's death would end it failed unrun."""
+    Ping.objects.create(label=label)
+
+
+@job(max_attempts=2)
+def kill_own_worker(label: str) -> None:
+    """Kill the worker process running it, as an out-of-memory kill would: a poison job."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 @job

@@ -460,3 +460,61 @@ def test_checks__a_queue_no_worker_option_can_name_is_warned_about() -> None:
     assert "' padded'" in warned[0]
     assert "'mail,sms'" in warned[1]
     assert all("run_worker --queues" in text for text in warned)
+
+
+# -- refused before writing; announced after commit -------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__arguments_a_row_cannot_hold_are_refused_and_the_transaction_goes_on() -> None:
+    with transaction.atomic():
+        Ping.objects.create(label="before")
+        with pytest.raises(InvalidJobInputError, match="NUL"):
+            background.record.enqueue("bad\x00")
+        with pytest.raises(InvalidJobInputError, match="NUL"):
+            background.record.enqueue(label="bad\x00")
+        with pytest.raises(InvalidJobInputError, match="surrogate"):
+            background.echo.enqueue(["\ud800"])
+        Ping.objects.create(label="after")  # The caller's transaction is still usable.
+    assert list(Ping.objects.order_by("pk").values_list("label", flat=True)) == ["before", "after"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__task_enqueued_is_sent_once_at_commit_never_for_a_rollback(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        background.add.enqueue(1, 1)
+        raise Undo()
+    assert signals == []
+    with transaction.atomic():
+        result = background.add.enqueue(2, 2)
+        assert signals == []  # Not before the row is there for others to see.
+    assert signals == [("enqueued", result.id, "READY")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_and_round__announce_their_django_tasks_only_once_committed(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    class Undo(Exception):
+        pass
+
+    manual = every_minute(lambda at: [(background.add, {"a": 1, "b": 1})], "dt.undone")
+    scheduled = every_minute(lambda at: [(background.add, {"a": 3, "b": 3})], "dt.undone_round")
+    with pytest.raises(Undo), transaction.atomic():
+        run_now(manual, user="alice")
+        fire_once(scheduled)
+        assert signals == []
+        raise Undo()
+    assert signals == []
+    assert not Job.objects.exists()
+    with transaction.atomic():
+        run = run_now(manual, user="alice")
+        assert signals == []
+    [entry] = run.created
+    assert signals == [("enqueued", str(entry.result.job_id), "READY")]

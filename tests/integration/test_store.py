@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from tests.integration.factories import demo_ping
-from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.models import Job, JobStatus, Node
 from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, PostgresStore, store_for
 from ultimat3_jobs.store.columns import (
     CARRIED,
@@ -24,7 +25,10 @@ T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> Job:
+def running(
+    worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3, started: bool = True
+) -> Job:
+    """A running row: started (its function ran), or claimed ahead (``started=False``)."""
     return Job.objects.create(
         name="demo.ping",
         key=f"demo.ping:{uuid.uuid4().hex}",
@@ -34,6 +38,7 @@ def running(worker: str = "w1", *, attempts: int = 1, max_attempts: int = 3) -> 
         max_attempts=max_attempts,
         run_at=T0,
         created_at=T0,
+        started_at=T0 if started else None,
         worker=worker,
     )
 
@@ -393,3 +398,121 @@ def test_lock_task__writes_the_row_of_a_task_not_mirrored_yet_and_marks_only_for
     with transaction.atomic():
         assert store.lock_task(handle).backfilled_to == T0
     assert Task.objects.count() == 1
+# -- claimed is not started -------------------------------------------------------------------
+
+
+def _queued(n: int) -> list[Job]:
+    return [
+        Job.objects.create(
+            name="demo.ping",
+            key=f"demo.ping:{uuid.uuid4().hex}",
+            input={"label": str(i)},
+            run_at=T0 - timedelta(seconds=n - i),
+            created_at=T0,
+        )
+        for i in range(n)
+    ]
+
+
+def _started_at(job_id: int) -> datetime | None:
+    return Job.objects.get(pk=job_id).started_at
+
+
+@pytest.mark.django_db
+def test_claim__marks_started_only_the_first_rows_it_hands_to_idle_threads() -> None:
+    _queued(3)
+    first, second, third = store_for("default").claim(worker="w1", limit=3, now=T0, start=1)
+    assert [job.started for job in (first, second, third)] == [True, False, False]
+    assert [_started_at(job.id) for job in (first, second, third)] == [T0, None, None]
+    # The attempt is counted at claim time all the same; the start is what keeps it.
+    assert {job.attempts for job in (first, second, third)} == {1}
+
+
+@pytest.mark.django_db
+def test_claim__without_start_marks_every_row_started() -> None:
+    _queued(2)
+    claimed_jobs = store_for("default").claim(worker="w1", limit=2, now=T0)
+    assert [job.started for job in claimed_jobs] == [True, True]
+
+
+@pytest.mark.django_db
+def test_mark_started__marks_only_the_workers_same_attempt() -> None:
+    _queued(2)
+    store = store_for("default")
+    mine, taken = store.claim(worker="w1", limit=2, now=T0, start=0)
+    Job.objects.filter(pk=taken.id).update(worker="w2")  # Recovered and claimed by another.
+    later = T0 + timedelta(seconds=3)
+    assert store.mark_started(jobs=[mine, taken], worker="w1", now=later) == {mine.id}
+    assert (_started_at(mine.id), _started_at(taken.id)) == (later, None)
+
+
+@pytest.mark.django_db
+def test_start_task__marks_and_reads_the_row_or_none_once_it_is_not_ours() -> None:
+    _queued(2)
+    store = store_for("default")
+    mine, cancelled = store.claim(worker="w1", limit=2, now=T0, start=0)
+    Job.objects.filter(pk=cancelled.id).update(status=JobStatus.CANCELLED)
+    row = store.start_task(job=mine, worker="w1", now=T0)
+    assert row is not None and (row.pk, row.started_at, row.input) == (mine.id, T0, mine.input)
+    assert store.start_task(job=cancelled, worker="w1", now=T0) is None
+
+
+def _node(node_id: str, *, stale: bool) -> None:
+    seen = timezone.now() - timedelta(minutes=5 if stale else 0)
+    Node.objects.create(
+        node_id=node_id, role="worker", host="h", pid=1, started_at=seen, last_seen_at=seen
+    )
+
+
+@pytest.mark.django_db
+def test_recover__claimed_ahead_rows_go_back_uncounted_started_ones_keep_their_attempt() -> None:
+    _node("dead", stale=True)
+    started = running("dead", attempts=1)
+    ahead = running("dead", attempts=1, max_attempts=1, started=False)
+    killer = running("dead", attempts=2, max_attempts=2)
+    found = store_for("default").recover(stale_after=timedelta(seconds=60), now=T0)
+    assert (found.requeued, found.failed, found.released) == (1, 1, 1)
+    assert sorted(found.jobs) == sorted([started.pk, ahead.pk, killer.pk])
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert (rows[started.pk].status, rows[started.pk].attempts) == (JobStatus.QUEUED, 1)
+    assert (rows[ahead.pk].status, rows[ahead.pk].attempts) == (JobStatus.QUEUED, 0)
+    assert (rows[ahead.pk].worker, rows[ahead.pk].started_at) == ("", None)
+    assert rows[ahead.pk].last_error == ""  # It never ran: nothing to say about its attempt.
+    assert rows[killer.pk].status == JobStatus.FAILED
+    assert rows[killer.pk].last_error.endswith("no attempts left: the job kept killing its worker")
+
+
+@pytest.mark.django_db
+def test_recover__a_hand_made_running_row_without_attempts_goes_back_at_zero() -> None:
+    row = running("gone", attempts=0, started=False)
+    found = store_for("default").recover(stale_after=timedelta(seconds=60), now=T0)
+    assert found.released == 1
+    assert Job.objects.get(pk=row.pk).attempts == 0
+
+
+@pytest.mark.django_db
+def test_give_back__a_row_no_thread_started_goes_back_uncounted() -> None:
+    ahead = running("w1", attempts=1, max_attempts=1, started=False)
+    store_for("default").give_back(job_ids=[ahead.pk], worker="w1", now=T0)
+    row = Job.objects.get(pk=ahead.pk)
+    assert (row.status, row.attempts, row.started_at) == (JobStatus.QUEUED, 0, None)
+
+
+@pytest.mark.django_db
+def test_release_unheld__rows_that_ran_keep_their_attempt_the_others_do_not() -> None:
+    held = running("w1")
+    ran_spare = running("w1", attempts=1, max_attempts=3)
+    ran_spent = running("w1", attempts=1, max_attempts=1)
+    unrun = running("w1", attempts=1, max_attempts=1)
+    theirs = running("w2")
+    released = store_for("default").release_unheld(
+        worker="w1", held=[held.pk], ran=[ran_spare.pk, ran_spent.pk]
+    )
+    assert released == 3
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert (rows[ran_spare.pk].status, rows[ran_spare.pk].attempts) == (JobStatus.QUEUED, 1)
+    assert "could not record how this attempt ended" in rows[ran_spare.pk].last_error
+    assert (rows[ran_spent.pk].status, rows[ran_spent.pk].attempts) == (JobStatus.FAILED, 1)
+    assert rows[ran_spent.pk].last_error.endswith("no attempts left")
+    assert (rows[unrun.pk].status, rows[unrun.pk].attempts) == (JobStatus.QUEUED, 0)
+    assert rows[held.pk].status == rows[theirs.pk].status == JobStatus.RUNNING

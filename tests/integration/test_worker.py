@@ -18,6 +18,7 @@ from django.utils import timezone
 from testproject.demo.models import Ping
 from testproject.demo.tasks import always_fail, ping, slow_ping
 from ultimat3_jobs import clock
+from ultimat3_jobs.attempts import Outcome
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
@@ -25,7 +26,7 @@ from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
 from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.retention import prune
 from ultimat3_jobs.store import ClaimedJob, store_for
-from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Outcome, Worker
+from ultimat3_jobs.worker import ABANDONED_EXIT, CLEAN_EXIT, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 QUICK: dict[str, Any] = {
@@ -53,8 +54,13 @@ def make_job(
     worker: str = "",
     created_at: datetime | None = None,
     finished_at: datetime | None = None,
+    started: bool | None = None,
 ) -> Job:
+    """A job row; a running one has started (its function ran) unless ``started=False``: a
+    claimed-ahead row, not started yet."""
     now = clock.now()  # The worker's clock, which keeps milliseconds only.
+    if started is None:
+        started = status == JobStatus.RUNNING
     return Job.objects.create(
         name=name,
         key=f"{name}:{uuid.uuid4().hex}",
@@ -66,6 +72,7 @@ def make_job(
         attempts=attempts,
         max_attempts=max_attempts,
         worker=worker,
+        started_at=now if started else None,
         finished_at=finished_at,
     )
 

@@ -124,9 +124,9 @@ LAYERS: dict[str, set[str]] = {
     "declarations": {"declarations", "handles", "registry"},
     "store": {"history", "listener", "nodes", "store"},
     "roles": {
-        "backends", "backfill", "celery", "celery_beat", "checkins", "engines", "leaders",
-        "lifecycle", "manual", "outbox", "planner", "relay", "retention", "scheduler", "state",
-        "worker",
+        "attempts", "backends", "backfill", "celery", "celery_beat", "checkins", "engines",
+        "leaders", "lifecycle", "manual", "outbox", "planner", "relay", "retention", "scheduler",
+        "state", "worker",
     },
     "surfaces": {
         "admin", "apps", "checks", "health", "health_checks", "management", "metrics",

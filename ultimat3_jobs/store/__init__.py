@@ -134,10 +134,6 @@ class JobStore(Protocol):
         """The row of a Django Task enqueued through ``backend``; None for any other id."""
         ...
 
-    def load_job(self, job_id: int) -> Job:
-        """The whole row of a claimed job, for what needs more than a ``ClaimedJob`` carries."""
-        ...
-
     def ids_of(self, keys: Iterable[str]) -> dict[str, int]:
         """The ids of the jobs that hold ``keys`` (missing keys are left out)."""
         ...
@@ -176,10 +172,22 @@ class JobStore(Protocol):
     # -- the worker's transitions -----------------------------------------------------------------
 
     def claim(
-        self, *, worker: str, limit: int, now: datetime, queues: frozenset[str] | None = None
+        self,
+        *,
+        worker: str,
+        limit: int,
+        now: datetime,
+        queues: frozenset[str] | None = None,
+        start: int | None = None,
     ) -> list[ClaimedJob]:
         """Mark up to ``limit`` due jobs running on ``worker``: highest priority first, then
-        the longest due."""
+        the longest due; the attempt is counted.
+
+        The first ``start`` of them (default: all) are marked started: they go straight to
+        idle threads. The others are claimed ahead (``ClaimedJob.started`` false) until
+        ``mark_started``: a claimed-ahead job whose worker dies goes back with its attempt
+        uncounted.
+        """
         ...
 
     def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
@@ -198,26 +206,46 @@ class JobStore(Protocol):
         limit: int,
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
+        start: int | None = None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         """Write ``finishes`` and claim up to ``limit`` due jobs, in one round trip on
         PostgreSQL: the ids of the finishes written (see ``finish``) and the jobs claimed (see
-        ``claim``)."""
+        ``claim``, and its ``start``)."""
+        ...
+
+    def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
+        """Claimed-ahead jobs whose functions are about to run: their attempts now count even
+        if their worker dies. The ids marked: one left out is no longer ``worker``'s same
+        attempt (cancelled, recovered meanwhile) and must not run. One statement for all.
+
+        Committed before it returns (lazily flushed on PostgreSQL: visible at once; a database
+        crash may lose it, and the job then runs again uncounted), so a job that kills its
+        worker as it starts still uses up its attempts.
+        """
+        ...
+
+    def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
+        """``mark_started`` for a Django Task's row (unless the claim marked it), and the whole
+        row, which its run reads; None when the row is no longer ``worker``'s."""
         ...
 
     def release(self, *, jobs: Sequence[ClaimedJob], worker: str) -> int:
-        """Claimed jobs that never started go back to the queue as they were; how many did.
+        """Claimed jobs that never started go back to the queue as they were (not started);
+        how many did.
 
         Their attempt is uncounted, since it never ran; a row no longer ``worker``'s same
         attempt is left alone. Other workers are woken for them.
         """
         ...
 
-    def release_unheld(self, *, worker: str, held: Iterable[int]) -> int:
+    def release_unheld(self, *, worker: str, held: Iterable[int], ran: Iterable[int] = ()) -> int:
         """Jobs running as ``worker``'s that it does not hold go back to the queue, attempt
-        uncounted; how many did.
+        uncounted; those of them in ``ran`` (their function ran, their outcome could not be
+        written) keep their attempt: requeued, or failed when it was their last. How many went.
 
         After a claim failed with the connection, it may have committed all the same: its jobs
         are ``worker``'s, yet no thread has them, and a live worker's jobs are never recovered.
+        The same for a start mark, a release or an outcome whose write failed.
         """
         ...
 
@@ -235,14 +263,17 @@ class JobStore(Protocol):
     def recover(self, *, stale_after: timedelta, now: datetime) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue.
 
-        Staleness is judged by the database clock, which every heartbeat is written with. The
-        attempt they were on stays counted; a job whose attempts are used up ends ``failed``:
-        it kept killing the workers that ran it. A batch at a time; the rest wait for the next.
+        Staleness is judged by the database clock, which every heartbeat is written with. A
+        started attempt stays counted; a job whose attempts are used up ends ``failed``: it
+        kept killing the workers that ran it. A job claimed ahead that never started goes back
+        as it was before the claim, its attempt uncounted (``Recovered.released``). A batch at
+        a time; the rest wait for the next.
         """
         ...
 
     def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:
-        """Jobs a worker abandons (its drain ran out of grace) go back like a dead worker's."""
+        """Jobs a worker abandons (its drain ran out of grace) go back like a dead worker's:
+        started ones counted, the others uncounted."""
         ...
 
     def close_occurrences(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from django.db.models import (
     QuerySet,
     Value,
 )
-from django.db.models.functions import Concat, Now
+from django.db.models.functions import Concat, Greatest, Now
 
 from .. import clock, history, tracing
 from ..conf import get_settings
@@ -216,9 +217,6 @@ class PortableStore:
     def read_task(self, job_id: int, *, backend: str) -> Job | None:
         return self._jobs().filter(pk=job_id, backend=backend).first()
 
-    def load_job(self, job_id: int) -> Job:
-        return self._jobs().get(pk=job_id)
-
     def ids_of(self, keys: Iterable[str]) -> dict[str, int]:
         wanted = [key for key in keys if key]
         if not wanted:
@@ -312,10 +310,16 @@ class PortableStore:
     # -- the worker's transitions -----------------------------------------------------------------
 
     def claim(
-        self, *, worker: str, limit: int, now: datetime, queues: frozenset[str] | None = None
+        self,
+        *,
+        worker: str,
+        limit: int,
+        now: datetime,
+        queues: frozenset[str] | None = None,
+        start: int | None = None,
     ) -> list[ClaimedJob]:
         return self.finish_and_claim(
-            worker=worker, finishes=(), limit=limit, now=now, queues=queues
+            worker=worker, finishes=(), limit=limit, now=now, queues=queues, start=start
         )[1]
 
     def finish(self, *, worker: str, finishes: Sequence[Finish]) -> set[int]:
@@ -329,6 +333,7 @@ class PortableStore:
         limit: int,
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
+        start: int | None = None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         limit = max(limit, 0)
         if not finishes and not limit:
@@ -357,23 +362,41 @@ class PortableStore:
         if queues is not None:
             due = due.filter(queue__in=sorted(queues))
         ids = list(due.order_by("-priority", "run_at", "pk").values_list("pk", flat=True)[:limit])
-        won = [
-            pk
-            for pk in ids
+        # The first ``start`` won, in claim order, go straight to idle threads: started.
+        unstarted = limit if start is None else max(start, 0)
+        won: list[int] = []
+        for pk in ids:
+            started_at = now if len(won) < unstarted else None
             if rows.filter(pk=pk, status=JobStatus.QUEUED).update(
                 status=JobStatus.RUNNING,
                 attempts=F("attempts") + 1,
-                started_at=now,
+                started_at=started_at,
                 finished_at=None,
                 worker=worker,
-            )
-        ]
+            ):
+                won.append(pk)
         claimed = (
             rows.filter(pk__in=won)
             .order_by("-priority", "run_at", "pk")
-            .values_list(*CLAIMED_COLUMNS)
+            .values_list(*CLAIMED_COLUMNS, "started_at")
         )
-        return written, [ClaimedJob(*row) for row in claimed]
+        return written, [
+            replace(ClaimedJob(*row[:-1]), started=row[-1] is not None) for row in claimed
+        ]
+
+    def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
+        return {job.id for job in jobs if self._attempt(job, worker).update(started_at=now)}
+
+    def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
+        if not job.started and not self.mark_started(jobs=[job], worker=worker, now=now):
+            return None
+        return self._attempt(job, worker).first()
+
+    def _attempt(self, job: ClaimedJob, worker: str) -> QuerySet[Job]:
+        """The row of ``job``'s claim, while it is still ``worker``'s same attempt."""
+        return self._jobs().filter(
+            pk=job.id, status=JobStatus.RUNNING, worker=worker, attempts=job.attempts
+        )
 
     def release(self, *, jobs: Sequence[ClaimedJob], worker: str) -> int:
         if not jobs:
@@ -382,17 +405,21 @@ class PortableStore:
         for job in jobs:
             attempt |= Q(pk=job.id, attempts=job.attempts)
         ours = self._jobs().filter(attempt, status=JobStatus.RUNNING, worker=worker)
-        count = ours.update(
-            status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
-        )
+        count = _release(ours)
         self._notify([job.queue for job in jobs])
         return count
 
-    def release_unheld(self, *, worker: str, held: Iterable[int]) -> int:
-        ours = self._jobs().filter(status=JobStatus.RUNNING, worker=worker)
-        return ours.exclude(pk__in=list(held)).update(
-            status=JobStatus.QUEUED, attempts=F("attempts") - 1, started_at=None, worker=""
+    def release_unheld(self, *, worker: str, held: Iterable[int], ran: Iterable[int] = ()) -> int:
+        unheld = self._jobs().filter(status=JobStatus.RUNNING, worker=worker)
+        unheld = unheld.exclude(pk__in=list(held))
+        ran = list(ran)
+        requeued, failed = _requeue_or_fail(
+            unheld.filter(pk__in=ran),
+            now=clock.now(),
+            note=Value(f"worker {worker} could not record how this attempt ended"),
+            exhausted="; no attempts left",
         )
+        return requeued + failed + _release(unheld.exclude(pk__in=ran))
 
     def _if_ours(self, job_id: int, claimed_by: str, **changes: Any) -> bool:
         rows = self._jobs().filter(pk=job_id, status=JobStatus.RUNNING, worker=claimed_by)
@@ -439,25 +466,34 @@ class PortableStore:
         found = list(orphans.values_list("pk", flat=True)[:RECOVER_BATCH])
         if not found:
             return Recovered(0, 0)
+        # Re-checked in the updates: a job finished and claimed again by a live worker since
+        # the read above is no longer an orphan.
+        found_orphans = orphans.filter(pk__in=found)
+        # Claimed ahead and never started: its worker's death is not the job's doing.
+        released = _release(found_orphans.filter(started_at__isnull=True))
         died = Concat(
             Value("worker "), F("worker"), Value(" stopped heartbeating during this attempt")
         )
-        # Re-checked in the update: a job finished and claimed again by a live worker since the
-        # read above is no longer an orphan.
         requeued, failed = _requeue_or_fail(
-            orphans.filter(pk__in=found),
+            found_orphans.filter(started_at__isnull=False),
             now=now,
             note=died,
             exhausted="; no attempts left: the job kept killing its worker",
         )
-        return Recovered(requeued, failed, tuple(found))
+        return Recovered(requeued, failed, tuple(found), released)
 
     def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:
         if not job_ids:
             return
         ours = self._jobs().filter(pk__in=list(job_ids), status=JobStatus.RUNNING, worker=worker)
+        _release(ours.filter(started_at__isnull=True))
         note = Value(f"worker {worker} stopped before this attempt finished")
-        _requeue_or_fail(ours, now=now, note=note, exhausted="; no attempts left")
+        _requeue_or_fail(
+            ours.filter(started_at__isnull=False),
+            now=now,
+            note=note,
+            exhausted="; no attempts left",
+        )
 
     def close_occurrences(
         self, job_ids: Iterable[int], *, tasks: Iterable[str]
@@ -867,6 +903,17 @@ class PortableStore:
     def mark_backfilled(self, task: str, through: datetime) -> None:
         earlier = Q(backfilled_to__isnull=True) | Q(backfilled_to__lt=through)
         self._tasks().filter(earlier, name=task).update(backfilled_to=through)
+
+
+def _release(rows: QuerySet[Job]) -> int:
+    """Send claimed ``rows`` back to the queue as they were before the claim: their attempt
+    uncounted (never below 0, whatever a hand-made row holds), not started, no worker."""
+    return rows.update(
+        status=JobStatus.QUEUED,
+        attempts=Greatest(F("attempts") - 1, 0),
+        started_at=None,
+        worker="",
+    )
 
 
 def _requeue_or_fail(

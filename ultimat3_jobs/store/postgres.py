@@ -209,6 +209,7 @@ class PostgresStore(PortableStore):
         limit: int,
         now: datetime | None = None,
         queues: frozenset[str] | None = None,
+        start: int | None = None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         """One statement, and one round trip, for the finishes and the claim together."""
         limit = max(limit, 0)
@@ -216,7 +217,7 @@ class PostgresStore(PortableStore):
             return set(), []
         params: dict[str, Any] = {}
         if limit:
-            params.update(_claim_params(worker, limit, now or clock.now(), queues))
+            params.update(_claim_params(worker, limit, now or clock.now(), queues, start))
         if finishes:
             params.update(_finish_params(worker, finishes))
         connection = connections[self.using]
@@ -258,6 +259,25 @@ class PostgresStore(PortableStore):
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql.CLOSE_OCCURRENCES, {"ids": ids, "tasks": names})
             return [ClosedOccurrence(*row) for row in cursor.fetchall()]
+
+    def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
+        """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``)."""
+        if not jobs:
+            return set()
+        connection = connections[self.using]
+        statement = sql.MARK_STARTED_IN_CALLER if connection.in_atomic_block else sql.MARK_STARTED
+        with connection.cursor() as cursor:
+            cursor.execute(statement, _start_params(jobs, worker, now))
+            return {pk for (pk,) in cursor.fetchall()}
+
+    def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
+        """The start mark and the row's read in one statement (see ``sql.START_TASK``)."""
+        connection = connections[self.using]
+        statement = sql.START_TASK_IN_CALLER if connection.in_atomic_block else sql.START_TASK
+        if job.started:
+            return super().start_task(job=job, worker=worker, now=now)
+        found = list(self._jobs().raw(statement, _start_params([job], worker, now)))
+        return found[0] if found else None
 
     # -- the relay's outbox -----------------------------------------------------------------------
 
@@ -378,12 +398,22 @@ def _new_task_slices(handles: Sequence[TaskHandle]) -> Iterator[str]:
 
 
 def _claim_params(
-    worker: str, limit: int, now: datetime, queues: frozenset[str] | None
+    worker: str, limit: int, now: datetime, queues: frozenset[str] | None, start: int | None
 ) -> dict[str, Any]:
-    params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker}
+    params: dict[str, Any] = {
+        "now": now,
+        "limit": limit,
+        "worker": worker,
+        "start": limit if start is None else max(start, 0),
+    }
     if queues is not None:
         params["queues"] = sorted(queues)
     return params
+
+
+def _start_params(jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> dict[str, Any]:
+    rows = [{"job_id": job.id, "attempts": job.attempts} for job in jobs]
+    return {"now": now, "jobs": dumps(rows), "worker": worker}
 
 
 def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:

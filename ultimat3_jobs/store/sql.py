@@ -155,17 +155,25 @@ COPY {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up,
 """
 
 # What a claim returns: ``CLAIMED_COLUMNS``, run_at as microseconds since the epoch (see
-# ``db.instants_from_microseconds``).
+# ``db.instants_from_microseconds``), then whether the claim marked the row started.
 _RETURNING = ", ".join(
-    "(extract(epoch FROM job.run_at) * 1000000)::bigint" if column == "run_at" else f"job.{column}"
-    for column in CLAIMED_COLUMNS
+    [
+        "(extract(epoch FROM job.run_at) * 1000000)::bigint"
+        if column == "run_at"
+        else f"job.{column}"
+        for column in CLAIMED_COLUMNS
+    ]
+    + ["job.started_at IS NOT NULL"]
 )
 
 # Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
 # without waiting on each other's rows, and a row locked by one is never returned to another.
-# The attempt is counted here, at claim time, so a job that kills its worker still uses one up.
-# ``status = 'queued'`` matches the partial index u3j_job_ready, so finished history is never
-# scanned.
+# The attempt is counted here, at claim time. The first %(start)s rows in claim order go
+# straight to idle threads and are marked started by the claim itself; the rest are claimed
+# ahead, ``started_at`` NULL, until a thread takes one (``MARK_STARTED``). Only a started
+# attempt stays counted when its worker dies, so a job that kills its worker still uses one up
+# and the jobs claimed beside it do not. ``status = 'queued'`` matches the partial index
+# u3j_job_ready, so finished history is never scanned.
 _DUE = """
     SELECT id FROM {table}
     WHERE status = 'queued' AND run_at <= %(now)s {queue_filter}
@@ -173,13 +181,22 @@ _DUE = """
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """
+# The claimed rows numbered as ``due`` locked them, which is the claim's order: it walks the
+# ready index in that order, and its CTE is read back as it was written. Numbered here rather
+# than in ``due``: FOR UPDATE takes no window function. No ORDER BY: with sorting off, a sort
+# of even these few rows costs the plan enough to be JIT-compiled at every claim.
+_RANKED = "SELECT id, row_number() OVER () AS n FROM due"
+_CLAIM_SET = """
+    SET status = 'running', attempts = job.attempts + 1,
+        started_at = CASE WHEN ranked.n <= %(start)s THEN %(now)s::timestamptz END,
+        finished_at = NULL, worker = %(worker)s
+    FROM ranked
+    WHERE job.id = ranked.id
+"""
 _CLAIM = """
-WITH due AS ({due})
+WITH due AS ({due}), ranked AS ({ranked})
 UPDATE {table} AS job
-SET status = 'running', attempts = job.attempts + 1, started_at = %(now)s,
-    finished_at = NULL, worker = %(worker)s
-FROM due
-WHERE job.id = due.id
+{set}
 RETURNING {returning}
 """
 #: Run before a claim, in its transaction: the claim's plan must never sort (see
@@ -189,14 +206,46 @@ NO_SORT = "SET LOCAL enable_sort = off"
 SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"
 #: Claim due jobs of every queue.
 CLAIM_ANY_QUEUE = _CLAIM.format(
-    due=_DUE.format(table=_JOB, queue_filter=""), table=_JOB, returning=_RETURNING
+    due=_DUE.format(table=_JOB, queue_filter=""),
+    ranked=_RANKED,
+    table=_JOB,
+    set=_CLAIM_SET,
+    returning=_RETURNING,
 )
 #: Claim due jobs of the queues in ``%(queues)s``.
 CLAIM_QUEUES = _CLAIM.format(
     due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
+    ranked=_RANKED,
     table=_JOB,
+    set=_CLAIM_SET,
     returning=_RETURNING,
 )
+
+# A claimed-ahead row's start, written by the thread that takes it before its function runs,
+# conditional on the row still being this worker's same attempt. Committed without waiting for
+# the flush to disk (``synchronous_commit`` off for this transaction alone, set in the
+# statement so it costs no round trip of its own): other sessions see it at once, which is what
+# recovery needs, and a crash of the database itself that loses it only means the job runs
+# again with that attempt uncounted.
+# The rows come as one JSON array of ``[id, attempts]``: the threads that take jobs at the same
+# moment share one statement.
+_MARK_STARTED = """
+UPDATE {table} AS job SET started_at = %(now)s
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS s(job_id bigint, attempts integer),
+     (SELECT {lazy}) AS commit_setting
+WHERE job.id = s.job_id AND job.status = 'running' AND job.worker = %(worker)s
+  AND job.attempts = s.attempts
+RETURNING {returning}
+"""
+_LAZY_COMMIT = "set_config('synchronous_commit', 'off', true)"
+#: Mark claimed-ahead rows started; returns the ids of those still ours.
+MARK_STARTED = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.id")
+#: ``MARK_STARTED`` inside a caller's transaction: its commit is the caller's, left as it is.
+MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.id")
+#: ``MARK_STARTED`` of one row, returning it whole: a Django Task's run reads all of it.
+START_TASK = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.*")
+#: ``START_TASK`` inside a caller's transaction.
+START_TASK_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.*")
 
 # Write how a batch of attempts ended, given as one JSON array of objects, one a finish: one
 # quoted text rather than six arrays quoted element by element, far cheaper to send for the
@@ -226,25 +275,25 @@ FINISH = _FINISH.format(table=_JOB)
 _FINISH_AND_CLAIM = """
 WITH finished AS ({finish}),
 due AS ({due}),
+ranked AS ({ranked}),
 claimed AS (
     UPDATE {table} AS job
-    SET status = 'running', attempts = job.attempts + 1, started_at = %(now)s,
-        finished_at = NULL, worker = %(worker)s
-    FROM due
-    WHERE job.id = due.id
+    {set}
     RETURNING {returning}
 )
 SELECT true, * FROM claimed
 UNION ALL
 SELECT false, id, {nulls} FROM finished
 """
-# The finished rows' filler for every claimed column but the id.
-_NULLS = ", ".join(["NULL"] * (len(CLAIMED_COLUMNS) - 1))
+# The finished rows' filler for every claimed column but the id (and for ``started``).
+_NULLS = ", ".join(["NULL"] * len(CLAIMED_COLUMNS))
 #: Finish a batch and claim due jobs of every queue.
 FINISH_AND_CLAIM_ANY_QUEUE = _FINISH_AND_CLAIM.format(
     finish=FINISH,
     due=_DUE.format(table=_JOB, queue_filter=""),
+    ranked=_RANKED,
     table=_JOB,
+    set=_CLAIM_SET,
     returning=_RETURNING,
     nulls=_NULLS,
 )
@@ -252,7 +301,9 @@ FINISH_AND_CLAIM_ANY_QUEUE = _FINISH_AND_CLAIM.format(
 FINISH_AND_CLAIM_QUEUES = _FINISH_AND_CLAIM.format(
     finish=FINISH,
     due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
+    ranked=_RANKED,
     table=_JOB,
+    set=_CLAIM_SET,
     returning=_RETURNING,
     nulls=_NULLS,
 )

@@ -46,11 +46,13 @@ class Copied(Mapping[str, tuple[int, bool]]):
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
-    """How many jobs of dead workers went back to the queue, and how many ended failed."""
+    """How the jobs of dead workers went back: started ones requeued with their attempt counted
+    (or failed, out of attempts), and claimed ones that never started released uncounted."""
 
     requeued: int
     failed: int
     jobs: tuple[int, ...] = ()
+    released: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,8 @@ class ClaimedJob:
     """A job a worker claimed: what running it needs, read in the claim itself.
 
     A plain record rather than a model instance: a busy worker claims thousands a second.
-    The claim's statements return these fields, in this order (``sql.CLAIMED_COLUMNS``).
+    The claim's statements return these fields, in this order (``columns.CLAIMED_COLUMNS``,
+    then ``started``).
     """
 
     id: int
@@ -75,6 +78,10 @@ class ClaimedJob:
     backend: str = ""
     #: The ``traceparent`` its run continues; empty while tracing is off.
     trace_context: str = ""
+    #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
+    #: thread. One claimed ahead is not, until ``JobStore.mark_started`` says its function may
+    #: run; only a started attempt is counted when its worker dies.
+    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,321 @@
+"""The worker's faults against a real database: every job ends, a claimed job is not started.
+
+A start mark, an outcome or a give-back whose write fails leaves no row ``running`` under a
+live worker; a result or error the database cannot keep ends the job failed. The faults come
+from ``testing.FaultyStore`` around the real store, or from the database itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import DataError, OperationalError, connection
+from django_tasks import TaskResultStatus
+
+from testproject.demo import background
+from testproject.demo.models import Ping
+from ultimat3_jobs import clock
+from ultimat3_jobs.declarations import job
+from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.registry import Registry
+from ultimat3_jobs.store import store_for
+from ultimat3_jobs.testing import Fault, FaultyStore, fail, faults
+from ultimat3_jobs.worker import CLEAN_EXIT, Worker
+
+from .test_worker import QUICK, make_job, wait_until
+
+UNSTORABLE = "jobs.job.result-unstorable"
+
+
+def _worker(fault: Fault | None = None, **options: Any) -> tuple[Worker, FaultyStore]:
+    store = FaultyStore(store_for("default"), fault or (lambda name, kwargs: None))
+    worker = Worker(
+        **{
+            **QUICK,
+            "node_id": "w1",
+            "listen": False,
+            "burst": True,
+            "concurrency": 1,
+            "prefetch": 5,
+            "store": store.as_store(),
+            **options,
+        }
+    )
+    return worker, store
+
+
+def _pings(count: int, prefix: str) -> list[Job]:
+    now = clock.now()
+    return [
+        make_job(data={"label": f"{prefix}-{n}"}, run_at=now - timedelta(seconds=count - n))
+        for n in range(count)
+    ]
+
+
+def _nothing_running() -> bool:
+    return not Job.objects.filter(status=JobStatus.RUNNING).exists()
+
+
+def _finishing(job_id: int) -> Any:
+    """``when`` for a write whose finishes include ``job_id``'s."""
+    return lambda kwargs: any(f.job_id == job_id for f in kwargs.get("finishes") or ())
+
+
+# -- claimed is not started ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def seen_started(fresh_registry: Registry) -> Iterator[dict[str, datetime | None]]:
+    """A job ``test.seen_started`` that notes its row's ``started_at`` as it runs."""
+    seen: dict[str, datetime | None] = {}
+
+    @job(name="test.seen_started")
+    def seen_started(label: str) -> None:
+        seen[label] = Job.objects.get(input__label=label).started_at
+
+    yield seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_job_claimed_ahead_is_marked_started_before_its_function_runs(
+    seen_started: dict[str, datetime | None],
+) -> None:
+    for n in range(4):
+        make_job("test.seen_started", data={"label": f"s-{n}"})
+    worker, store = _worker()
+    assert worker.run() == CLEAN_EXIT
+    assert sorted(seen_started) == ["s-0", "s-1", "s-2", "s-3"]
+    assert all(seen_started.values()), seen_started
+    # One claim for the four (the first went straight to the idle thread), three marks.
+    assert store.calls.get("mark_started") == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_start_mark_lost_with_the_connection_leaves_the_job_to_run_once_uncounted() -> None:
+    made = _pings(3, "mark")
+    worker, _ = _worker(fail("mark_started", OperationalError("connection lost")))
+    assert worker.run() == CLEAN_EXIT
+    rows = Job.objects.filter(pk__in=[job.pk for job in made])
+    assert set(rows.values_list("status", "attempts")) == {(JobStatus.SUCCEEDED, 1)}
+    assert Counter(Ping.objects.values_list("label", flat=True)) == {
+        "mark-0": 1,
+        "mark-1": 1,
+        "mark-2": 1,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_cancelled_job_claimed_ahead_does_not_run(fresh_registry: Registry) -> None:
+    @job(name="test.cancel_next")
+    def cancel_next(label: str) -> None:
+        # As the admin's Cancel would, while the next job waits claimed ahead.
+        Job.objects.filter(input__label="next").update(status=JobStatus.CANCELLED)
+
+    now = clock.now()
+    make_job("test.cancel_next", data={"label": "first"}, run_at=now - timedelta(seconds=2))
+    waiting = make_job("test.cancel_next", data={"label": "next"}, run_at=now)
+    worker, _ = _worker()
+    assert worker.run() == CLEAN_EXIT
+    assert Job.objects.get(pk=waiting.pk).status == JobStatus.CANCELLED
+    assert (worker.outcomes["succeeded"], worker.outcomes["lost"]) == (1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__waiting_jobs_whose_give_back_failed_are_freed_and_run_once_each() -> None:
+    now = clock.now()
+    make_job(
+        "demo.slow_ping", data={"label": "slow", "seconds": 0.6}, run_at=now - timedelta(seconds=9)
+    )
+    waiting = _pings(3, "wait")
+    # Polls every 0.05 s: the waiting jobs are given back long before 0.6 s; that fails once.
+    worker, store = _worker(fail("release", OperationalError("connection lost")), burst=False)
+    worker.start()
+    try:
+        wait_until(
+            lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
+            what="every job to run",
+        )
+    finally:
+        worker.stop()
+    assert store.calls.get("release", 0) >= 1
+    rows = Job.objects.filter(pk__in=[job.pk for job in waiting])
+    assert set(rows.values_list("attempts", flat=True)) == {1}
+    assert sorted(Ping.objects.values_list("label", flat=True)) == [
+        "slow",
+        "wait-0",
+        "wait-1",
+        "wait-2",
+    ]
+
+
+# -- every job ends -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__an_outcome_the_database_refuses_ends_that_job_failed_and_the_others_written() -> None:
+    first, *others = _pings(3, "refused")
+    refused = DataError("value refused")
+    worker, _ = _worker(
+        faults(
+            fail("finish_and_claim", refused, when=_finishing(first.pk)),
+            fail("finish", refused, when=_finishing(first.pk)),
+        )
+    )
+    assert worker.run() == CLEAN_EXIT
+    row = Job.objects.get(pk=first.pk)
+    assert row.status == JobStatus.FAILED
+    assert UNSTORABLE in row.last_error and "value refused" in row.last_error
+    rows = Job.objects.filter(pk__in=[job.pk for job in others])
+    assert set(rows.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
+    assert _nothing_running()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__an_outcome_refused_even_as_a_failure_goes_back_and_runs_again_counted() -> None:
+    first, *_ = _pings(2, "twice")
+    refused = DataError("value refused")
+    worker, _ = _worker(
+        faults(
+            fail("finish_and_claim", refused, when=_finishing(first.pk)),
+            fail("finish", refused, refused, when=_finishing(first.pk)),
+        )
+    )
+    assert worker.run() == CLEAN_EXIT
+    row = Job.objects.get(pk=first.pk)
+    # Its first outcome never landed: back to the queue with that attempt counted, run again.
+    assert (row.status, row.attempts) == (JobStatus.SUCCEEDED, 2)
+    assert Counter(Ping.objects.values_list("label", flat=True))["twice-0"] == 2
+    assert _nothing_running()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__an_outcome_write_that_loses_the_connection_is_written_once_it_is_back() -> None:
+    made = _pings(3, "away")
+    worker, _ = _worker(
+        fail(
+            "finish_and_claim",
+            OperationalError("connection lost"),
+            when=lambda kwargs: bool(kwargs["finishes"]),
+        )
+    )
+    assert worker.run() == CLEAN_EXIT
+    rows = Job.objects.filter(pk__in=[job.pk for job in made])
+    assert set(rows.values_list("status", "attempts")) == {(JobStatus.SUCCEEDED, 1)}
+    assert Ping.objects.count() == 3
+
+
+@pytest.fixture
+def unstorable_errors(fresh_registry: Registry) -> None:
+    """Jobs whose exceptions hold text no row keeps, or cannot even be turned into text."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    @job(name="test.nul_error", max_attempts=1)
+    def nul_error() -> None:
+        raise ValueError("broken \x00 text \ud800 here")
+
+    @job(name="test.unprintable_error", max_attempts=1)
+    def unprintable_error() -> None:
+        raise Unprintable()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("unstorable_errors")
+def test_run__a_job_whose_error_text_cannot_be_stored_ends_failed() -> None:
+    nul = make_job("test.nul_error", data={}, max_attempts=1)
+    unprintable = make_job("test.unprintable_error", data={}, max_attempts=1)
+    after = make_job(data={"label": "after"})
+    worker, _ = _worker()
+    assert worker.run() == CLEAN_EXIT
+    row = Job.objects.get(pk=nul.pk)
+    assert row.status == JobStatus.FAILED
+    assert "broken \\x00 text \\ud800 here" in row.last_error
+    row = Job.objects.get(pk=unprintable.pk)
+    assert row.status == JobStatus.FAILED
+    assert "Unprintable" in row.last_error
+    assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
+    assert _nothing_running()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_django_task_returning_a_nul_ends_failed_and_the_next_job_runs() -> None:
+    bad = background.unstorable.enqueue("text")
+    good = background.add.enqueue(1, 2)
+    worker, _ = _worker(concurrency=2, node_id="w-nul")
+    assert worker.run() == CLEAN_EXIT
+    bad.refresh()
+    assert bad.status == TaskResultStatus.FAILED
+    [error] = bad.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.ResultUnstorableError"
+    assert UNSTORABLE in error.traceback and "NUL" in error.traceback
+    good.refresh()
+    assert (good.status, good.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+    assert set(Job.objects.values_list("worker", flat=True)) == {"w-nul"}
+    assert _nothing_running()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_django_task_outcome_the_database_refuses_ends_it_failed() -> None:
+    result = background.add.enqueue(2, 2)
+    worker, _ = _worker(fail("task_succeeded", DataError("value refused")))
+    assert worker.run() == CLEAN_EXIT
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.ResultUnstorableError"
+    assert UNSTORABLE in Job.objects.get(pk=int(result.id)).last_error
+    assert _nothing_running()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_django_task_whose_every_write_is_refused_goes_back_counted() -> None:
+    result = background.add.enqueue(3, 3)
+    refused = DataError("value refused")
+    worker, _ = _worker(
+        faults(fail("task_succeeded", refused), fail("task_failed", refused)), burst=False
+    )
+    worker.start()
+    try:
+        # One run is all a Django Task has: back with it counted, it ends failed.
+        wait_until(
+            lambda: Job.objects.filter(pk=int(result.id), status=JobStatus.FAILED).exists(),
+            what="the row to end failed",
+        )
+    finally:
+        worker.stop()
+    row = Job.objects.get(pk=int(result.id))
+    assert (row.status, row.attempts) == (JobStatus.FAILED, 1)
+    assert "could not record how this attempt ended" in row.last_error
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_run__the_dispatchers_connection_terminated_mid_batch_loses_no_outcome(
+    fresh_registry: Registry,
+) -> None:
+    @job(name="test.terminate_dispatcher")
+    def terminate_dispatcher(label: str) -> None:
+        # One job thread, no LISTEN: the only other connection is the dispatcher's.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchall(), "no dispatcher connection found"
+
+    now = clock.now()
+    killer = make_job(
+        "test.terminate_dispatcher", data={"label": "k"}, run_at=now - timedelta(seconds=5)
+    )
+    made = _pings(3, "terminated")
+    worker, _ = _worker()
+    assert worker.run() == CLEAN_EXIT
+    rows = Job.objects.filter(pk__in=[killer.pk, *(job.pk for job in made)])
+    assert set(rows.values_list("status", "attempts")) == {(JobStatus.SUCCEEDED, 1)}
+    assert Ping.objects.count() == 3

@@ -1,0 +1,438 @@
+"""One attempt of a claimed job: running it, and writing and reporting how it ended.
+
+A @job's function runs in one of the worker's threads; how it ended (``Ended``) waits for the
+worker's dispatcher, which writes it with its next claim. A Django Task's row is run through
+``backends`` and written at once, with its return value or error. Every write goes through the
+job store, conditional on the row still being this worker's attempt.
+
+Every job ends: a write the database refuses for its values (not for the connection) is tried
+once more as a plain failure with ``jobs.job.result-unstorable``, and one refused even then is
+handed back to the worker (``Written.refused``), whose lost-claim path (``release_unheld``)
+puts it back in the queue: no row stays ``running`` under a live worker that no longer holds
+it. While the connection is away, writes are retried: the job ran, and losing its outcome
+would run it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from django.db import (
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+)
+
+from . import instruments, tracing
+from .checkins import CheckIns
+from .errors import ResultUnstorableError
+from .logs import emit, failure_fields
+from .models import JobStatus
+from .registry import registry
+from .retries import format_error, retry_delay, storable
+from .store import ClaimedJob, Finish, JobStore
+
+if TYPE_CHECKING:
+    from .models import Job
+
+logger = logging.getLogger("ultimat3_jobs.worker")
+
+Outcome = Literal["succeeded", "retrying", "failed", "lost"]
+
+#: What a finish's row status says of the attempt.
+_OUTCOMES: dict[str, Outcome] = {
+    JobStatus.SUCCEEDED: "succeeded",
+    JobStatus.QUEUED: "retrying",
+    JobStatus.FAILED: "failed",
+}
+# A line per success at INFO would cost a busy worker much of its time; ``stopped`` counts
+# them and ``-v 2`` shows each.
+_LEVELS = {"succeeded": logging.DEBUG, "failed": logging.ERROR}
+
+#: The connection is away: a write is retried, its outcome kept.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+#: The database refused a row's values: writing it again as it is cannot help.
+REFUSED_ERRORS = (DataError, IntegrityError)
+
+#: The path of the error a refused outcome ends with, as a Django Task's row keeps it.
+UNSTORABLE_CLASS = f"{ResultUnstorableError.__module__}.{ResultUnstorableError.__qualname__}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """An attempt that ran: its finish, waiting to be written, and what its log line says."""
+
+    job: ClaimedJob
+    finish: Finish
+    duration_ms: float
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a write of outcomes did: the ids written; the attempts as written (one whose
+    outcome the database refused is written as a failure instead), to report; and those whose
+    every write it refused, rows still ``running``, for the worker's lost-claim path."""
+
+    ids: set[int]
+    ended: Sequence[Ended]
+    refused: list[Ended] = field(default_factory=list)
+
+
+def unstorable(error: BaseException) -> ResultUnstorableError:
+    """The error a job ends with when the database refused how it ended."""
+    return ResultUnstorableError(
+        f"the database refused this job's outcome: {format_error(error)[-2000:]}",
+        fix="return and raise only what a job row keeps (JSON without NUL or unpaired "
+        "surrogates, within the size limit), then retry the job from the admin",
+        cause=error,
+    )
+
+
+class StartMarks:
+    """The start marks of claimed-ahead jobs, shared by the threads that take jobs at the same
+    moment: the first to ask writes the marks of every thread waiting then, in one statement,
+    and the others wait for it (as a database's group commit does), so a busy worker writes
+    fewer of them than it starts jobs. Each thread gets its own answer before its job runs.
+    """
+
+    def __init__(self, *, store: JobStore, node_id: str, clock: Callable[[], datetime]) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.clock = clock
+        self._ready = threading.Condition()
+        self._asked: dict[int, ClaimedJob] = {}
+        self._answers: dict[int, bool | BaseException] = {}
+        self._writing = False
+
+    def mark(self, job: ClaimedJob) -> bool:
+        """Whether ``job`` is marked started and may run (False: no longer ours). Raises what
+        the statement raised: the mark may or may not have landed, the job must not run."""
+        with self._ready:
+            self._asked[job.id] = job
+            while job.id not in self._answers and self._writing:
+                self._ready.wait()
+            if job.id not in self._answers:
+                self._writing = True
+                asked, self._asked = self._asked, {}
+            else:
+                asked = {}
+        if asked:
+            answers: dict[int, bool | BaseException]
+            try:
+                jobs = list(asked.values())
+                marked = self.store.mark_started(jobs=jobs, worker=self.node_id, now=self.clock())
+                answers = {pk: pk in marked for pk in asked}
+            except BaseException as error:
+                answers = dict.fromkeys(asked, error)
+            with self._ready:
+                self._answers.update(answers)
+                self._writing = False
+                self._ready.notify_all()
+        with self._ready:
+            answer = self._answers.pop(job.id)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+class Attempts:
+    """Runs the attempts of one worker's claimed jobs and records how they ended.
+
+    ``outcomes`` counts them; ``abandoned`` is the worker's: once set (its drain gave up), a
+    write no longer retries while the database is away. Thread-safe: every job thread and the
+    dispatcher share one.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        node_id: str,
+        clock: Callable[[], datetime],
+        rand: Callable[[], float] = random.random,
+        backoff_base: float,
+        backoff_max: timedelta,
+        retry_every: timedelta,
+        abandoned: threading.Event,
+        checkins: CheckIns | None = None,
+    ) -> None:
+        self.store = store
+        #: Sentry check-ins closed by the jobs that end here for good.
+        self.checkins = checkins or CheckIns(using=store.using, store=store)
+        self.node_id = node_id
+        self.clock = clock
+        self.rand = rand
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.retry_every = retry_every.total_seconds()
+        self.abandoned = abandoned
+        self.outcomes: dict[Outcome, int] = {"succeeded": 0, "retrying": 0, "failed": 0, "lost": 0}
+        self._lock = threading.Lock()
+        self._marks = StartMarks(store=store, node_id=node_id, clock=clock)
+
+    # -- running ------------------------------------------------------------------------------
+
+    def start(self, job: ClaimedJob) -> bool | Job:
+        """Make ``job``'s start durable before its function runs, unless the claim did: a job
+        that kills its worker at once must still use up an attempt, or it would be claimed and
+        run forever. A Django Task's row comes back whole (its run reads it; the start is
+        marked in that read). False: the row is no longer ours, it must not run. Raises the
+        database's error: the start may or may not have landed, the job must not run."""
+        if job.backend:
+            row = self.store.start_task(job=job, worker=self.node_id, now=self.clock())
+            return False if row is None else row
+        return job.started or self._marks.mark(job)
+
+    def run(self, job: ClaimedJob) -> Ended:
+        """Run one claimed, started @job; how it ended, not yet written."""
+        handle = registry.get_job(job.name)
+        started = time.monotonic()
+        if handle is None:
+            # Retrying cannot help: this code does not know the job. Fail it now, loudly.
+            message = (
+                f'job "{job.name}" is not registered in this worker; fix: deploy the code that '
+                "declares it with @job, and check that its app is in INSTALLED_APPS, then "
+                "retry the job from the admin"
+            )
+            return self._failed(job, message, started, retry=False, fields={"error": message})
+        try:
+            # Its span continues the trace its row keeps (its occurrence's, its caller's).
+            with tracing.job_run(job, worker=self.node_id):
+                handle.func(**job.input)
+        except BaseException as error:
+            return self._failed(
+                job, format_error(error), started, retry=True, fields=failure_fields(error)
+            )
+        return Ended(job, Finish.succeeded(job, now=self.clock()), _since(started))
+
+    def _failed(
+        self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
+    ) -> Ended:
+        # Storable whatever the exception held (NUL, lone surrogates): the outcome must land.
+        text = storable(text)
+        if retry and job.attempts < job.max_attempts:
+            delay = retry_delay(
+                job.attempts, base=self.backoff_base, cap=self.backoff_max, rand=self.rand
+            )
+            run_at = self.clock() + delay
+            finish = Finish.retrying(job, run_at=run_at, error=text)
+            return Ended(job, finish, _since(started), {"retry_at": run_at, **fields})
+        finish = Finish.failed(job, now=self.clock(), error=text)
+        return Ended(job, finish, _since(started), fields)
+
+    def run_django_task(self, job: ClaimedJob, row: Job) -> Outcome | None:
+        """A Django Task's started row: one run, no retry; its return value or ``TaskError``
+        kept. Written at once rather than batched: the row's result columns go with it.
+
+        None when the database refused every write of its outcome: the row is still running
+        as this worker's, for its lost-claim path.
+        """
+        from . import backends
+
+        started = time.monotonic()
+        with tracing.job_run(job, worker=self.node_id) as span:
+            run = backends.run_task(row)
+            if run.error is not None:
+                tracing.failed(span, run.error)
+        node, now = self.node_id, self.clock()
+        if run.error is None:
+            finish = Finish.succeeded(job, now=now)
+            ended = Ended(job, finish, _since(started))
+            value = run.return_value
+
+            def write() -> bool:
+                return self.store.task_succeeded(
+                    job_id=job.id, worker=node, now=now, return_value=value
+                )
+
+        else:
+            message = storable(run.message)
+            finish = Finish.failed(job, now=now, error=message)
+            ended = Ended(job, finish, _since(started), failure_fields(run.error))
+            error_class, tb = run.error_class, storable(run.traceback)
+
+            def write() -> bool:
+                return self.store.task_failed(
+                    job_id=job.id,
+                    worker=node,
+                    now=now,
+                    error=message,
+                    error_class=error_class,
+                    tb=tb,
+                )
+
+        try:
+            written = self._write_now([ended], write)
+        except REFUSED_ERRORS as error:
+            refusal = unstorable(error)
+            text = storable(str(refusal))
+            ended = Ended(
+                job, Finish.failed(job, now=now, error=text), ended.duration_ms, refusal.as_fields()
+            )
+            try:
+                written = self._write_now(
+                    [ended],
+                    lambda: self.store.task_failed(
+                        job_id=job.id,
+                        worker=node,
+                        now=now,
+                        error=text,
+                        error_class=UNSTORABLE_CLASS,
+                        tb="",
+                    ),
+                )
+            except REFUSED_ERRORS as again:
+                self.record_failed([ended], again)
+                self.report(ended, False)
+                return None
+            run.error, run.error_class, run.traceback = refusal, UNSTORABLE_CLASS, ""
+            run.return_value = None
+        outcome = self.report(ended, written)
+        if outcome != "lost":
+            backends.finished(run, now=now)
+            self.checkins.ended([(job.id, job.key)])
+        return outcome
+
+    def lost(self, job: ClaimedJob) -> Outcome:
+        """A claimed-ahead job whose row was no longer ours when a thread took it (cancelled,
+        or recovered by another worker meanwhile): it did not run here."""
+        return self.report(Ended(job, Finish.succeeded(job, now=self.clock()), 0.0), False)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _write_now(self, ended: Sequence[Ended], write: Callable[[], bool]) -> bool:
+        """One outcome written by itself; retried while the database is away, like a batch."""
+        delay = 0.05
+        while True:
+            try:
+                return write()
+            except CONNECTION_ERRORS as error:
+                if self.abandoned.is_set():
+                    raise
+                self.record_failed(ended, error)
+                close_old_connections()
+                time.sleep(delay)
+                delay = min(delay * 2, self.retry_every)
+
+    def record(self, ended: Sequence[Ended]) -> Written:
+        """Write outcomes now, where the row is still ours; retry while the database is away.
+
+        The job ran; losing its outcome would run it again. So it keeps trying until the drain
+        gives up on this job, which then goes back to the queue.
+        """
+        delay = 0.05
+        while True:
+            try:
+                return self.write(ended)
+            except CONNECTION_ERRORS as error:
+                if self.abandoned.is_set():
+                    raise
+                self.record_failed(ended, error)
+                close_old_connections()
+                time.sleep(delay)
+                delay = min(delay * 2, self.retry_every)
+
+    def write(self, ended: Sequence[Ended]) -> Written:
+        """Write outcomes in one statement; a batch the database refuses, one by one."""
+        try:
+            ids = self.store.finish(worker=self.node_id, finishes=[e.finish for e in ended])
+        except REFUSED_ERRORS as error:
+            return self.write_each(ended, error)
+        return Written(ids, ended)
+
+    def write_each(self, ended: Sequence[Ended], error: BaseException) -> Written:
+        """Outcomes of a batch the database refused with ``error``, written one by one, so the
+        one it refuses cannot hold the others back. That one is written as a failure with
+        ``jobs.job.result-unstorable``; refused even so, it is returned in ``refused``.
+
+        A connection error on the way is raised: the caller keeps the outcomes to write again.
+        """
+        self.record_failed(ended, error)
+        ids: set[int] = set()
+        written: list[Ended] = []
+        refused: list[Ended] = []
+        for one in ended:
+            try:
+                ids |= self.store.finish(worker=self.node_id, finishes=[one.finish])
+                written.append(one)
+                continue
+            except REFUSED_ERRORS as alone:
+                refusal = unstorable(alone)
+            text = storable(str(refusal))
+            failed = Ended(
+                one.job,
+                Finish.failed(one.job, now=self.clock(), error=text),
+                one.duration_ms,
+                refusal.as_fields(),
+            )
+            written.append(failed)
+            try:
+                ids |= self.store.finish(worker=self.node_id, finishes=[failed.finish])
+            except REFUSED_ERRORS as again:
+                self.record_failed([failed], again)
+                refused.append(failed)
+        return Written(ids, written, refused)
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def report(self, ended: Ended, written: bool) -> Outcome:
+        """Count and log one attempt's end. Not written: recovered by another worker (our
+        heartbeat went stale) or cancelled meanwhile; its row was no longer ours to write."""
+        outcome = _OUTCOMES[ended.finish.status] if written else "lost"
+        with self._lock:
+            self.outcomes[outcome] += 1
+        instruments.job_finished(ended.job.name, ended.job.queue, outcome, ended.duration_ms / 1000)
+        level = _LEVELS.get(outcome, logging.WARNING)
+        if not logger.isEnabledFor(level):
+            return outcome
+        job = ended.job
+        emit(
+            logger,
+            f"jobs.worker.job-{outcome}",
+            level,
+            job=job.id,
+            name=job.name,
+            queue=job.queue,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            duration_ms=ended.duration_ms,
+            **ended.log,
+        )
+        return outcome
+
+    def report_all(self, written: Written) -> list[Outcome]:
+        """``report`` for each attempt of a write, as written."""
+        outcomes = [self.report(one, one.job.id in written.ids) for one in written.ended]
+        # Written and over for good (not a retry): these may be an occurrence's last jobs.
+        self.checkins.ended(
+            (one.job.id, one.job.key)
+            for one in written.ended
+            if one.job.id in written.ids and one.finish.finished_at is not None
+        )
+        return outcomes
+
+    def record_failed(self, ended: Sequence[Ended], error: BaseException) -> None:
+        emit(
+            logger,
+            "jobs.worker.record-failed",
+            logging.WARNING,
+            jobs=[e.job.id for e in ended],
+            **failure_fields(error),
+        )
+
+
+def _since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+__all__ = ["Attempts", "Ended", "Outcome", "Written"]

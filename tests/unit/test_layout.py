@@ -125,7 +125,8 @@ LAYERS: dict[str, set[str]] = {
     "store": {"history", "listener", "nodes", "store"},
     "roles": {
         "attempts", "backends", "backfill", "celery", "celery_beat", "leaders", "lifecycle",
-        "manual", "outbox", "planner", "relay", "retention", "scheduler", "state", "worker",
+        "manual", "outbox", "planner", "pool", "relay", "retention", "scheduler", "state",
+        "worker",
     },
     "surfaces": {
         "admin", "apps", "checks", "management", "metrics", "overview", "relay_checks", "status",

@@ -261,6 +261,8 @@ class Worker:
 
     def _job_thread(self, slot: _Slot) -> None:
         try:
+            if slot.child is not None:
+                slot.child.ensure()  # Ready before the first job: a child takes a while to start.
             while True:
                 try:
                     job = self._inbox.get(timeout=self.poll_interval.total_seconds())

@@ -10,7 +10,7 @@ import pytest
 
 from testproject.demo.models import Ping
 from testproject.demo.tasks import exit_hard, grow, hang, kill_own_process, ping, ping_pid
-from ultimat3_jobs.models import JobStatus
+from ultimat3_jobs.models import Job, JobStatus
 
 from .helpers import Process, processes, wait_for
 from .test_worker_processes import job_row, node_of, start_worker
@@ -128,9 +128,12 @@ def test_process_pool__max_jobs_per_child_recycles_children(
         "2",
     )
     node_of(worker)
-    made = [ping_pid.enqueue({"label": f"pid-{n}"}) for n in range(6)]
-    for one in made:
-        wait_for(lambda one=one: job_row(one.job_id).status == JobStatus.SUCCEEDED, 60, "jobs")
+    made = [ping_pid.enqueue({"label": f"pid-{n}"}).job_id for n in range(6)]
+
+    def all_ran() -> bool:
+        return Job.objects.filter(pk__in=made, status=JobStatus.SUCCEEDED).count() == 6
+
+    wait_for(all_ran, 60, "the six jobs")
     pids = [_pids(f"pid-{n}")[0] for n in range(6)]
     assert pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
     assert len(set(pids)) == 3

@@ -315,7 +315,7 @@ def test_task__its_doc_is_its_functions_and_the_class_keeps_its_own() -> None:
 def test_job__a_timeout_that_is_not_seconds_is_refused_with_its_code(timeout: object) -> None:
     with pytest.raises(InvalidTimeoutError) as caught:
 
-        @job(timeout=timeout)  # type: ignore[arg-type]
+        @job(timeout=timeout)  # type: ignore[call-overload]
         def hangs() -> None: ...
 
     assert caught.value.code == "jobs.job.timeout-invalid"

@@ -210,6 +210,7 @@ class Worker:
         #: The job slots, one per thread; in the thread pool, those whose job has a timeout.
         self._slots: list[_Slot] = []
         self._timed: set[_Slot] = set()
+        self._next_deadline = float("inf")
         #: Threads left running a job past its timeout (the thread pool cannot kill them).
         self._stuck: list[threading.Thread] = []
         #: Seconds each job name may run (None: no limit), resolved once per name.
@@ -323,7 +324,9 @@ class Worker:
                 slot.job, slot.started = job, time.monotonic()
                 slot.deadline = slot.started + timeout
                 self._timed.add(slot)
-            self.life.wake.set()
+                sooner = slot.deadline < self._next_deadline
+            if sooner:
+                self.life.wake.set()  # The dispatcher sleeps past this deadline otherwise.
         if started is not True:
             row = started
             # Writes its own outcome, with its result; None: every write of it was refused.
@@ -412,8 +415,6 @@ class Worker:
     def _expire(self) -> float:
         """End the thread pool's jobs past their timeout (the dispatcher's part); seconds until
         the next deadline (``inf``: none)."""
-        if not self._timed:
-            return float("inf")
         now = time.monotonic()
         expired: list[tuple[_Slot, ClaimedJob, float, float]] = []
         with self._lock:
@@ -424,11 +425,13 @@ class Worker:
                     self._timed.discard(slot)
                     self._in_flight.pop(slot.job.id, None)
             nearest = min((slot.deadline for slot in self._timed), default=float("inf"))
+            self._next_deadline = nearest
         for slot, job, begun, timeout in expired:
             # The stuck thread cannot be killed: it is left to itself, a fresh one takes its slot.
+            self._stuck = [thread for thread in self._stuck if thread.is_alive()]
             self._stuck.append(slot.thread)
             self._start_slot(self._slots.index(slot))
-            stuck = sum(thread.is_alive() for thread in self._stuck)
+            stuck = len(self._stuck)
             emit(
                 logger,
                 "jobs.worker.thread-abandoned",

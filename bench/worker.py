@@ -169,7 +169,7 @@ def measure_floor(n: int, connections: int) -> float:
 class Workers:
     """``processes`` real ``run_worker`` processes on the bench queue, started and listening."""
 
-    def __init__(self, processes: int, concurrency: int) -> None:
+    def __init__(self, processes: int, concurrency: int, pool: str = "thread") -> None:
         env = {**os.environ, "DEBUG": "false"}
         argv = [
             sys.executable,
@@ -179,6 +179,8 @@ class Workers:
             QUEUE,
             "--concurrency",
             str(concurrency),
+            "--pool",
+            pool,
         ]
         self.popens = [
             subprocess.Popen(
@@ -211,8 +213,8 @@ class Workers:
         _clean()
 
 
-def measure_workers(n: int, processes: int, concurrency: int) -> float:
-    with Workers(processes, concurrency):
+def measure_workers(n: int, processes: int, concurrency: int, pool: str = "thread") -> float:
+    with Workers(processes, concurrency, pool):
         _enqueue(n)
         # Counting scans the job table: often enough, it would take the database's time from
         # the workers measured. Rates come from the rows' times, not from when this returns.
@@ -449,12 +451,15 @@ def main(argv: list[str] | None = None) -> None:
     # Rounds of every measurement in turn, so each sees the same share of a noisy machine.
     floors: dict[int, list[float]] = {1: [], 2: []}
     runs: dict[int, list[float]] = {1: [], 2: []}
+    children: list[float] = []
     for _ in range(args.repeats):
         for k in (1, 2):
             floors[k].append(measure_floor(n, k))
             runs[k].append(measure_workers(n, k, c))
+        children.append(measure_workers(n, 1, c, pool="process"))
     floor = {k: statistics.median(rates) for k, rates in floors.items()}
     ours = {k: statistics.median(rates) for k, rates in runs.items()}
+    process_pool = statistics.median(children)
     theirs = measure_procrastinate(n, c)
     p50, p99 = measure_latency(args.latency_samples, 0.02, c)
     claim = measure_claim_cost(args.history) if args.history else None
@@ -485,6 +490,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'procrastinate worker':<52} | {'-':>8} | (pip install -e '.[bench]')")
     for k in (1, 2):
         line(f"run_worker, {k} process{'es' if k > 1 else ''}", ours[k])
+    line(f"run_worker --pool process, 1 process ({c} children)", process_pool)
     print(
         f"two processes / one: {ours[2] / ours[1]:.2f}x; one process / floor (1 conn): "
         f"{ours[1] / floor[1]:.0%}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,8 @@ from django.db import (
 
 from . import instruments, tracing
 from .checkins import CheckIns
-from .errors import ResultUnstorableError
+from .conf import get_settings
+from .errors import JobProcessDiedError, JobTimeoutError, ResultUnstorableError, UltimateError
 from .logs import emit, failure_fields
 from .models import JobStatus
 from .registry import registry
@@ -198,22 +200,38 @@ class Attempts:
         handle = registry.get_job(job.name)
         started = time.monotonic()
         if handle is None:
-            # Retrying cannot help: this code does not know the job. Fail it now, loudly.
-            message = (
-                f'job "{job.name}" is not registered in this worker; fix: deploy the code that '
-                "declares it with @job, and check that its app is in INSTALLED_APPS, then "
-                "retry the job from the admin"
-            )
-            return self._failed(job, message, started, retry=False, fields={"error": message})
+            return self.unknown(job, started)
         try:
             # Its span continues the trace its row keeps (its occurrence's, its caller's).
             with tracing.job_run(job, worker=self.node_id):
                 handle.func(**job.input)
         except BaseException as error:
-            return self._failed(
-                job, format_error(error), started, retry=True, fields=failure_fields(error)
-            )
+            return self.raised(job, format_error(error), failure_fields(error), started)
+        return self.succeeded(job, started)
+
+    # How an attempt ended, for one that ran here or in a child process (``pool``); ``started``
+    # is when it began, by ``time.monotonic()``.
+
+    def succeeded(self, job: ClaimedJob, started: float) -> Ended:
         return Ended(job, Finish.succeeded(job, now=self.clock()), _since(started))
+
+    def raised(self, job: ClaimedJob, text: str, fields: dict[str, Any], started: float) -> Ended:
+        """The job's function raised: ``text`` is its traceback."""
+        return self._failed(job, text, started, retry=True, fields=fields)
+
+    def unknown(self, job: ClaimedJob, started: float) -> Ended:
+        # Retrying cannot help: this code does not know the job. Fail it now, loudly.
+        message = (
+            f'job "{job.name}" is not registered in this worker; fix: deploy the code that '
+            "declares it with @job, and check that its app is in INSTALLED_APPS, then "
+            "retry the job from the admin"
+        )
+        return self._failed(job, message, started, retry=False, fields={"error": message})
+
+    def broken_off(self, job: ClaimedJob, error: UltimateError, started: float) -> Ended:
+        """The attempt was ended from outside (``timed_out``, ``died``): a failed attempt,
+        retried by the job's ``max_attempts``."""
+        return self._failed(job, str(error), started, retry=True, fields=error.as_fields())
 
     def _failed(
         self, job: ClaimedJob, text: str, started: float, *, retry: bool, fields: dict[str, Any]
@@ -302,6 +320,28 @@ class Attempts:
             backends.finished(run, now=now)
             self.checkins.ended([(job.id, job.key)])
         return outcome
+
+    def end_task(self, job: ClaimedJob, error: UltimateError, started: float) -> Outcome:
+        """A Django Task's run ended from outside (``timed_out``, ``died``): failed with
+        ``error``, written at once (the framework never retries). What its run writes later,
+        if it ever returns, finds the row no longer running and changes nothing."""
+        now, text = self.clock(), storable(str(error))
+        ended = Ended(
+            job, Finish.failed(job, now=now, error=text), _since(started), error.as_fields()
+        )
+        error_class = f"{type(error).__module__}.{type(error).__qualname__}"
+        written = self._write_now(
+            [ended],
+            lambda: self.store.task_failed(
+                job_id=job.id,
+                worker=self.node_id,
+                now=now,
+                error=text,
+                error_class=error_class,
+                tb="",
+            ),
+        )
+        return self.report(ended, written)
 
     def lost(self, job: ClaimedJob) -> Outcome:
         """A claimed-ahead job whose row was no longer ours when a thread took it (cancelled,
@@ -429,6 +469,43 @@ class Attempts:
             jobs=[e.job.id for e in ended],
             **failure_fields(error),
         )
+
+
+def timeout_of(name: str, *, backend: str = "") -> float | None:
+    """Seconds an attempt of the job ``name`` may run here, None for no limit: its own
+    ``@job(timeout=...)``, else ``JOB_TIMEOUT`` (a Django Task's, always). This code's
+    declaration decides, since this code's function is what runs."""
+    handle = None if backend else registry.get_job(name)
+    if handle is not None and handle.timeout is not None:
+        return handle.timeout
+    return get_settings().job_timeout
+
+
+def timed_out(timeout: float) -> JobTimeoutError:
+    """The error an attempt that ran past ``timeout`` seconds ends with."""
+    return JobTimeoutError(
+        f"the job ran past its timeout of {timeout:g}s and was stopped",
+        fix="make the job finish in time (a timeout on its socket reads and lock waits, "
+        "smaller batches) or raise its @job(timeout=...)",
+        cause=timeout,
+    )
+
+
+def died(exit_code: int | None) -> JobProcessDiedError:
+    """The error an attempt ends with when the child process running it died."""
+    if exit_code is not None and exit_code < 0:
+        try:
+            how = f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            how = f"killed by signal {-exit_code}"
+    else:
+        how = f"exited with status {exit_code}"
+    return JobProcessDiedError(
+        f"the process running the job died: {how}",
+        fix="find what crashes the process (a segfault in an extension, os._exit(), the OOM "
+        "killer: see the kernel log) or give the job more memory",
+        cause=exit_code,
+    )
 
 
 def _since(started: float) -> float:

@@ -16,6 +16,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .errors import ConfigurationError
+from .inputs import TIMEOUT_FIX, timeout_problem
 
 #: Every key, its default, and what it does. The README's settings table is this dict.
 DEFAULTS: dict[str, Any] = {
@@ -49,6 +50,12 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_STALE_AFTER": 60.0,
     # Worker: seconds a SIGTERM drain waits for jobs in flight.
     "WORKER_DRAIN_GRACE": 30.0,
+    # Worker: seconds a job may run before its attempt ends jobs.job.timeout and its slot
+    # moves on; None is no limit. A job's own @job(timeout=...) wins; Django Tasks take this.
+    "JOB_TIMEOUT": None,
+    # Worker (thread pool): stuck threads left behind by timeouts, still running, past which
+    # the worker drains and exits 0 for its supervisor to start a fresh process.
+    "MAX_ABANDONED_THREADS": 8,
     # Days finished jobs and occurrence records are kept.
     "RETENTION_DAYS": 14,
     # Relay: a Celery ExactlyOnceTask handed over this many seconds ago and not done is sent
@@ -93,6 +100,8 @@ class Settings:
     worker_poll_interval: timedelta
     worker_stale_after: timedelta
     worker_drain_grace: timedelta
+    job_timeout: float | None
+    max_abandoned_threads: int
     retention_days: int
     relay_resend_after: timedelta
     relay_stuck_after: timedelta
@@ -157,6 +166,17 @@ def _leader(value: Any) -> str | None:
     )
 
 
+def _timeout(value: Any) -> float | None:
+    problem = timeout_problem(value)
+    if problem is not None:
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["JOB_TIMEOUT"] is {problem}',
+            fix=f'set ULTIMAT3_JOBS["JOB_TIMEOUT"] to {TIMEOUT_FIX}',
+            cause=value,
+        )
+    return None if value is None else float(value)
+
+
 @functools.cache
 def get_settings() -> Settings:
     """The app's settings, validated. Raises ``ConfigurationError`` on a bad value."""
@@ -197,6 +217,8 @@ def get_settings() -> Settings:
         worker_poll_interval=_seconds(raw, "WORKER_POLL_INTERVAL"),
         worker_stale_after=_seconds(raw, "WORKER_STALE_AFTER"),
         worker_drain_grace=_seconds(raw, "WORKER_DRAIN_GRACE"),
+        job_timeout=_timeout(raw["JOB_TIMEOUT"]),
+        max_abandoned_threads=_positive_int(raw, "MAX_ABANDONED_THREADS"),
         retention_days=_positive_int(raw, "RETENTION_DAYS"),
         relay_resend_after=_seconds(raw, "RELAY_RESEND_AFTER"),
         relay_stuck_after=_seconds(raw, "RELAY_STUCK_AFTER"),

@@ -38,6 +38,7 @@ from .inputs import (
     check_count,
     check_queue,
     check_text,
+    check_timeout,
 )
 from .monitors import Monitor, check_monitor
 from .registry import registry
@@ -131,6 +132,7 @@ def job(
     key: JobKey = None,
     max_attempts: int | None = None,
     queue: str | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], JobHandle]: ...
 def job(
     func: Callable[..., Any] | None = None,
@@ -140,11 +142,15 @@ def job(
     key: JobKey = None,
     max_attempts: int | None = None,
     queue: str | None = None,
+    timeout: float | None = None,
 ) -> JobHandle | Callable[[Callable[..., Any]], JobHandle]:
-    """Declare a job: ``@job`` or ``@job(name=..., key=..., max_attempts=..., queue=...)``.
+    """Declare a job: ``@job`` or ``@job(name=..., key=..., max_attempts=..., queue=...,
+    timeout=...)``.
 
     ``key`` makes enqueues idempotent: a format string over the input (``"digest:{day}"``) or
     a callable of the input. ``max_attempts`` and ``queue`` default to the settings.
+    ``timeout``: seconds an attempt may run before the worker ends it ``jobs.job.timeout``
+    and moves on (default: the ``JOB_TIMEOUT`` setting; None there is no limit).
     """
     _check_name(name, "job")
     attempts_problem = None
@@ -157,6 +163,7 @@ def job(
             cause=max_attempts,
         )
     check_queue(queue, "@job")
+    seconds = check_timeout(timeout, "@job")
 
     def decorate(fn: Callable[..., Any]) -> JobHandle:
         if not callable(fn) or isinstance(fn, JobHandle | TaskHandle):
@@ -168,7 +175,9 @@ def job(
         job_name = name or _default_name(fn)
         _check_name(job_name, "job")
         _check_key_declaration(key, fn, job_name)
-        handle = JobHandle(fn, name=job_name, key=key, max_attempts=max_attempts, queue=queue)
+        handle = JobHandle(
+            fn, name=job_name, key=key, max_attempts=max_attempts, queue=queue, timeout=seconds
+        )
         registry.register(handle)
         return handle
 

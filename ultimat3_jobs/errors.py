@@ -94,6 +94,28 @@ class ResultUnstorableError(UltimateError):
     code = "jobs.job.result-unstorable"
 
 
+class JobTimeoutError(UltimateError):
+    """A job ran past its ``timeout`` (``@job(timeout=...)``, else ``JOB_TIMEOUT``): its
+    attempt ends with this error, retried or failed by its ``max_attempts``, and its worker
+    slot goes on to the next job without it."""
+
+    code = "jobs.job.timeout"
+
+
+class InvalidTimeoutError(UltimateError):
+    """A ``timeout`` that is not a positive number of seconds (at most a day), nor None."""
+
+    code = "jobs.job.timeout-invalid"
+
+
+class JobProcessDiedError(UltimateError):
+    """The child process running a job (``run_worker --pool process``) died under it: a
+    segfault, ``os._exit()``, the kernel's OOM killer. The attempt fails; the child is
+    replaced."""
+
+    code = "jobs.job.process-died"
+
+
 class InvalidDeclarationError(UltimateError):
     """A ``@job`` or ``@task`` used on something it cannot wrap, or with a bad option."""
 

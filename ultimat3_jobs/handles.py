@@ -141,12 +141,15 @@ class JobHandle:
         key: JobKey,
         max_attempts: int | None,
         queue: str | None,
+        timeout: float | None = None,
     ) -> None:
         self.func = func
         self.name = name
         self.key = key
         self.max_attempts = max_attempts
         self.queue = queue
+        #: Seconds an attempt may run; None: the ``JOB_TIMEOUT`` setting's.
+        self.timeout = timeout
         self.signature = inspect.signature(func)
         # Argument names already seen to fit the signature: binding is per name, not value.
         self._fitting: set[frozenset[str]] = set()
@@ -268,6 +271,7 @@ class JobHandle:
             "name": self.name,
             "queue": self.queue,
             "max_attempts": self.max_attempts,
+            "timeout": self.timeout,
         }
 
 

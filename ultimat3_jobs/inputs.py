@@ -21,6 +21,7 @@ from .errors import (
     InvalidJobInputError,
     InvalidJobKeyError,
     InvalidRunAtError,
+    InvalidTimeoutError,
     ResultUnstorableError,
 )
 
@@ -361,3 +362,32 @@ def check_count(value: object, what: str, owner: str) -> str | None:
     if not 1 <= value <= INT_LIMIT:
         return f"{owner} has {what}={value!r}, outside 1..{INT_LIMIT} (the column's range)"
     return None
+
+
+#: The longest ``timeout`` a job may declare, in seconds: a day.
+TIMEOUT_LIMIT = 86_400
+#: How to give a timeout, for the fix of every refusal of one (declaration and setting alike).
+TIMEOUT_FIX = "a number of seconds above 0 and at most 86400, e.g. 300, or None for no limit"
+
+
+def timeout_problem(value: object) -> str | None:
+    """Why ``value`` is not a timeout (None, or seconds in (0, ``TIMEOUT_LIMIT``]), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{value!r} is not a number of seconds"
+    if not 0 < value <= TIMEOUT_LIMIT:  # nan fails both comparisons
+        return f"{value!r} is not above 0 and at most {TIMEOUT_LIMIT} seconds"
+    return None
+
+
+def check_timeout(value: object, owner: str) -> float | None:
+    """``value`` as seconds (None: no limit), or ``InvalidTimeoutError`` naming ``owner``."""
+    problem = timeout_problem(value)
+    if problem is not None:
+        raise InvalidTimeoutError(
+            f"{owner} has timeout={value!r}: {problem}",
+            fix=f"make timeout {TIMEOUT_FIX}",
+            cause=value,
+        )
+    return None if value is None else float(value)  # type: ignore[arg-type]

@@ -26,20 +26,37 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from . import clock as default_clock
 from . import nodes, shutdown
-from .attempts import REFUSED_ERRORS, Attempts, Ended, Outcome, Written
+from .attempts import (
+    REFUSED_ERRORS,
+    Attempts,
+    Ended,
+    Outcome,
+    Written,
+    died,
+    timed_out,
+    timeout_of,
+)
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
 from .listener import Listener
 from .logs import emit, failure_fields
 from .nodes import RunStatus, new_node_id
+from .pool import Child, ChildDied, ChildSetup, ChildTimedOut
+from .registry import registry
 from .store import ClaimedJob, JobStore, Recovered, store_for
+
+if TYPE_CHECKING:
+    from .errors import UltimateError
+    from .models import Job
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -61,6 +78,24 @@ UNAVAILABLE_EXIT = 3
 BURST_GIVE_UP_AFTER = 3
 #: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
 ABANDONED_EXIT = shutdown.FORCED_EXIT
+
+Pool = Literal["thread", "process"]
+#: Where job functions run: in the worker's threads, or each slot's child process.
+POOLS: tuple[Pool, ...] = ("thread", "process")
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One of ``concurrency`` job slots: its thread and, in the process pool, its child. In
+    the thread pool, the job it runs with a timeout, and when it began and must end (by
+    ``time.monotonic()``); ``abandoned`` once the dispatcher timed it out."""
+
+    thread: threading.Thread = field(init=False)
+    child: Child | None = None
+    job: ClaimedJob | None = None
+    started: float = 0.0
+    deadline: float = 0.0
+    abandoned: bool = False
 
 
 class Worker:
@@ -97,6 +132,10 @@ class Worker:
         drain_on_shutdown: bool = True,
         store: JobStore | None = None,
         checkins: CheckIns | None = None,
+        pool: Pool = "thread",
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
+        max_abandoned_threads: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -104,7 +143,13 @@ class Worker:
             raise ValueError(f"prefetch must be at least 0, not {prefetch}")
         if max_jobs is not None and max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, not {max_jobs}")
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {', '.join(POOLS)}, not {pool!r}")
         config = get_settings()
+        self.pool = pool
+        self.max_jobs_per_child = max_jobs_per_child
+        self.max_memory_per_child = max_memory_per_child
+        self.max_abandoned_threads = max_abandoned_threads or config.max_abandoned_threads
         self.queues = frozenset(queues) if queues else None
         self.concurrency = concurrency
         self.prefetch = DEFAULT_PREFETCH if prefetch is None else prefetch
@@ -167,6 +212,14 @@ class Worker:
         # and notifies per job.
         self._inbox: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        #: The job slots, one per thread; in the thread pool, those whose job has a timeout.
+        self._slots: list[_Slot] = []
+        self._timed: set[_Slot] = set()
+        self._next_deadline = float("inf")
+        #: Threads left running a job past its timeout (the thread pool cannot kill them).
+        self._stuck: list[threading.Thread] = []
+        #: Seconds each job name may run (None: no limit), resolved once per name.
+        self._timeouts: dict[tuple[str, str], float | None] = {}
         self._handed_at = 0.0
         self._pending_since = 0.0
         self._short = True
@@ -214,8 +267,10 @@ class Worker:
 
     # -- threads ----------------------------------------------------------------------------
 
-    def _job_thread(self) -> None:
+    def _job_thread(self, slot: _Slot) -> None:
         try:
+            if slot.child is not None:
+                slot.child.ensure()  # Ready before the first job: a child takes a while to start.
             while True:
                 try:
                     job = self._inbox.get(timeout=self.poll_interval.total_seconds())
@@ -229,17 +284,32 @@ class Worker:
                     return
                 try:
                     drop_broken_connections()
-                    self._take(job)
+                    self._take(job, slot)
                 except Exception as error:
+                    if slot.abandoned:
+                        return
                     # Whether it ran or not, nothing here accounts for it any more.
                     self._let_go(job, error, ran=True)
                 finally:
                     with self._lock:
-                        self._in_flight.pop(job.id, None)
+                        if not slot.abandoned:
+                            self._in_flight.pop(job.id, None)
+                if slot.abandoned:
+                    # Timed out and replaced: what the job did after its timeout is dropped.
+                    emit(logger, "jobs.worker.thread-returned", logging.WARNING, job=job.id)
+                    return
         finally:
+            if slot.child is not None:
+                slot.child.stop()
             connections.close_all()
 
-    def _take(self, job: ClaimedJob) -> None:
+    def _timeout_of(self, job: ClaimedJob) -> float | None:
+        name = (job.name, job.backend)
+        if name not in self._timeouts:
+            self._timeouts[name] = timeout_of(job.name, backend=job.backend)
+        return self._timeouts[name]
+
+    def _take(self, job: ClaimedJob, slot: _Slot) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
         try:
             started = self.attempts.start(job)
@@ -251,14 +321,86 @@ class Worker:
             self.attempts.lost(job)
             self.life.wake.set()
             return
+        timeout = self._timeout_of(job)
+        if slot.child is not None:
+            self._run_in_child(job, slot, None if started is True else started, timeout)
+            return
+        if timeout is not None:
+            # The dispatcher watches the deadline: this thread may never come back from the job.
+            with self._lock:
+                slot.job, slot.started = job, time.monotonic()
+                slot.deadline = slot.started + timeout
+                self._timed.add(slot)
+                sooner = slot.deadline < self._next_deadline
+            if sooner:
+                self.life.wake.set()  # The dispatcher sleeps past this deadline otherwise.
         if started is not True:
             row = started
             # Writes its own outcome, with its result; None: every write of it was refused.
-            if self.attempts.run_django_task(job, row) is None:
+            outcome = self.attempts.run_django_task(job, row)
+            if not self._done(slot):
+                return
+            if outcome is None:
                 self._let_go(job, None, ran=True)
             self.life.wake.set()
             return
         ended = self.attempts.run(job)
+        if self._done(slot):
+            self._hand_in(ended)
+
+    def _done(self, slot: _Slot) -> bool:
+        """The slot's job returned; False if the dispatcher timed it out meanwhile (the
+        thread is abandoned: its outcome is dropped, a fresh thread has the slot)."""
+        with self._lock:
+            if slot.abandoned:
+                return False
+            self._timed.discard(slot)
+            slot.job = None
+            return True
+
+    def _run_in_child(
+        self, job: ClaimedJob, slot: _Slot, row: Job | None, timeout: float | None
+    ) -> None:
+        assert slot.child is not None
+        begun = time.monotonic()
+        if row is None and registry.get_job(job.name) is None:
+            self._hand_in(self.attempts.unknown(job, begun))
+            return
+        error: UltimateError | None = None
+        try:
+            reply = slot.child.run(job, row, timeout)
+        except ChildTimedOut:
+            error = timed_out(timeout or 0.0)
+        except ChildDied as death:
+            error = died(death.exit_code)
+        if error is not None:
+            emit(
+                logger,
+                "jobs.worker.child-replaced",
+                logging.WARNING,
+                job=job.id,
+                name=job.name,
+                code=error.code,
+            )
+            if row is not None:
+                self.attempts.end_task(job, error, begun)
+                self.life.wake.set()
+            else:
+                self._hand_in(self.attempts.broken_off(job, error, begun))
+            return
+        if reply.kind == "task":
+            # The child wrote it; None: every write of it was refused.
+            if reply.outcome is None:
+                self._let_go(job, None, ran=True)
+            self.life.wake.set()
+        elif reply.kind == "raised":
+            self._hand_in(self.attempts.raised(job, reply.text, reply.fields or {}, begun))
+        else:
+            self._hand_in(self.attempts.succeeded(job, begun))
+
+    def _hand_in(self, ended: Ended) -> None:
+        """An attempt ended: its outcome waits for the dispatcher's next statement."""
+        job = ended.job
         wake = False
         with self._lock:
             self._in_flight.pop(job.id, None)
@@ -276,6 +418,56 @@ class Worker:
             # The drain gave up and nobody writes for us: the row went back to the queue, so
             # this write only confirms the attempt was lost.
             self.attempts.report_all(self.attempts.record([ended]))
+
+    def _expire(self) -> float:
+        """End the thread pool's jobs past their timeout (the dispatcher's part); seconds until
+        the next deadline (``inf``: none)."""
+        now = time.monotonic()
+        expired: list[tuple[_Slot, ClaimedJob, float, float]] = []
+        with self._lock:
+            for slot in list(self._timed):
+                if slot.deadline <= now and slot.job is not None:
+                    expired.append((slot, slot.job, slot.started, slot.deadline - slot.started))
+                    slot.abandoned = True
+                    self._timed.discard(slot)
+                    self._in_flight.pop(slot.job.id, None)
+            nearest = min((slot.deadline for slot in self._timed), default=float("inf"))
+            self._next_deadline = nearest
+        for slot, job, begun, timeout in expired:
+            # The stuck thread cannot be killed: it is left to itself, a fresh one takes its slot.
+            self._stuck = [thread for thread in self._stuck if thread.is_alive()]
+            self._stuck.append(slot.thread)
+            self._start_slot(self._slots.index(slot))
+            stuck = len(self._stuck)
+            emit(
+                logger,
+                "jobs.worker.thread-abandoned",
+                logging.WARNING,
+                job=job.id,
+                name=job.name,
+                timeout_s=timeout,
+                stuck=stuck,
+                max_stuck=self.max_abandoned_threads,
+            )
+            error = timed_out(timeout)
+            if job.backend:
+                try:
+                    self.attempts.end_task(job, error, begun)
+                except DATABASE_ERRORS as failure:
+                    self._let_go(job, failure, ran=True)
+            else:
+                self._hand_in(self.attempts.broken_off(job, error, begun))
+            if stuck >= self.max_abandoned_threads:
+                emit(
+                    logger,
+                    "jobs.worker.recycling",
+                    logging.WARNING,
+                    stuck=stuck,
+                    fix="find the jobs that hang (jobs.worker.thread-abandoned names them) or "
+                    "run them with --pool process, where a timeout kills them",
+                )
+                self.stop("abandoned-threads", wait=False)
+        return max(0.0, nearest - now)
 
     def _let_go(self, job: ClaimedJob, error: BaseException | None, *, ran: bool) -> None:
         """A job this worker claimed and no longer holds, its row perhaps still running as
@@ -384,12 +576,13 @@ class Worker:
 
     def _start_up(self) -> None:
         self.life.hook(self.stop)
-        self._threads = [
-            threading.Thread(target=self._job_thread, name=f"ultimat3-job-{n}", daemon=True)
-            for n in range(self.concurrency)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._slots, self._threads, self._stuck = [], [], []
+        self._timed.clear()
+        setup = self._child_setup() if self.pool == "process" else None
+        for n in range(self.concurrency):
+            self._slots.append(_Slot())
+            self._threads.append(threading.Thread())
+            self._start_slot(n, setup)
         # A burst worker never sleeps waiting for new work, so it has nothing to LISTEN for.
         if self.listen and not self.burst:
             self._listener = listen(
@@ -406,10 +599,40 @@ class Worker:
             node=self.node_id,
             queues=sorted(self.queues) if self.queues else "all",
             concurrency=self.concurrency,
+            pool=self.pool,
             burst=self.burst,
             max_jobs=self.max_jobs,
             listen=self._listener is not None,
         )
+
+    def _start_slot(self, n: int, setup: ChildSetup | None = None) -> None:
+        """Slot ``n`` gets a thread (a fresh one for a slot whose thread was abandoned)."""
+        child = None
+        if setup is not None:
+            child = Child(
+                setup, max_jobs=self.max_jobs_per_child, max_memory_mb=self.max_memory_per_child
+            )
+        slot = _Slot(child=child)
+        slot.thread = threading.Thread(
+            target=self._job_thread, args=(slot,), name=f"ultimat3-job-{n}", daemon=True
+        )
+        self._slots[n] = slot
+        self._threads[n] = slot.thread
+        slot.thread.start()
+
+    def _child_setup(self) -> ChildSetup:
+        return ChildSetup(
+            databases={alias: connections[alias].settings_dict["NAME"] for alias in connections},
+            using=self.using,
+            node_id=self.node_id,
+            backoff_base=self.backoff_base,
+            backoff_max_s=self.backoff_max.total_seconds(),
+            retry_every_s=self.poll_interval.total_seconds(),
+        )
+
+    def child_pids(self) -> list[int]:
+        """The process pool's children alive now (tests, logs)."""
+        return [pid for slot in self._slots if slot.child and (pid := slot.child.pid) is not None]
 
     def _loop(self) -> None:
         """Claim while there is room; sleep until a job ends, a NOTIFY, or the poll interval."""
@@ -426,6 +649,7 @@ class Worker:
                     next_recovery = moment + self.heartbeat_interval.total_seconds()
                 if self._unsure:
                     self._release_unheld()
+                next_deadline = self._expire()
                 # Cleared before claiming, so a job ending during the claim still wakes us.
                 self.life.wake.clear()
                 with self._lock:
@@ -505,7 +729,7 @@ class Worker:
                 return
             if room > 0 and len(jobs) == room:
                 continue  # Every slot we asked for was filled: more may be due right away.
-            if not self.life.rest(min(idle_wait, self.node.until_due(), flush_in)):
+            if not self.life.rest(min(idle_wait, self.node.until_due(), flush_in, next_deadline)):
                 # A quiet spell: let Django drop a broken or expired connection.
                 close_old_connections()
 
@@ -616,6 +840,7 @@ class Worker:
                 busy = bool(self._in_flight)
                 if not busy and not self._pending:
                     return CLEAN_EXIT
+            next_deadline = self._expire()
             deadline = None
             if self.life.draining.is_set():
                 deadline = self.life.drain_started + self.drain_grace.total_seconds()
@@ -632,7 +857,7 @@ class Worker:
                 timeout = min(timeout, deadline - time.monotonic())
             # Short waits, so a SIGTERM arriving now starts the grace clock promptly, and an
             # outcome that failed to be written is tried again.
-            self.life.rest(min(timeout, 0.5))
+            self.life.rest(min(timeout, 0.5, next_deadline))
         with self._lock:
             # From here a job that ends writes its own outcome (see _job_thread).
             self._abandoned.set()

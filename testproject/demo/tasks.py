@@ -84,6 +84,46 @@ def kill_own_worker(label: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@job(timeout=2, max_attempts=1)
+def hang(label: str, seconds: float = 600, started: str = "") -> None:
+    """Block in C past its timeout (a socket read with none would do the same), then leave a
+    row: a timed-out job whose code goes on, for the worker to leave behind or kill."""
+    if started:
+        with open(started, "w"):
+            pass
+    time.sleep(seconds)
+    Ping.objects.create(label=label)
+
+
+@job(max_attempts=1)
+def exit_hard(label: str) -> None:
+    """End its process at once, without cleanup, as a crash in an extension would."""
+    os._exit(1)
+
+
+@job(max_attempts=1)
+def kill_own_process(label: str) -> None:
+    """SIGKILL its own process, standing in for the kernel's out-of-memory killer."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: What ``grow`` keeps, so its process stays as large as it grew.
+_KEPT: list[bytes] = []
+
+
+@job
+def grow(label: str, megabytes: int) -> None:
+    """Take and keep ``megabytes`` of memory, then leave a row naming its process."""
+    _KEPT.append(b"x" * (megabytes * 1024 * 1024))
+    Ping.objects.create(label=f"{label} {os.getpid()}")
+
+
+@job
+def ping_pid(label: str) -> None:
+    """Leave a row naming the process that ran it."""
+    Ping.objects.create(label=f"{label} {os.getpid()}")
+
+
 @job
 def noop() -> None:
     """Do nothing: what the benchmark measures is the worker's own cost per job."""

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from ultimat3_jobs import Entry, JobNameTakenError, UltimateError, job, task
+from ultimat3_jobs.attempts import timeout_of
+from ultimat3_jobs.conf import get_settings
 from ultimat3_jobs.errors import (
+    ConfigurationError,
     InvalidCatchUpError,
     InvalidCronError,
     InvalidJobInputError,
     InvalidOverlapError,
+    InvalidTimeoutError,
     InvalidTimezoneError,
     MissingTimezoneError,
     TaskEntriesError,
 )
 from ultimat3_jobs.handles import TaskHandle
+from ultimat3_jobs.inputs import TIMEOUT_FIX
 from ultimat3_jobs.registry import Registry
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
@@ -299,3 +305,70 @@ def test_task__its_doc_is_its_functions_and_the_class_keeps_its_own() -> None:
 
     assert nightly.__doc__ == "Mail the nightly digest."
     assert TaskHandle.__doc__ is not None and TaskHandle.__doc__.startswith("A named cron")
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [0, -1, True, False, "30", float("nan"), float("inf"), 86_401, [5]],
+    ids=["zero", "negative", "true", "false", "text", "nan", "inf", "over_a_day", "list"],
+)
+def test_job__a_timeout_that_is_not_seconds_is_refused_with_its_code(timeout: object) -> None:
+    with pytest.raises(InvalidTimeoutError) as caught:
+
+        @job(timeout=timeout)  # type: ignore[call-overload]
+        def hangs() -> None: ...
+
+    assert caught.value.code == "jobs.job.timeout-invalid"
+    assert f"timeout={timeout!r}" in caught.value.message
+    assert caught.value.fix == f"make timeout {TIMEOUT_FIX}"
+
+
+def test_job__a_timeout_is_seconds_and_described() -> None:
+    @job(name="unit.bounded", timeout=30)
+    def bounded() -> None: ...
+
+    @job(name="unit.unbounded")
+    def unbounded() -> None: ...
+
+    assert bounded.timeout == 30.0
+    assert bounded.describe() == {
+        "kind": "job",
+        "name": "unit.bounded",
+        "queue": None,
+        "max_attempts": None,
+        "timeout": 30.0,
+    }
+    assert unbounded.describe()["timeout"] is None
+
+
+@pytest.mark.parametrize("value", [0, "5", True, 10**6])
+def test_settings__a_bad_job_timeout_is_refused_with_the_declarations_wording(
+    value: object, settings: Any
+) -> None:
+    settings.ULTIMAT3_JOBS = {"JOB_TIMEOUT": value}
+    with pytest.raises(ConfigurationError) as caught:
+        get_settings()
+    assert caught.value.fix == f'set ULTIMAT3_JOBS["JOB_TIMEOUT"] to {TIMEOUT_FIX}'
+
+
+def test_settings__job_timeout_defaults_to_no_limit_and_takes_seconds(settings: Any) -> None:
+    settings.ULTIMAT3_JOBS = {}
+    assert get_settings().job_timeout is None
+    assert get_settings().max_abandoned_threads == 8
+    settings.ULTIMAT3_JOBS = {"JOB_TIMEOUT": 90, "MAX_ABANDONED_THREADS": 3}
+    assert (get_settings().job_timeout, get_settings().max_abandoned_threads) == (90.0, 3)
+
+
+def test_timeout_of__the_jobs_own_else_the_setting_a_django_tasks_always_the_setting(
+    settings: Any,
+) -> None:
+    @job(name="unit.own", timeout=5)
+    def own() -> None: ...
+
+    @job(name="unit.defaulted")
+    def defaulted() -> None: ...
+
+    settings.ULTIMAT3_JOBS = {"JOB_TIMEOUT": 60}
+    assert timeout_of("unit.own") == 5.0
+    assert timeout_of("unit.defaulted") == 60.0
+    assert timeout_of("unit.own", backend="default") == 60.0

@@ -125,8 +125,8 @@ LAYERS: dict[str, set[str]] = {
     "store": {"history", "listener", "nodes", "store"},
     "roles": {
         "attempts", "backends", "backfill", "celery", "celery_beat", "checkins", "engines",
-        "leaders", "lifecycle", "manual", "outbox", "planner", "relay", "retention", "scheduler",
-        "state", "worker",
+        "leaders", "lifecycle", "manual", "outbox", "planner", "pool", "relay", "retention",
+        "scheduler", "state", "worker",
     },
     "surfaces": {
         "admin", "apps", "checks", "health", "health_checks", "management", "metrics",

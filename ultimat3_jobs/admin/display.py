@@ -78,3 +78,8 @@ def job_link(job_id: int | None, text: str) -> SafeString:
 def fields_of(fieldsets: Sequence[tuple[Any, Any]], *, editable: tuple[str, ...] = ()) -> list[str]:
     """Every field a page's fieldsets show, but ``editable``: its read-only fields, in order."""
     return [f for _, options in fieldsets for f in options["fields"] if f not in editable]
+
+
+def timeout_text(seconds: float | None) -> str:
+    """A job's timeout as the admin shows it."""
+    return "none" if seconds is None else f"{seconds:g} s"

@@ -14,10 +14,11 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import clock
+from ..attempts import timeout_of
 from ..models import Job, Task
 from ..status import relay_warning
 from ..store import FINISHED, JobStore, store_for
-from .display import fields_of, utc_column
+from .display import fields_of, timeout_text, utc_column
 
 #: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
 DJANGO_TASK_FIELDS = [
@@ -76,6 +77,7 @@ class JobAdmin(admin.ModelAdmin):
             {
                 "fields": [
                     "attempts_column",
+                    "timeout_column",
                     "run_at_column",
                     "created_column",
                     "started_column",
@@ -143,6 +145,11 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="Attempts", ordering="attempts")
     def attempts_column(self, job: Job) -> str:
         return f"{job.attempts} / {job.max_attempts}"
+
+    @admin.display(description="Timeout")
+    def timeout_column(self, job: Job) -> str:
+        # This code's declaration: the worker running this code enforces it.
+        return timeout_text(timeout_of(job.name, backend=job.backend))
 
     @admin.display(description="Input")
     def input_column(self, job: Job) -> SafeString:

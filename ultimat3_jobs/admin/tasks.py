@@ -37,6 +37,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString, mark_safe
 
 from .. import clock, history
+from ..attempts import timeout_of
 from ..cron import (
     CronSchedule,
     DstGap,
@@ -55,7 +56,16 @@ from ..registry import registry
 from ..status import scheduler_status
 from ..store import store_for
 from .backfill import BackfillAdmin
-from .display import UTC_ZONE, both_zones, fields_of, job_link, last_round, stamp, utc_column
+from .display import (
+    UTC_ZONE,
+    both_zones,
+    fields_of,
+    job_link,
+    last_round,
+    stamp,
+    timeout_text,
+    utc_column,
+)
 
 #: How many upcoming runs the task page previews, how many past records it lists, and how
 #: many jobs of one record (a backfill may have a thousand).
@@ -236,7 +246,11 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
     def jobs_column(self, task: Task) -> SafeString | str:
         if not task.jobs:
             return "-"
-        names = format_html_join(mark_safe("<br>"), "<code>{}</code>", ((n,) for n in task.jobs))
+        names = format_html_join(
+            mark_safe("<br>"),
+            "<code>{}</code>{}",
+            ((name, _timeout_note(name)) for name in task.jobs),
+        )
         return format_html('<span class="u3j-jobs">{}</span>', names)
 
     @admin.display(description="State", ordering="paused")
@@ -518,6 +532,12 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
 RUN_TOKEN_MAX_AGE = timedelta(hours=12)
 _RUN_TOKEN_SALT = "ultimat3_jobs.run-now"
 ALREADY_SUBMITTED = "This confirmation was already submitted: nothing was run again."
+
+
+def _timeout_note(name: str) -> str:
+    """A job's timeout beside its name on the task page, when it has one."""
+    seconds = timeout_of(name)
+    return "" if seconds is None else f" (timeout {timeout_text(seconds)})"
 
 
 def _task_id(value: str) -> int:

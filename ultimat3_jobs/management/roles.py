@@ -28,7 +28,7 @@ from ultimat3_jobs.management.preflight import command_error, require_migrated, 
 from ultimat3_jobs.nodes import new_node_id
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
-from ultimat3_jobs.worker import CLEAN_EXIT, UNAVAILABLE_EXIT, Worker
+from ultimat3_jobs.worker import CLEAN_EXIT, POOLS, UNAVAILABLE_EXIT, Worker
 
 
 def port_number(value: str) -> int:
@@ -99,6 +99,25 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="Seconds a SIGTERM waits for jobs in flight (default: WORKER_DRAIN_GRACE).",
     )
     parser.add_argument(
+        "--pool",
+        choices=POOLS,
+        default="thread",
+        help="Where jobs run: in threads of the worker (default), or each slot in a child "
+        "process of its own, so a timeout kills the job and a crash fails that job alone.",
+    )
+    parser.add_argument(
+        "--max-jobs-per-child",
+        type=positive_int,
+        help="With --pool process: replace a child after it ran this many jobs (default: never).",
+    )
+    parser.add_argument(
+        "--max-memory-per-child",
+        type=positive_int,
+        metavar="MB",
+        help="With --pool process: replace a child once its peak resident memory passes this "
+        "many MB, after the job that grew it (default: never).",
+    )
+    parser.add_argument(
         "--no-listen",
         action="store_true",
         help="Poll only; do not LISTEN for enqueues (e.g. behind a transaction pooler).",
@@ -163,6 +182,9 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
             drain_grace=timedelta(seconds=drain_grace) if drain_grace else None,
             listen=not options["no_listen"],
             using=options["database"],
+            pool=options.get("pool") or "thread",
+            max_jobs_per_child=options.get("max_jobs_per_child"),
+            max_memory_per_child=options.get("max_memory_per_child"),
             **extra,
         )
     except UltimateError as error:

@@ -1,0 +1,187 @@
+"""Real ``run_worker`` processes meeting jobs that hang past their timeout or crash their
+process, in the thread pool and the process pool (``--pool process``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from testproject.demo.models import Ping
+from testproject.demo.tasks import exit_hard, grow, hang, kill_own_process, ping, ping_pid
+from ultimat3_jobs.models import Job, JobStatus
+
+from .helpers import Process, processes, wait_for
+from .test_worker_processes import job_row, node_of, start_worker
+
+__all__ = ["processes"]
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
+
+POOLS = ["thread", "process"]
+
+
+def _pids(label: str) -> list[int]:
+    """The processes that ran the ``ping_pid``/``grow`` jobs labelled ``label``, in order."""
+    rows = Ping.objects.filter(label__startswith=f"{label} ").order_by("id")
+    return [int(row.label.rsplit(" ", 1)[1]) for row in rows]
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_job_past_its_timeout__ends_within_seconds_and_the_slot_runs_the_next(
+    tmp_path: Path, processes: list[Process], pool: str
+) -> None:
+    worker = start_worker(tmp_path, processes, "worker", "--concurrency", "1", "--pool", pool)
+    node = node_of(worker)
+    started = tmp_path / "started"
+    stuck = hang.enqueue({"label": "stuck", "seconds": 600, "started": str(started)})
+    after = ping.enqueue({"label": "after"})
+    wait_for(started.exists, 30, "the hanging job to start")
+    began = time.monotonic()
+    wait_for(lambda: job_row(stuck.job_id).status == JobStatus.FAILED, 10, "the timeout")
+    assert time.monotonic() - began < 5
+    row = job_row(stuck.job_id)
+    assert "jobs.job.timeout" in row.last_error
+    assert "timeout of 2s" in row.last_error
+    assert (row.attempts, row.worker) == (1, node)
+    wait_for(lambda: job_row(after.job_id).status == JobStatus.SUCCEEDED, 15, "the next job")
+    assert job_row(after.job_id).worker == node
+    assert worker.alive()
+    (failed,) = worker.named("jobs.worker.job-failed")
+    assert failed["code"] == "jobs.job.timeout"
+    if pool == "thread":
+        (abandoned,) = worker.named("jobs.worker.thread-abandoned")
+        assert (abandoned["job"], abandoned["stuck"]) == (stuck.job_id, 1)
+    else:
+        (replaced,) = worker.named("jobs.worker.child-replaced")
+        assert replaced["code"] == "jobs.job.timeout"
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_what_a_timed_out_job_does_afterwards__never_changes_its_row(
+    tmp_path: Path, processes: list[Process], pool: str
+) -> None:
+    worker = start_worker(tmp_path, processes, "worker", "--concurrency", "1", "--pool", pool)
+    node_of(worker)
+    started = tmp_path / "started"
+    late = hang.enqueue({"label": "woke", "seconds": 3.5, "started": str(started)})
+    wait_for(started.exists, 30, "the job to start")
+    wait_for(lambda: job_row(late.job_id).status == JobStatus.FAILED, 10, "the timeout")
+    failed = job_row(late.job_id)
+    # Past the moment the job's own code would have returned and reported success.
+    time.sleep(3)
+    marker = ping.enqueue({"label": "marker"})
+    wait_for(lambda: job_row(marker.job_id).status == JobStatus.SUCCEEDED, 15, "the marker")
+    row = job_row(late.job_id)
+    assert (row.status, row.attempts, row.finished_at, row.last_error) == (
+        JobStatus.FAILED,
+        1,
+        failed.finished_at,
+        failed.last_error,
+    )
+    woke = list(Ping.objects.filter(label="woke"))
+    if pool == "thread":
+        # The thread cannot be killed: its code went on, but its outcome was dropped.
+        wait_for(lambda: worker.named("jobs.worker.thread-returned"), 5, "the thread's return")
+        assert len(woke) == 1
+    else:
+        assert woke == []  # Killed: it never got there.
+
+
+@pytest.mark.parametrize("crash", [exit_hard, kill_own_process], ids=["os_exit", "sigkill"])
+def test_process_pool__a_job_that_kills_its_process_fails_alone_and_the_child_is_replaced(
+    tmp_path: Path, processes: list[Process], crash: object
+) -> None:
+    worker = start_worker(tmp_path, processes, "worker", "--concurrency", "1", "--pool", "process")
+    node = node_of(worker)
+    before = ping_pid.enqueue({"label": "pid"})
+    wait_for(lambda: job_row(before.job_id).status == JobStatus.SUCCEEDED, 30, "the first job")
+    crashed = crash.enqueue({"label": "crash"})  # type: ignore[attr-defined]
+    after = ping_pid.enqueue({"label": "pid"})
+    wait_for(lambda: job_row(after.job_id).status == JobStatus.SUCCEEDED, 30, "the next job")
+    row = job_row(crashed.job_id)
+    assert (row.status, row.attempts, row.worker) == (JobStatus.FAILED, 1, node)
+    assert "jobs.job.process-died" in row.last_error
+    first, second = _pids("pid")
+    assert first != second, "the child was not replaced"
+    assert worker.pid not in (first, second)
+    assert worker.alive()
+
+
+def test_process_pool__max_jobs_per_child_recycles_children(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = start_worker(
+        tmp_path,
+        processes,
+        "worker",
+        "--concurrency",
+        "1",
+        "--pool",
+        "process",
+        "--max-jobs-per-child",
+        "2",
+    )
+    node_of(worker)
+    made = [ping_pid.enqueue({"label": f"pid-{n}"}).job_id for n in range(6)]
+
+    def all_ran() -> bool:
+        return Job.objects.filter(pk__in=made, status=JobStatus.SUCCEEDED).count() == 6
+
+    wait_for(all_ran, 60, "the six jobs")
+    pids = [_pids(f"pid-{n}")[0] for n in range(6)]
+    assert pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
+    assert len(set(pids)) == 3
+    assert worker.pid not in pids
+
+
+def test_process_pool__max_memory_per_child_recycles_a_child_that_grew_past_it(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = start_worker(
+        tmp_path,
+        processes,
+        "worker",
+        "--concurrency",
+        "1",
+        "--pool",
+        "process",
+        "--max-memory-per-child",
+        "250",
+    )
+    node_of(worker)
+    small = grow.enqueue({"label": "small", "megabytes": 1})
+    wait_for(lambda: job_row(small.job_id).status == JobStatus.SUCCEEDED, 30, "a small job")
+    same = ping_pid.enqueue({"label": "same"})
+    wait_for(lambda: job_row(same.job_id).status == JobStatus.SUCCEEDED, 30, "the next job")
+    big = grow.enqueue({"label": "big", "megabytes": 300})
+    wait_for(lambda: job_row(big.job_id).status == JobStatus.SUCCEEDED, 30, "the big job")
+    fresh = ping_pid.enqueue({"label": "fresh"})
+    wait_for(lambda: job_row(fresh.job_id).status == JobStatus.SUCCEEDED, 30, "the last job")
+    assert _pids("small") == _pids("same") == _pids("big")
+    assert _pids("fresh") != _pids("big")
+
+
+def test_thread_pool__too_many_abandoned_threads__the_worker_drains_and_exits_0(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = start_worker(
+        tmp_path, processes, "worker", "--concurrency", "2", MAX_ABANDONED_THREADS=2
+    )
+    node_of(worker)
+    slow = [hang.enqueue({"label": f"stuck-{n}", "seconds": 600}) for n in range(2)]
+    wait_for(lambda: worker.named("jobs.worker.recycling"), 20, "the worker to recycle")
+    assert worker.wait(15) == 0
+    for made in slow:
+        row = job_row(made.job_id)
+        assert (row.status, row.attempts) == (JobStatus.FAILED, 1)
+        assert "jobs.job.timeout" in row.last_error
+    (stopped,) = worker.named("jobs.worker.stopped")
+    assert (stopped["reason"], stopped["exit_code"]) == ("abandoned-threads", 0)
+    (recycling,) = worker.named("jobs.worker.recycling")
+    assert recycling["stuck"] == 2

@@ -1,0 +1,277 @@
+"""Job slots in child processes (``run_worker --pool process``): a timeout kills the stuck code
+for real, and a crash (a segfault, ``os._exit()``, the OOM killer) ends one attempt, not the
+worker.
+
+Each of the worker's job threads owns one ``Child``: it hands the child a started job through
+a pipe and waits for how it ended, at most the job's timeout (then SIGTERM, and SIGKILL after
+``KILL_AFTER``). Children never touch the job table for a @job: they run the function and send
+back how it ended, and the thread gives that to the dispatcher, which writes it with its next
+claim as it does for the thread pool. A Django Task's row is run and written by the child, as a
+job thread writes it in the thread pool (its return value goes with it).
+
+Children are started with ``spawn``: a fresh interpreter that sets Django up by itself, so no
+database connection (nor a lock held by another thread) is ever shared across a fork. A child
+is replaced after ``max_jobs`` jobs or once its peak resident memory passes ``max_memory_mb``
+(Celery's ``--max-tasks-per-child`` and ``--max-memory-per-child``, gunicorn's
+``max_requests``), and when it dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import SpawnProcess
+
+    from .models import Job
+    from .store import ClaimedJob
+
+#: Seconds a child timed out gets to end on SIGTERM before SIGKILL.
+KILL_AFTER = 2.0
+#: Seconds a child asked to stop (recycled, worker stopping) gets before it is killed.
+STOP_AFTER = 5.0
+#: How often a child checks that its worker is still alive; orphaned, it exits.
+ORPHAN_CHECK = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSetup:
+    """What a child needs to run jobs as its worker would: the database names its worker uses
+    (a test database is not the settings' name), and for Django Tasks, the worker's id and
+    retry rules."""
+
+    databases: dict[str, str]
+    using: str
+    node_id: str
+    backoff_base: float
+    backoff_max_s: float
+    retry_every_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """How a job ended in a child: ``kind`` is "succeeded", "raised" (``text``: the traceback,
+    ``fields``: its log fields), or "task" (a Django Task, written by the child: ``outcome``, or
+    None when every write was refused). ``rss_kb``: the child's peak resident memory."""
+
+    kind: str
+    rss_kb: int
+    text: str = ""
+    fields: dict[str, Any] | None = None
+    outcome: str | None = None
+
+
+class ChildDied(Exception):
+    """The child ended while running a job, or would not take one; ``exit_code`` as
+    ``multiprocessing`` gives it (negative: the signal that killed it)."""
+
+    def __init__(self, exit_code: int | None) -> None:
+        super().__init__(f"child exited with {exit_code}")
+        self.exit_code = exit_code
+
+
+class ChildTimedOut(Exception):
+    """The job ran past its timeout; its child was killed."""
+
+
+class Child:
+    """One job slot's child process, started on first use and replaced as needed.
+
+    ``run`` is called by one thread at a time (the slot's). ``pids`` lists every child it
+    started, for tests and logs.
+    """
+
+    def __init__(
+        self, setup: ChildSetup, *, max_jobs: int | None = None, max_memory_mb: int | None = None
+    ) -> None:
+        self.setup = setup
+        self.max_jobs = max_jobs
+        self.max_memory_mb = max_memory_mb
+        self.pids: list[int] = []
+        self._process: SpawnProcess | None = None
+        self._conn: Connection | None = None
+        self._jobs = 0
+        self._context = multiprocessing.get_context("spawn")
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def ensure(self) -> None:
+        """A live child, ready for a job: a dead one (killed between jobs) is replaced."""
+        if self._process is not None and self._process.is_alive():
+            return
+        self._reap()
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(
+            target=child_main,
+            args=(theirs, self.setup, os.getpid()),
+            name="ultimat3-job-child",
+            daemon=True,
+        )
+        process.start()
+        # Our copy closed: the pipe reads EOF as soon as the child is gone.
+        theirs.close()
+        self._process, self._conn, self._jobs = process, ours, 0
+        self.pids.append(process.pid or 0)
+
+    def run(self, job: ClaimedJob, row: Job | None, timeout: float | None) -> Reply:
+        """Run ``job`` (a Django Task: with its ``row``) in the child; how it ended.
+
+        Raises ``ChildTimedOut`` (the child was killed) or ``ChildDied``; either way the next
+        ``run`` gets a new child.
+        """
+        self.ensure()
+        assert self._conn is not None and self._process is not None
+        try:
+            self._conn.send((job, row))
+        except (BrokenPipeError, EOFError, OSError) as error:
+            raise self._died() from error
+        if not self._conn.poll(timeout):
+            self.kill()
+            raise ChildTimedOut
+        try:
+            reply: Reply = self._conn.recv()
+        except (EOFError, OSError) as error:
+            raise self._died() from error
+        self._jobs += 1
+        if (self.max_jobs is not None and self._jobs >= self.max_jobs) or (
+            self.max_memory_mb is not None and reply.rss_kb > self.max_memory_mb * 1024
+        ):
+            self.stop()  # The next job starts a fresh one.
+        return reply
+
+    def _died(self) -> ChildDied:
+        process = self._process
+        if process is not None:
+            process.join(KILL_AFTER)
+        code = None if process is None else process.exitcode
+        self._reap()
+        return ChildDied(code)
+
+    def kill(self) -> None:
+        """SIGTERM the child, SIGKILL it if it is still there after ``KILL_AFTER``."""
+        process = self._process
+        if process is not None and process.is_alive():
+            process.terminate()
+            process.join(KILL_AFTER)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._reap()
+
+    def stop(self) -> None:
+        """Let the child go (between jobs): asked to exit, killed if it does not."""
+        if self._conn is not None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(None)
+        if self._process is not None:
+            self._process.join(STOP_AFTER)
+        self.kill()
+
+    def _reap(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.join(0)
+            if not self._process.is_alive():
+                self._process.close()
+        self._process, self._conn = None, None
+
+
+# -- in the child ---------------------------------------------------------------------------------
+
+
+def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
+    """A child's life: set Django up, then run what the pipe brings until told to stop."""
+    # The worker drains on SIGINT (a terminal's ^C reaches the whole group): let the job end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_if_orphaned, args=(parent,), daemon=True).start()
+    import django
+    from django.conf import settings
+
+    django.setup()
+    for alias, name in setup.databases.items():
+        if alias in settings.DATABASES:
+            settings.DATABASES[alias]["NAME"] = name
+    from django.db import close_old_connections, connections
+
+    attempts = None
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                return
+            if message is None:
+                return
+            job, row = message
+            if row is None:
+                reply = _run_job(job)
+            else:
+                if attempts is None:
+                    attempts = _task_attempts(setup)
+                outcome = attempts.run_django_task(job, row)
+                reply = Reply("task", _peak_rss_kb(), outcome=outcome)
+            close_old_connections()
+            conn.send(reply)
+    finally:
+        connections.close_all()
+
+
+def _run_job(job: ClaimedJob) -> Reply:
+    from .logs import failure_fields
+    from .registry import registry
+    from .retries import format_error
+
+    handle = registry.get_job(job.name)
+    assert handle is not None  # The worker runs only the jobs its own code declares.
+    try:
+        handle.func(**job.input)
+    except BaseException as error:
+        return Reply("raised", _peak_rss_kb(), format_error(error), failure_fields(error))
+    return Reply("succeeded", _peak_rss_kb())
+
+
+def _task_attempts(setup: ChildSetup) -> Any:
+    from datetime import timedelta
+
+    from . import clock
+    from .attempts import Attempts
+    from .store import store_for
+
+    return Attempts(
+        store=store_for(setup.using),
+        node_id=setup.node_id,
+        clock=clock.now,
+        backoff_base=setup.backoff_base,
+        backoff_max=timedelta(seconds=setup.backoff_max_s),
+        retry_every=timedelta(seconds=setup.retry_every_s),
+        abandoned=threading.Event(),
+    )
+
+
+def _peak_rss_kb() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak  # bytes there, KiB on Linux
+
+
+def _exit_if_orphaned(parent: int) -> None:
+    # A worker killed outright (SIGKILL) cannot stop its children: each leaves by itself.
+    while True:
+        time.sleep(ORPHAN_CHECK)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+__all__ = ["Child", "ChildDied", "ChildSetup", "ChildTimedOut", "Reply"]

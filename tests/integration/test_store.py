@@ -398,6 +398,8 @@ def test_lock_task__writes_the_row_of_a_task_not_mirrored_yet_and_marks_only_for
     with transaction.atomic():
         assert store.lock_task(handle).backfilled_to == T0
     assert Task.objects.count() == 1
+
+
 # -- claimed is not started -------------------------------------------------------------------
 
 

@@ -20,8 +20,8 @@ from ultimat3_jobs.models import Job
 
 from ..integration.test_django_tasks import every_minute, fire_once
 from ..redis_server import RedisServer
-from .helpers import Process, processes, spawn, wait_for
-from .test_relay_processes import FAST, CeleryWorker, broker, relay_env, start_worker, workers
+from .helpers import Process, processes, wait_for
+from .test_relay_processes import CeleryWorker, broker, start_relay, start_worker, workers
 
 __all__ = ["broker", "processes", "workers"]
 
@@ -49,30 +49,6 @@ def pings(label: str) -> int:
     return Ping.objects.filter(label=label).count()
 
 
-def run_relay(
-    tmp_path: Path,
-    processes: list[Process],
-    server: RedisServer,
-    *,
-    resend_after: float = 10,
-    settings: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
-) -> Process:
-    process = spawn(
-        tmp_path,
-        f"relay-{len(processes)}",
-        "run_relay",
-        "--poll-interval",
-        "0.5",
-        "--resend-after",
-        str(resend_after),
-        settings_overrides={**FAST, **(settings or {})},
-        env=relay_env(server, **(env or {})),
-    )
-    processes.append(process)
-    return process
-
-
 def test_relay_processes__a_poison_row_fails_alone_and_an_outage_holds_the_rest_until_back(
     tmp_path: Path,
     processes: list[Process],
@@ -89,7 +65,7 @@ def test_relay_processes__a_poison_row_fails_alone_and_an_outage_holds_the_rest_
     # Written before a deploy renamed the task's keyword: it no longer fits the task.
     Job.objects.filter(pk=poison.pk).update(input={"day": "poison"})
     start_worker(tmp_path, workers, redis_server)
-    relay = run_relay(tmp_path, processes, redis_server)
+    relay = start_relay(tmp_path, processes, redis_server)
 
     wait_for(lambda: status(first) == status(last) == "succeeded", 90, "the good rows done")
     assert status(poison) == "failed"
@@ -142,7 +118,7 @@ def test_relay_processes__a_rolling_deploy_s_new_task_waits_for_the_new_relay(
     )
 
     # A relay of the last release puts the row off and hands over the row behind it.
-    old = run_relay(tmp_path, processes, redis_server, settings=grace)
+    old = start_relay(tmp_path, processes, redis_server, settings=grace)
     wait_for(lambda: old.named("jobs.relay.target-waiting"), 60, "the old relay to wait")
     wait_for(lambda: status(behind) == "relayed", 30, "the row behind it handed over")
     assert status(new) == "outbox" and new.target_unknown_since is not None
@@ -152,7 +128,7 @@ def test_relay_processes__a_rolling_deploy_s_new_task_waits_for_the_new_relay(
     assert old.wait(30) == 0
     release = {"ULTIMAT3_ACCEPTANCE_NEW_RELEASE": "1"}
     start_worker(tmp_path, workers, redis_server, **release)
-    relay = run_relay(tmp_path, processes, redis_server, settings=grace, env=release)
+    relay = start_relay(tmp_path, processes, redis_server, settings=grace, env=release)
     wait_for(lambda: status(new) == status(behind) == "succeeded", 90, "both rows done")
     assert pings("new release") == 1
     assert old.named("jobs.relay.refused") == []
@@ -190,7 +166,7 @@ def test_relay_processes__an_exactly_once_task_that_ignores_rejects_or_replaces_
     entries = [(once_ends, {"label": f"once {how}", "how": how}) for how in ways]
     rows = dict(zip(ways, outbox("faults.ends", *entries), strict=True))
     start_worker(tmp_path, workers, redis_server, ULTIMAT3_ACCEPTANCE_BODY_LOG=str(body_log))
-    relay = run_relay(tmp_path, processes, redis_server, resend_after=resend_after)
+    relay = start_relay(tmp_path, processes, redis_server, resend_after=resend_after)
 
     expected = {
         "ignore": "succeeded",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -138,7 +139,15 @@ def start_worker(
     return worker
 
 
-def start_relay(tmp_path: Path, processes: list[Process], server: RedisServer) -> Process:
+def start_relay(
+    tmp_path: Path,
+    processes: list[Process],
+    server: RedisServer,
+    *,
+    resend_after: float = RESEND_AFTER,
+    settings: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> Process:
     process = spawn(
         tmp_path,
         f"relay-{len(processes)}",
@@ -146,11 +155,11 @@ def start_relay(tmp_path: Path, processes: list[Process], server: RedisServer) -
         "--poll-interval",
         "0.5",
         "--resend-after",
-        str(RESEND_AFTER),
+        str(resend_after),
         "--batch",
         "20",
-        settings_overrides=FAST,
-        env=relay_env(server),
+        settings_overrides={**FAST, **(settings or {})},
+        env=relay_env(server, **(env or {})),
     )
     processes.append(process)
     return process

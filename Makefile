@@ -16,7 +16,7 @@ EXTRA_LEGS := none celery tasks otel
 EXTRA_STAMPS := $(EXTRA_LEGS:%=.venv-extra-%/.installed)
 comma := ,
 
-.PHONY: install run worker test test-tools extras $(EXTRA_LEGS:%=extras-%) lint unit soak bench \
+.PHONY: install run worker test test-tools extras $(EXTRA_LEGS:%=extras-%) lint soak bench \
 	screenshot clean
 
 $(STAMP): pyproject.toml

@@ -20,15 +20,13 @@ from .conf import Settings, get_settings
 from .errors import TaskSyncError
 from .handles import TaskHandle
 from .planner import (
-    PlannedJob,
-    PlannedOccurrence,
     RoundPlan,
     Streamed,
     keep_present_jobs,
     skip_overlaps,
 )
 from .store import Enqueued, JobStore, TaskState, store_for
-from .store.columns import job_fields
+from .store.columns import scheduled_fields
 
 
 class FencingLost(Exception):
@@ -272,23 +270,6 @@ class _RoundJobs:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for fired in self.plan.fired:
             for planned in fired.jobs:
-                yield _job_row(fired, planned, self.plan.now, self.config)
-
-
-def _job_row(
-    fired: PlannedOccurrence, planned: PlannedJob, now: datetime, config: Settings
-) -> dict[str, Any]:
-    return job_fields(
-        planned.job,
-        planned.row_input(),
-        key=planned.key,
-        run_at=None,
-        queue=None,
-        enqueued_by="scheduler",
-        now=now,
-        task=fired.task,
-        occurrence=fired.occurrence,
-        catch_up=fired.catch_up,
-        config=config,
-        trace_context=fired.trace_context,
-    )
+                yield scheduled_fields(
+                    fired, planned, planned.row_input(), now=self.plan.now, config=self.config
+                )

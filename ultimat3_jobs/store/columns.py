@@ -3,10 +3,10 @@
 ``NEW_JOB_COLUMNS`` is every column a new job row is written with, in the order of
 ``sql.COPY_JOBS``; the statements that write new rows (``COPY_JOBS``, ``INSERT_JOBS``,
 ``INSERT_TASK``) take their column lists from it. A new row is made as ``job_fields`` (a dict
-by column name, for the ORM and ``INSERT_JOBS``) or as a COPY row (``copy_row``,
-``scheduled_row``: a tuple in this order, without its id). The columns a claim reads are
-``ClaimedJob``'s fields (``CLAIMED_COLUMNS``). The task row's columns a declaration sets are
-``DECLARED``.
+by column name, for the ORM and ``INSERT_JOBS``; a round's through ``scheduled_fields``) or as
+a COPY row (``copy_row``, ``scheduled_row``: a tuple in this order, without its id). The
+columns a claim reads are ``ClaimedJob``'s fields (``CLAIMED_COLUMNS``). The task row's columns
+a declaration sets are ``DECLARED``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .values import ClaimedJob
 
 if TYPE_CHECKING:
     from ..handles import JobHandle, TaskHandle
+    from .values import FiredOccurrence, ScheduledJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,32 @@ def _defaults(handle: JobHandle, queue: str | None, config: Settings) -> tuple[s
     status = JobStatus.OUTBOX if handle.relay else JobStatus.QUEUED
     queue = queue or handle.queue or config.default_queue
     return queue, handle.max_attempts or config.max_attempts, status.value
+
+
+def scheduled_fields(
+    fired: FiredOccurrence,
+    job: ScheduledJob,
+    data: dict[str, Any] | orjson.Fragment,
+    *,
+    now: datetime,
+    config: Settings,
+) -> dict[str, Any]:
+    """``job_fields`` of a scheduler round's ``job`` of the occurrence ``fired``, its input as
+    ``data``."""
+    return job_fields(
+        job.job,
+        data,
+        key=job.key,
+        run_at=None,
+        queue=None,
+        enqueued_by="scheduler",
+        now=now,
+        task=fired.task,
+        occurrence=fired.occurrence,
+        catch_up=fired.catch_up,
+        config=config,
+        trace_context=fired.trace_context,
+    )
 
 
 def build_job(handle: JobHandle, data: dict[str, Any], **fields: Any) -> Job:

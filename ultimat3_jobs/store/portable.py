@@ -44,6 +44,7 @@ from .columns import (
     declared,
     job_fields,
     job_names,
+    scheduled_fields,
     wake_payload,
 )
 from .values import (
@@ -178,19 +179,12 @@ class PortableStore:
         # The rows are made once every occurrence is read: nothing is written meanwhile.
         config = get_settings()
         rows = [
-            job_fields(
-                p.job,
+            scheduled_fields(
+                f,
+                p,
                 json.loads(p.data) if isinstance(p.data, str) else p.data,
-                key=p.key,
-                run_at=None,
-                queue=None,
-                enqueued_by="scheduler",
                 now=now,
-                task=f.task,
-                occurrence=f.occurrence,
-                catch_up=f.catch_up,
                 config=config,
-                trace_context=f.trace_context,
             )
             for f in fired
             for p in f.jobs

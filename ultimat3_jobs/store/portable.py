@@ -332,6 +332,18 @@ class PortableStore:
         limit = max(limit, 0)
         if not finishes and not limit:
             return set(), []
+        return self._finish_and_claim(worker, finishes, limit, now, queues, start)
+
+    def _finish_and_claim(
+        self,
+        worker: str,
+        finishes: Sequence[Finish],
+        limit: int,
+        now: datetime | None,
+        queues: frozenset[str] | None,
+        start: int | None,
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """``finish_and_claim`` of at least one finish or a ``limit`` above 0."""
         rows = self._jobs()
         written = set()
         for done in finishes:

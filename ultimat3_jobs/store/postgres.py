@@ -201,20 +201,16 @@ class PostgresStore(PortableStore):
 
     # -- the worker's transitions -----------------------------------------------------------------
 
-    def finish_and_claim(
+    def _finish_and_claim(
         self,
-        *,
         worker: str,
         finishes: Sequence[Finish],
         limit: int,
-        now: datetime | None = None,
-        queues: frozenset[str] | None = None,
-        start: int | None = None,
+        now: datetime | None,
+        queues: frozenset[str] | None,
+        start: int | None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         """One statement, and one round trip, for the finishes and the claim together."""
-        limit = max(limit, 0)
-        if not finishes and not limit:
-            return set(), []
         params: dict[str, Any] = {}
         if limit:
             params.update(_claim_params(worker, limit, now or clock.now(), queues, start))

@@ -200,7 +200,7 @@ UPDATE {table} AS job
 RETURNING {returning}
 """
 #: Run before a claim, in its transaction: the claim's plan must never sort (see
-#: ``PostgresStore.finish_and_claim``).
+#: ``PostgresStore._finish_and_claim``).
 NO_SORT = "SET LOCAL enable_sort = off"
 #: After a claim inside a caller's transaction: the caller's statements plan as before.
 SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"

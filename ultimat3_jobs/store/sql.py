@@ -204,22 +204,6 @@ RETURNING {returning}
 NO_SORT = "SET LOCAL enable_sort = off"
 #: After a claim inside a caller's transaction: the caller's statements plan as before.
 SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"
-#: Claim due jobs of every queue.
-CLAIM_ANY_QUEUE = _CLAIM.format(
-    due=_DUE.format(table=_JOB, queue_filter=""),
-    ranked=_RANKED,
-    table=_JOB,
-    set=_CLAIM_SET,
-    returning=_RETURNING,
-)
-#: Claim due jobs of the queues in ``%(queues)s``.
-CLAIM_QUEUES = _CLAIM.format(
-    due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
-    ranked=_RANKED,
-    table=_JOB,
-    set=_CLAIM_SET,
-    returning=_RETURNING,
-)
 
 # A claimed-ahead row's start, written by the thread that takes it before its function runs,
 # conditional on the row still being this worker's same attempt. Committed without waiting for
@@ -287,26 +271,31 @@ SELECT false, id, {nulls} FROM finished
 """
 # The finished rows' filler for every claimed column but the id (and for ``started``).
 _NULLS = ", ".join(["NULL"] * len(CLAIMED_COLUMNS))
+_IN_QUEUES = "AND queue = ANY(%(queues)s)"
+
+
+def _claiming(template: str, *, queue_filter: str) -> str:
+    """A claim statement (``_CLAIM``, ``_FINISH_AND_CLAIM``) of the due jobs ``queue_filter``
+    keeps."""
+    return template.format(
+        due=_DUE.format(table=_JOB, queue_filter=queue_filter),
+        ranked=_RANKED,
+        table=_JOB,
+        set=_CLAIM_SET,
+        returning=_RETURNING,
+        finish=FINISH,
+        nulls=_NULLS,
+    )
+
+
+#: Claim due jobs of every queue.
+CLAIM_ANY_QUEUE = _claiming(_CLAIM, queue_filter="")
+#: Claim due jobs of the queues in ``%(queues)s``.
+CLAIM_QUEUES = _claiming(_CLAIM, queue_filter=_IN_QUEUES)
 #: Finish a batch and claim due jobs of every queue.
-FINISH_AND_CLAIM_ANY_QUEUE = _FINISH_AND_CLAIM.format(
-    finish=FINISH,
-    due=_DUE.format(table=_JOB, queue_filter=""),
-    ranked=_RANKED,
-    table=_JOB,
-    set=_CLAIM_SET,
-    returning=_RETURNING,
-    nulls=_NULLS,
-)
+FINISH_AND_CLAIM_ANY_QUEUE = _claiming(_FINISH_AND_CLAIM, queue_filter="")
 #: Finish a batch and claim due jobs of the queues in ``%(queues)s``.
-FINISH_AND_CLAIM_QUEUES = _FINISH_AND_CLAIM.format(
-    finish=FINISH,
-    due=_DUE.format(table=_JOB, queue_filter="AND queue = ANY(%(queues)s)"),
-    ranked=_RANKED,
-    table=_JOB,
-    set=_CLAIM_SET,
-    returning=_RETURNING,
-    nulls=_NULLS,
-)
+FINISH_AND_CLAIM_QUEUES = _claiming(_FINISH_AND_CLAIM, queue_filter=_IN_QUEUES)
 
 # The relay's claim (``relay.py``): outbox rows oldest first, and relayed rows of
 # %(resend)s relays not done since %(resend_before)s, locked for the relay's transaction.

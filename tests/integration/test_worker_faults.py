@@ -7,6 +7,7 @@ from ``testing.FaultyStore`` around the real store, or from the database itself.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -319,3 +320,58 @@ def test_run__the_dispatchers_connection_terminated_mid_batch_loses_no_outcome(
     rows = Job.objects.filter(pk__in=[killer.pk, *(job.pk for job in made)])
     assert set(rows.values_list("status", "attempts")) == {(JobStatus.SUCCEEDED, 1)}
     assert Ping.objects.count() == 3
+
+
+def _terminate_own_backend(method: str) -> Fault:
+    """A ``Fault`` that lets the first call of ``method`` through on a connection cut just
+    before it: the calling thread's backend, terminated from another thread."""
+    left = [method]
+
+    def fault(name: str, kwargs: dict[str, Any]) -> None:
+        if name not in left:
+            return
+        left.remove(name)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            [(pid,)] = cursor.fetchall()
+
+        def terminate() -> None:
+            try:
+                with connection.cursor() as cursor:
+                    # Waits for the backend to be gone: the write below meets a dead socket.
+                    cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+            finally:
+                connection.close()
+
+        killer = threading.Thread(target=terminate)
+        killer.start()
+        killer.join()
+
+    return fault
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_run__a_django_task_outcome_cut_with_its_connection_is_written_on_a_fresh_one() -> None:
+    result = background.add.enqueue(4, 4)
+    after = make_job(data={"label": "after-cut"})
+    worker, store = _worker(_terminate_own_backend("task_succeeded"), burst=False)
+    worker.start()
+    try:
+        wait_until(
+            lambda: (
+                not Job.objects.filter(
+                    pk__in=[int(result.id), after.pk],
+                    status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                ).exists()
+            ),
+            what="both jobs to end while the worker lives",
+        )
+    finally:
+        worker.stop()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 8)
+    assert Job.objects.get(pk=int(result.id)).attempts == 1
+    assert store.calls["task_succeeded"] == 2
+    assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
+    assert worker.outcomes["succeeded"] == 2

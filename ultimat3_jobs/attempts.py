@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from django.db import (
     DataError,
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from .models import Job
 
 logger = logging.getLogger("ultimat3_jobs.worker")
+
+_T = TypeVar("_T")
 
 Outcome = Literal["succeeded", "retrying", "failed", "lost"]
 
@@ -350,8 +352,13 @@ class Attempts:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def _write_now(self, ended: Sequence[Ended], write: Callable[[], bool]) -> bool:
-        """One outcome written by itself; retried while the database is away, like a batch."""
+    def _write_now(self, ended: Sequence[Ended], write: Callable[[], _T]) -> _T:
+        """``write`` the outcomes ``ended``, retried while the database is away: each failure
+        drops the connection it broke, so the next try opens a fresh one.
+
+        The job ran; losing its outcome would run it again. So it keeps trying until the drain
+        gives up on this job (``abandoned``), which then goes back to the queue.
+        """
         delay = 0.05
         while True:
             try:
@@ -365,22 +372,9 @@ class Attempts:
                 delay = min(delay * 2, self.retry_every)
 
     def record(self, ended: Sequence[Ended]) -> Written:
-        """Write outcomes now, where the row is still ours; retry while the database is away.
-
-        The job ran; losing its outcome would run it again. So it keeps trying until the drain
-        gives up on this job, which then goes back to the queue.
-        """
-        delay = 0.05
-        while True:
-            try:
-                return self.write(ended)
-            except CONNECTION_ERRORS as error:
-                if self.abandoned.is_set():
-                    raise
-                self.record_failed(ended, error)
-                close_old_connections()
-                time.sleep(delay)
-                delay = min(delay * 2, self.retry_every)
+        """Write outcomes now, where the row is still ours; retried while the database is
+        away (``_write_now``)."""
+        return self._write_now(ended, lambda: self.write(ended))
 
     def write(self, ended: Sequence[Ended]) -> Written:
         """Write outcomes in one statement; a batch the database refuses, one by one."""

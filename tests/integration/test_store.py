@@ -162,6 +162,41 @@ def test_insert_round__copy_and_insert_write_the_same_columns_and_wake_the_relay
     assert stored == {"copied": expected, "inserted": expected}
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_insert_round__wakes_each_queue_and_the_relays_once_in_one_statement() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from ultimat3_jobs.db import dedicated_connection
+    from ultimat3_jobs.listener import NOTIFY_CHANNEL, RELAY_PAYLOAD
+
+    ping = demo_ping()
+
+    def row(key: str, queue: str, relay: str = "") -> dict[str, Any]:
+        fields = job_fields(
+            ping, {"label": key}, key=key, run_at=None, queue=queue, enqueued_by="scheduler", now=T0
+        )
+        return {**fields, "relay": relay}
+
+    rows = [
+        row("w:1", "reports"),
+        row("w:2", "mail"),
+        row("w:3", "mail"),
+        row("w:4", "x", "celery"),
+    ]
+    listener = dedicated_connection("default", "test-insert-round-wakes")
+    try:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        with CaptureQueriesContext(connection) as queries:
+            store_for().insert_round(rows)
+        payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=3)]
+    finally:
+        listener.close()
+    assert payloads == sorted(["mail", "reports", RELAY_PAYLOAD])
+    assert sum("pg_notify" in q["sql"] for q in queries) == 1
+
+
 @pytest.mark.parametrize("kind", ["job", "job with its own queue and attempts", "outbox"])
 def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
     kind: str, settings: Any

@@ -74,8 +74,7 @@ class PostgresStore(PortableStore):
             return
         # Inside a transaction PostgreSQL delivers a NOTIFY at commit.
         with connections[self.using].cursor() as cursor:
-            for name in names:
-                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, name])
+            cursor.execute(sql.NOTIFY, [NOTIFY_CHANNEL, names])
 
     def can_stream(self) -> bool:
         # Outside the caller's transaction only: the task functions then run in a thread, on

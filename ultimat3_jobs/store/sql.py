@@ -137,6 +137,10 @@ WITH job AS (
 SELECT job.id, pg_notify(%(channel)s, job.queue) FROM job
 """
 
+#: One NOTIFY on the channel per payload of the array, in its order: the workers of a round's
+#: queues (or the relays) are woken by one statement, however many queues it wrote to.
+NOTIFY = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+
 #: Ids of jobs whose keys already existed.
 EXISTING_JOBS = f"SELECT key, id FROM {_JOB} WHERE key = ANY(%s)"
 

@@ -73,10 +73,16 @@ def outbox_row(request: Any) -> tuple[int, str] | None:
 
 
 class Replaced(Ignore):
-    """The ``Ignore`` that ends a body after ``self.replace(sig)`` published ``sig``."""
+    """The ``Ignore`` that ends a body after ``self.replace(sig)`` published ``sig``.
 
-    def __init__(self, reason: str, *, replaced_by: str) -> None:
-        super().__init__(reason)
+    Both values are its ``args``: a prefork pool's child sends it to the worker's main process
+    pickled, and an exception is rebuilt from its ``args`` alone (one that cannot be stopped
+    that process).
+    """
+
+    def __init__(self, reason: str, replaced_by: str) -> None:
+        super().__init__(reason, replaced_by)
+        self.reason = reason
         self.replaced_by = replaced_by
 
 
@@ -153,20 +159,18 @@ class ExactlyOnceTask(Task):
         try:
             return super().on_replace(sig)
         except Ignore as ignored:
-            raise Replaced(
-                str(ignored), replaced_by=str(getattr(sig, "name", None) or sig)
-            ) from None
+            raise Replaced(str(ignored), str(getattr(sig, "name", None) or sig)) from None
 
     def _ended_without_result(self, job_id: int, ignored: Ignore) -> None:
-        replaced_by = ignored.replaced_by if isinstance(ignored, Replaced) else None
+        replaced = ignored if isinstance(ignored, Replaced) else None
         emit(
             logger,
-            "jobs.relay.replaced" if replaced_by else "jobs.relay.ignored",
+            "jobs.relay.replaced" if replaced else "jobs.relay.ignored",
             job_id=job_id,
             task=self.name,
             celery_id=self.request.id,
-            replaced_by=replaced_by,
-            reason=str(ignored),
+            replaced_by=replaced.replaced_by if replaced else None,
+            reason=replaced.reason if replaced else str(ignored),
         )
 
 

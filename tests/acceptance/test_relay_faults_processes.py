@@ -165,7 +165,9 @@ def test_relay_processes__an_exactly_once_task_that_ignores_rejects_or_replaces_
     ways = ("ignore", "reject", "replace", "return")
     entries = [(once_ends, {"label": f"once {how}", "how": how}) for how in ways]
     rows = dict(zip(ways, outbox("faults.ends", *entries), strict=True))
-    start_worker(tmp_path, workers, redis_server, ULTIMAT3_ACCEPTANCE_BODY_LOG=str(body_log))
+    worker = start_worker(
+        tmp_path, workers, redis_server, ULTIMAT3_ACCEPTANCE_BODY_LOG=str(body_log)
+    )
     relay = start_relay(tmp_path, processes, redis_server, resend_after=resend_after)
 
     expected = {
@@ -193,3 +195,6 @@ def test_relay_processes__an_exactly_once_task_that_ignores_rejects_or_replaces_
     assert written == {"once ignore": 1, "once reject": 0, "once replace": 1, "once return": 1}
     assert pings("once replace replacement") == 1
     assert "the body refused its message" in rows["reject"].last_error
+    # The worker took every ending in its stride: none stopped its main process.
+    assert worker.alive(), worker.log_path.read_text()
+    assert "Unrecoverable error" not in worker.log_path.read_text()

@@ -5,6 +5,7 @@ out its grace, and ``ExactlyOnceTask`` ends its row whichever way its body ends.
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -449,8 +450,15 @@ def test_exactly_once_task__replace_marks_the_row_done_and_publishes_the_replace
     job = once("replace")
     before = len(messages(broker))
     # As a worker runs it (not eagerly): Celery publishes the replacement and raises Ignore.
-    with caplog.at_level(logging.INFO, logger="ultimat3_jobs.relay"), pytest.raises(Ignore):
+    with (
+        caplog.at_level(logging.INFO, logger="ultimat3_jobs.relay"),
+        pytest.raises(Ignore) as raised,
+    ):
         run_as_worker(job)
+    # A prefork pool's child sends the exception to the worker's main process pickled: one it
+    # cannot rebuild stops that process.
+    sent = pickle.loads(pickle.dumps(raised.value))
+    assert (type(sent), sent.replaced_by) == (type(raised.value), "demo.plain_row")
     # A second copy finds the row done and publishes nothing.
     assert run_as_worker(job) is None
     job.refresh_from_db()

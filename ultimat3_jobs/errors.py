@@ -6,6 +6,7 @@ operator sees one wording whether the problem surfaced at import, at enqueue or 
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, ClassVar
 
 
@@ -26,6 +27,16 @@ class UltimateError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} [{self.code}] fix: {self.fix}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled where it crosses processes (a Celery prefork pool, our process pool): an
+        # exception is rebuilt from its args alone, and ``fix`` is keyword-only. A cause that
+        # does not pickle travels as its text.
+        try:
+            cause = pickle.loads(pickle.dumps(self.cause))
+        except Exception:
+            cause = readable(self.cause)
+        return (_remade, (type(self), self.message, self.fix, cause))
 
     def as_fields(self) -> dict[str, Any]:
         """The log fields of this failure: the message alone would drop the code and the fix."""
@@ -257,3 +268,8 @@ class CeleryBeatReadError(UltimateError):
     """The django-celery-beat tables could not be read."""
 
     code = "jobs.celery-beat.unreadable"
+
+
+def _remade(kind: type[UltimateError], message: str, fix: str, cause: Any) -> UltimateError:
+    """An ``UltimateError`` as ``__reduce__`` gave it."""
+    return kind(message, fix=fix, cause=cause)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 import re
 from pathlib import Path
 
 from ultimat3_jobs import errors
-from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.errors import UltimateError, readable
 from ultimat3_jobs.logs import failure_fields
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -45,3 +46,21 @@ def test_readme__the_errors_table_lists_every_code_and_no_other() -> None:
 def test_logs__the_log_codes_listed_are_the_ones_failure_fields_gives() -> None:
     source = inspect.getsource(failure_fields)
     assert set(re.findall(r'"(jobs\.[a-z\-]+)"', source)) == set(LOG_CODES)
+
+
+def test_errors__every_class_survives_pickling_with_its_code_message_fix_and_cause() -> None:
+    # Errors cross processes pickled (a Celery prefork pool's child to its parent).
+    unpicklable = lambda: None  # noqa: E731
+    for kind in _error_classes():
+        error = kind("it broke", fix="do this", cause=ValueError("under it"))
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), copy.code, copy.message, copy.fix) == (
+            kind,
+            kind.code,
+            "it broke",
+            "do this",
+        )
+        assert repr(copy.cause) == repr(ValueError("under it"))
+        assert pickle.loads(pickle.dumps(kind("m", fix="f", cause=unpicklable))).cause == (
+            readable(unpicklable)
+        )

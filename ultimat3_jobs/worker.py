@@ -729,8 +729,10 @@ class Worker:
                 return
             if room > 0 and len(jobs) == room:
                 continue  # Every slot we asked for was filled: more may be due right away.
-            if not self.life.rest(min(idle_wait, self.node.until_due(), flush_in, next_deadline)):
-                # A quiet spell: let Django drop a broken or expired connection.
+            woken = self.life.rest(min(idle_wait, self.node.until_due(), flush_in, next_deadline))
+            if not woken and running == 0 and not self._pending:
+                # A quiet spell: let Django drop a broken or expired connection. Not while busy:
+                # under CONN_MAX_AGE=0 that would reconnect after every short rest.
                 close_old_connections()
 
     def _hand_over(self, jobs: list[ClaimedJob]) -> None:

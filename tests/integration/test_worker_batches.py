@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 
 from testproject.demo.models import Ping
@@ -264,3 +266,29 @@ def test_release_unheld__frees_jobs_a_lost_claim_answer_left_with_the_worker() -
     assert set(rows.values_list("status", "attempts", "worker")) == {(JobStatus.QUEUED, 0, "")}
     assert Job.objects.get(pk=held.id).status == JobStatus.RUNNING
     assert Job.objects.get(pk=theirs.pk).worker == "w2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__the_dispatcher_keeps_its_connection_while_jobs_are_in_flight(
+    settings: Any,
+) -> None:
+    # Django's default CONN_MAX_AGE=0: a rest between two loop turns of a busy worker is no
+    # quiet spell, so the connection must outlive it (reconnecting costs more than a claim).
+    assert settings.DATABASES["default"].get("CONN_MAX_AGE", 0) == 0
+    for n in range(300):
+        make_job(data={"label": f"c-{n}"})
+    dispatcher = threading.get_ident()
+    opened: list[int] = []
+
+    def count(sender: object, **kwargs: object) -> None:
+        if threading.get_ident() == dispatcher:
+            opened.append(1)
+
+    connection_created.connect(count)
+    try:
+        worker = _worker(burst=True, concurrency=2, prefetch=20)
+        assert worker.run() == CLEAN_EXIT
+    finally:
+        connection_created.disconnect(count)
+    assert worker.outcomes["succeeded"] == 300
+    assert opened == []

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
+from .conf import get_settings
 from .errors import TaskBackendError
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import NAME_LIMIT, QUEUE_LIMIT, check_arguments, check_result
@@ -312,6 +313,8 @@ class DjangoTaskHandle(JobHandle):
             "queue": self.queue,
             "priority": self.priority,
             "backend": self.backend,
+            # Run by our worker: the JOB_TIMEOUT default bounds each attempt.
+            "timeout": get_settings().job_timeout,
         }
 
 
@@ -351,7 +354,9 @@ class RelayedTaskHandle(DjangoTaskHandle):
         )
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "kind": "relayed-django-task", "relay": self.relay}
+        # Run by the backend's own workers: no timeout of ours applies.
+        described = {**super().describe(), "kind": "relayed-django-task", "relay": self.relay}
+        return {**described, "timeout": None}
 
 
 @functools.lru_cache(maxsize=1024)

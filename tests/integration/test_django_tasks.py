@@ -256,6 +256,16 @@ def test_checks__a_schedule_entry_on_another_backend_is_relayed_not_warned_about
     assert (relayed.relay, ours.relay) == ("tasks", "")
 
 
+@override_settings(ULTIMAT3_JOBS={"JOB_TIMEOUT": 45})
+def test_describe__a_task_our_worker_runs_has_the_default_timeout_a_relayed_one_none() -> None:
+    from ultimat3_jobs.backends import RelayedTaskHandle, django_task_handle
+
+    ours = django_task_handle(background.add).describe()
+    relayed = RelayedTaskHandle(background.elsewhere).describe()
+    assert (ours["kind"], ours["timeout"]) == ("django-task", 45.0)
+    assert (relayed["kind"], relayed["timeout"]) == ("relayed-django-task", None)
+
+
 # -- scheduled: a @task whose entries are Django Tasks ----------------------------------------
 
 T0 = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)

@@ -1,9 +1,10 @@
 """One attempt of a claimed job: running it, and writing and reporting how it ended.
 
-A @job's function runs in one of the worker's threads; how it ended (``Ended``) waits for the
-worker's dispatcher, which writes it with its next claim. A Django Task's row is run through
-``backends`` and written at once, with its return value or error. Every write goes through the
-job store, conditional on the row still being this worker's attempt.
+A @job's function, or a Django Task's row run through ``backends``, runs in one of the
+worker's threads; how it ended (``Ended``, with a Django Task's return value or error) waits
+for the worker's dispatcher, which writes it with its next claim; a Django Task's
+``task_finished`` is sent once that write committed. Every write goes through the job store,
+conditional on the row still being this worker's attempt.
 
 Every job ends: a write the database refuses for its values (not for the connection) is tried
 once more as a plain failure with ``jobs.job.result-unstorable``, and one refused even then is
@@ -21,7 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -41,9 +42,10 @@ from .logs import emit, failure_fields
 from .models import JobStatus
 from .registry import registry
 from .retries import format_error, retry_delay, storable
-from .store import ClaimedJob, Finish, JobStore
+from .store import ClaimedJob, Finish, JobStore, TaskResultColumns
 
 if TYPE_CHECKING:
+    from .backends import TaskRun
     from .models import Job
 
 logger = logging.getLogger("ultimat3_jobs.worker")
@@ -79,6 +81,8 @@ class Ended:
     finish: Finish
     duration_ms: float
     log: dict[str, Any] = field(default_factory=dict)
+    #: A Django Task's run: ``task_finished`` tells of it once its finish is written.
+    run: TaskRun | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,13 +254,9 @@ class Attempts:
         finish = Finish.failed(job, now=self.clock(), error=text)
         return Ended(job, finish, _since(started), fields)
 
-    def run_django_task(self, job: ClaimedJob, row: Job) -> Outcome | None:
-        """A Django Task's started row: one run, no retry; its return value or ``TaskError``
-        kept. Written at once rather than batched: the row's result columns go with it.
-
-        None when the database refused every write of its outcome: the row is still running
-        as this worker's, for its lost-claim path.
-        """
+    def run_task(self, job: ClaimedJob, row: Job) -> Ended:
+        """A Django Task's started row: one run, no retry; how it ended, with its return value
+        or ``TaskError`` for the row to keep, not yet written."""
         from . import backends
 
         started = time.monotonic()
@@ -264,64 +264,23 @@ class Attempts:
             run = backends.run_task(row)
             if run.error is not None:
                 tracing.failed(span, run.error)
-        node, now = self.node_id, self.clock()
+        now = self.clock()
         if run.error is None:
-            finish = Finish.succeeded(job, now=now)
-            ended = Ended(job, finish, _since(started))
-            value = run.return_value
+            # A retried row that failed before succeeds without its earlier error.
+            result = TaskResultColumns(run.return_value)
+            finish = replace(Finish.succeeded(job, now=now), result=result)
+            return Ended(job, finish, _since(started), run=run)
+        result = TaskResultColumns(None, run.error_class, storable(run.traceback))
+        finish = replace(Finish.failed(job, now=now, error=storable(run.message)), result=result)
+        return Ended(job, finish, _since(started), failure_fields(run.error), run=run)
 
-            def write() -> bool:
-                return self.store.task_succeeded(
-                    job_id=job.id, worker=node, now=now, return_value=value
-                )
-
-        else:
-            message = storable(run.message)
-            finish = Finish.failed(job, now=now, error=message)
-            ended = Ended(job, finish, _since(started), failure_fields(run.error))
-            error_class, tb = run.error_class, storable(run.traceback)
-
-            def write() -> bool:
-                return self.store.task_failed(
-                    job_id=job.id,
-                    worker=node,
-                    now=now,
-                    error=message,
-                    error_class=error_class,
-                    tb=tb,
-                )
-
-        try:
-            written = self._write_now([ended], write)
-        except REFUSED_ERRORS as error:
-            refusal = unstorable(error)
-            text = storable(str(refusal))
-            ended = Ended(
-                job, Finish.failed(job, now=now, error=text), ended.duration_ms, refusal.as_fields()
-            )
-            try:
-                written = self._write_now(
-                    [ended],
-                    lambda: self.store.task_failed(
-                        job_id=job.id,
-                        worker=node,
-                        now=now,
-                        error=text,
-                        error_class=UNSTORABLE_CLASS,
-                        tb="",
-                    ),
-                )
-            except REFUSED_ERRORS as again:
-                self.record_failed([ended], again)
-                self.report(ended, False)
-                return None
-            run.error, run.error_class, run.traceback = refusal, UNSTORABLE_CLASS, ""
-            run.return_value = None
-        outcome = self.report(ended, written)
-        if outcome != "lost":
-            backends.finished(run, now=now)
-            self.checkins.ended([(job.id, job.key)])
-        return outcome
+    def run_django_task(self, job: ClaimedJob, row: Job) -> Outcome | None:
+        """``run_task``, its outcome written at once (a process pool's child has no
+        dispatcher to batch it with). None when the database refused every write of it: the
+        row is still running as this worker's, for its lost-claim path."""
+        written = self.record([self.run_task(job, row)])
+        [outcome] = self.report_all(written)
+        return None if written.refused else outcome
 
     def end_task(self, job: ClaimedJob, error: UltimateError, started: float) -> Outcome:
         """A Django Task's run ended from outside (``timed_out``, ``died``): failed with
@@ -403,12 +362,14 @@ class Attempts:
             except REFUSED_ERRORS as alone:
                 refusal = unstorable(alone)
             text = storable(str(refusal))
-            failed = Ended(
-                one.job,
-                Finish.failed(one.job, now=self.clock(), error=text),
-                one.duration_ms,
-                refusal.as_fields(),
-            )
+            finish = Finish.failed(one.job, now=self.clock(), error=text)
+            if one.run is not None:
+                # A Django Task's row keeps the refusal as its error, and its run tells of it.
+                finish = replace(finish, result=TaskResultColumns(None, UNSTORABLE_CLASS, ""))
+                run = one.run
+                run.error, run.error_class, run.traceback = refusal, UNSTORABLE_CLASS, ""
+                run.return_value = None
+            failed = Ended(one.job, finish, one.duration_ms, refusal.as_fields(), run=one.run)
             written.append(failed)
             try:
                 ids |= self.store.finish(worker=self.node_id, finishes=[failed.finish])
@@ -447,6 +408,14 @@ class Attempts:
     def report_all(self, written: Written) -> list[Outcome]:
         """``report`` for each attempt of a write, as written."""
         outcomes = [self.report(one, one.job.id in written.ids) for one in written.ended]
+        # Django Tasks' ``task_finished``: their rows are written, and committed.
+        runs = [(one.run, one.finish) for one in written.ended if one.job.id in written.ids]
+        if any(run is not None for run, _ in runs):
+            from . import backends
+
+            for run, finish in runs:
+                if run is not None:
+                    backends.finished(run, now=finish.finished_at)
         # Written and over for good (not a retry): these may be an occurrence's last jobs.
         self.checkins.ended(
             (one.job.id, one.job.key)

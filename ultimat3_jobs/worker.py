@@ -334,17 +334,7 @@ class Worker:
                 sooner = slot.deadline < self._next_deadline
             if sooner:
                 self.life.wake.set()  # The dispatcher sleeps past this deadline otherwise.
-        if started is not True:
-            row = started
-            # Writes its own outcome, with its result; None: every write of it was refused.
-            outcome = self.attempts.run_django_task(job, row)
-            if not self._done(slot):
-                return
-            if outcome is None:
-                self._let_go(job, None, ran=True)
-            self.life.wake.set()
-            return
-        ended = self.attempts.run(job)
+        ended = self.attempts.run(job) if started is True else self.attempts.run_task(job, started)
         if self._done(slot):
             self._hand_in(ended)
 

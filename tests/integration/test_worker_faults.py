@@ -264,7 +264,11 @@ def test_run__a_django_task_returning_a_nul_ends_failed_and_the_next_job_runs() 
 @pytest.mark.django_db(transaction=True)
 def test_run__a_django_task_outcome_the_database_refuses_ends_it_failed() -> None:
     result = background.add.enqueue(2, 2)
-    worker, _ = _worker(fail("task_succeeded", DataError("value refused")))
+    refused, ours = DataError("value refused"), _finishing(int(result.id))
+    # Refused in the dispatcher's batch, then alone: the row keeps the refusal instead.
+    worker, _ = _worker(
+        faults(fail("finish_and_claim", refused, when=ours), fail("finish", refused, when=ours))
+    )
     assert worker.run() == CLEAN_EXIT
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
@@ -277,9 +281,13 @@ def test_run__a_django_task_outcome_the_database_refuses_ends_it_failed() -> Non
 @pytest.mark.django_db(transaction=True)
 def test_run__a_django_task_whose_every_write_is_refused_goes_back_counted() -> None:
     result = background.add.enqueue(3, 3)
-    refused = DataError("value refused")
+    refused, ours = DataError("value refused"), _finishing(int(result.id))
     worker, _ = _worker(
-        faults(fail("task_succeeded", refused), fail("task_failed", refused)), burst=False
+        faults(
+            fail("finish_and_claim", refused, when=ours),
+            fail("finish", refused, refused, when=ours),  # Alone, then as the refusal.
+        ),
+        burst=False,
     )
     worker.start()
     try:
@@ -322,13 +330,14 @@ def test_run__the_dispatchers_connection_terminated_mid_batch_loses_no_outcome(
     assert Ping.objects.count() == 3
 
 
-def _terminate_own_backend(method: str) -> Fault:
-    """A ``Fault`` that lets the first call of ``method`` through on a connection cut just
-    before it: the calling thread's backend, terminated from another thread."""
+def _terminate_own_backend(method: str, when: Any = None) -> tuple[Fault, list[str]]:
+    """A ``Fault`` that lets the first call of ``method`` (that ``when`` accepts) through on a
+    connection cut just before it: the calling thread's backend, terminated from another
+    thread. With it, the methods still to cut: empty once it struck."""
     left = [method]
 
     def fault(name: str, kwargs: dict[str, Any]) -> None:
-        if name not in left:
+        if name not in left or (when is not None and not when(kwargs)):
             return
         left.remove(name)
         with connection.cursor() as cursor:
@@ -347,7 +356,7 @@ def _terminate_own_backend(method: str) -> Fault:
         killer.start()
         killer.join()
 
-    return fault
+    return fault, left
 
 
 @pytest.mark.postgres
@@ -355,7 +364,8 @@ def _terminate_own_backend(method: str) -> Fault:
 def test_run__a_django_task_outcome_cut_with_its_connection_is_written_on_a_fresh_one() -> None:
     result = background.add.enqueue(4, 4)
     after = make_job(data={"label": "after-cut"})
-    worker, store = _worker(_terminate_own_backend("task_succeeded"), burst=False)
+    cut, left = _terminate_own_backend("finish_and_claim", when=_finishing(int(result.id)))
+    worker, _ = _worker(cut, burst=False)
     worker.start()
     try:
         wait_until(
@@ -372,6 +382,7 @@ def test_run__a_django_task_outcome_cut_with_its_connection_is_written_on_a_fres
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 8)
     assert Job.objects.get(pk=int(result.id)).attempts == 1
-    assert store.calls["task_succeeded"] == 2
+    # The outcome's first write met the cut; a later one, on a fresh connection, landed.
+    assert left == []
     assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
     assert worker.outcomes["succeeded"] == 2

@@ -37,6 +37,7 @@ from .values import (
     Rows,
     ScheduledJob,
     Swapped,
+    TaskResultColumns,
     TaskState,
 )
 
@@ -514,6 +515,7 @@ __all__ = [
     "Rows",
     "ScheduledJob",
     "Swapped",
+    "TaskResultColumns",
     "TaskState",
     "enqueue",
     "store_for",

@@ -357,6 +357,12 @@ class PortableStore:
             }
             if done.status == JobStatus.QUEUED:
                 changes.update(run_at=done.run_at, worker="")
+            if done.result is not None:
+                changes.update(
+                    return_value=done.result.return_value,
+                    error_class=done.result.error_class,
+                    traceback=done.result.traceback,
+                )
             if ours.update(**changes):
                 written.add(done.job_id)
         if not limit:

@@ -414,8 +414,9 @@ def _start_params(jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> dic
 def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
     # Objects keyed as ``sql.FINISH`` reads them. Dicts: orjson writes slotted dataclasses
     # far slower.
-    rows = [
-        {
+    rows = []
+    for f in finishes:
+        row = {
             "job_id": f.job_id,
             "attempts": f.attempts,
             "status": str(f.status),
@@ -423,8 +424,14 @@ def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
             "run_at": f.run_at,
             "error": f.error,
         }
-        for f in finishes
-    ]
+        if f.result is not None:
+            row.update(
+                task=True,
+                return_value=f.result.return_value,
+                error_class=f.result.error_class,
+                traceback=f.result.traceback,
+            )
+        rows.append(row)
     return {"worker": worker, "finishes": dumps(rows)}
 
 

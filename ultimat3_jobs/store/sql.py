@@ -240,15 +240,20 @@ START_TASK_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job
 # worker's busiest statement. Each row changes only while it is still running as this
 # worker's same attempt: a job recovered by another worker,
 # cancelled, or claimed again since is left alone (and its id is not returned). A retry goes
-# back to the queue at its own run_at with no worker; the others keep run_at and worker.
+# back to the queue at its own run_at with no worker; the others keep run_at and worker. A
+# Django Task's finish (``task`` true) carries its result columns; an @job's leaves them out.
 _FINISH = """
 UPDATE {table} AS job
 SET status = f.status, finished_at = f.finished_at, last_error = f.error,
     run_at = coalesce(f.run_at, job.run_at),
-    worker = CASE WHEN f.status = 'queued' THEN '' ELSE job.worker END
+    worker = CASE WHEN f.status = 'queued' THEN '' ELSE job.worker END,
+    return_value = CASE WHEN f.task THEN f.return_value ELSE job.return_value END,
+    error_class = CASE WHEN f.task THEN f.error_class ELSE job.error_class END,
+    traceback = CASE WHEN f.task THEN f.traceback ELSE job.traceback END
 FROM jsonb_to_recordset(%(finishes)s::jsonb)
      AS f(job_id bigint, attempts integer, status text, finished_at timestamptz,
-          run_at timestamptz, error text)
+          run_at timestamptz, error text, task boolean, return_value jsonb, error_class text,
+          traceback text)
 WHERE job.id = f.job_id AND job.status = 'running' AND job.worker = %(worker)s
   AND job.attempts = f.attempts
 RETURNING job.id

@@ -98,6 +98,8 @@ class Finish:
     finished_at: datetime | None = None
     run_at: datetime | None = None
     error: str = ""
+    #: A Django Task's result columns, written with its finish; None leaves them as they are.
+    result: TaskResultColumns | None = None
 
     @classmethod
     def succeeded(cls, job: ClaimedJob, *, now: datetime) -> Finish:
@@ -113,6 +115,16 @@ class Finish:
     def failed(cls, job: ClaimedJob, *, now: datetime, error: str) -> Finish:
         """Running -> failed for good."""
         return cls(job.id, job.attempts, JobStatus.FAILED, finished_at=now, error=error)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResultColumns:
+    """What a Django Task's row keeps of how its run ended, besides its status: its JSON
+    return value, or its exception's class path and traceback."""
+
+    return_value: Any = None
+    error_class: str = ""
+    traceback: str = ""
 
 
 @dataclass(frozen=True, slots=True)

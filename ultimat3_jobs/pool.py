@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 #: Seconds a child timed out gets to end on SIGTERM before SIGKILL.
 KILL_AFTER = 2.0
+#: Seconds a new child gets to set Django up and say it is ready, before it is given up.
+READY_WITHIN = 120.0
 #: Seconds a child asked to stop (recycled, worker stopping) gets before it is killed.
 STOP_AFTER = 5.0
 #: How often a child checks that its worker is still alive; orphaned, it exits.
@@ -69,6 +71,10 @@ class Reply:
     text: str = ""
     fields: dict[str, Any] | None = None
     outcome: str | None = None
+
+
+#: What a child says once it can take jobs.
+READY = "ready"
 
 
 class ChildDied(Exception):
@@ -124,6 +130,15 @@ class Child:
         theirs.close()
         self._process, self._conn, self._jobs = process, ours, 0
         self.pids.append(process.pid or 0)
+        # Ready once Django is set up in it: its start-up is neither a job's run nor counted
+        # in a job's timeout, and no job is marked started before a child can run it.
+        try:
+            ready = ours.poll(READY_WITHIN) and ours.recv() == READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise ChildDied(process.exitcode)
 
     def run(self, job: ClaimedJob, row: Job | None, timeout: float | None) -> Reply:
         """Run ``job`` (a Django Task: with its ``row``) in the child; how it ended.
@@ -205,6 +220,8 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
         if alias in settings.DATABASES:
             settings.DATABASES[alias]["NAME"] = name
     from django.db import close_old_connections, connections
+
+    conn.send(READY)
 
     attempts = None
     try:

@@ -311,6 +311,8 @@ class Worker:
 
     def _take(self, job: ClaimedJob, slot: _Slot) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
+        if slot.child is not None:
+            slot.child.ensure()  # A replaced child starts before the job is marked started.
         try:
             started = self.attempts.start(job)
         except DATABASE_ERRORS as error:

@@ -62,6 +62,30 @@ def test_a_job_past_its_timeout__ends_within_seconds_and_the_slot_runs_the_next(
         assert replaced["code"] == "jobs.job.timeout"
 
 
+def test_a_child_still_starting__neither_runs_down_a_timeout_nor_marks_its_job_started(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    # Queued before the worker starts: each slot's first job meets a child still setting
+    # Django up, and six children starting at once on a small machine take seconds.
+    started = [tmp_path / f"started-{n}" for n in range(6)]
+    stuck = [
+        hang.enqueue({"label": f"s{n}", "seconds": 600, "started": str(path)})
+        for n, path in enumerate(started)
+    ]
+    worker = start_worker(tmp_path, processes, "worker", "--concurrency", "6", "--pool", "process")
+    node_of(worker)
+    ids = [made.job_id for made in stuck]
+    wait_for(
+        lambda: Job.objects.filter(pk__in=ids, status=JobStatus.FAILED).count() == 6,
+        90,
+        "every job to time out",
+    )
+    # Each timed out in its function, not in its child's start-up.
+    assert [path.exists() for path in started] == [True] * 6
+    rows = Job.objects.filter(pk__in=ids)
+    assert all("jobs.job.timeout" in row.last_error and row.attempts == 1 for row in rows)
+
+
 @pytest.mark.parametrize("pool", POOLS)
 def test_what_a_timed_out_job_does_afterwards__never_changes_its_row(
     tmp_path: Path, processes: list[Process], pool: str

@@ -74,8 +74,11 @@ extras: $(EXTRA_LEGS:%=extras-%)
 $(EXTRA_LEGS:%=extras-%): extras-%: .venv-extra-%/.installed
 	ULTIMAT3_EXTRAS=$* DATABASE_URL=sqlite:///$(CURDIR)/.venv-extra-$*/test.db $(<D)/bin/python -m pytest -q -p no:cacheprovider tests/extras
 
+# The whole-fleet soak's length: `make soak SOAK_SECONDS=3600` for an hour.
+SOAK_SECONDS ?= 120
+
 soak: $(STAMP)
-	$(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
+	SOAK_SECONDS=$(SOAK_SECONDS) $(WITH_PG) $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 # The README's screenshot of the tasks list, taken again by the quickstart's browser test.
 screenshot: $(STAMP)

@@ -156,3 +156,7 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_MONITORS"):
     )  # fmt: skip
     def unmonitored(occurrence: datetime) -> list[Entry]:
         return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_FLEET"):
+    from testproject.acceptance import soak  # noqa: F401  (the whole-fleet soak's schedule)

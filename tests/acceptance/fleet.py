@@ -11,11 +11,9 @@ the job table's dead tuples every few seconds.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ from django.db import OperationalError, connection
 from django.db.utils import InterfaceError
 
 from ..redis_server import RedisServer
-from .helpers import ROOT, Process, process_database_url, spawn
+from .helpers import CeleryWorker, Process, restart_throwaway_postgres, spawn, spawn_celery
 
 #: Settings every process of the fleet runs with: fast rounds and leases, quick recovery.
 SETTINGS: dict[str, Any] = {
@@ -55,61 +53,10 @@ def fleet_env(redis: RedisServer) -> dict[str, str]:
 
 
 @dataclass
-class CeleryProcess:
-    """A ``celery worker`` in a session of its own, so a signal reaches its pool too."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def started(self) -> bool:
-        return " ready." in self.log_path.read_text(errors="replace")
-
-    def signal(self, signum: int) -> None:
-        if self.alive():
-            os.killpg(self.popen.pid, signum)
-
-
-def start_celery(tmp_path: Path, name: str, redis: RedisServer) -> CeleryProcess:
-    log_path = tmp_path / f"{name}.log"
-    env = {
-        **os.environ,
-        "DATABASE_URL": process_database_url(),
-        "ULTIMAT3_ACCEPTANCE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **fleet_env(redis),
-    }
-    argv = [
-        sys.executable, "-m", "celery", "-A", "testproject", "worker",
-        "--pool", "prefork", "--concurrency", "4", "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--hostname", f"{name}@%h",
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    return CeleryProcess(name, popen, log_path)
-
-
-@dataclass
 class Life:
     """One process of a slot: when it started and ended, and how."""
 
-    process: Process | CeleryProcess
+    process: Process | CeleryWorker
     started_at: float
     ended_at: float | None = None
     exit_code: int | None = None
@@ -138,9 +85,15 @@ class Slot:
     def start(self) -> None:
         n = len(self.lives)
         name = f"{self.name}-{n}"
-        process: Process | CeleryProcess
+        process: Process | CeleryWorker
         if self.role == "celery":
-            process = start_celery(self.fleet.tmp_path, name, self.fleet.redis)
+            process = spawn_celery(
+                self.fleet.tmp_path,
+                name,
+                hostname=name,
+                concurrency=4,
+                env=fleet_env(self.fleet.redis),
+            )
         else:
             process = spawn(
                 self.fleet.tmp_path,
@@ -160,8 +113,8 @@ class Slot:
             return False
         if not self._started_seen:
             process = life.process
-            if isinstance(process, CeleryProcess):
-                self._started_seen = process.started()
+            if isinstance(process, CeleryWorker):
+                self._started_seen = process.ready()
             else:
                 self._started_seen = any(e["event"].endswith(".started") for e in process.events())
         return self._started_seen
@@ -430,18 +383,9 @@ class Chaos:
             self.backend_terminations += 1
             self.notes.append(f"terminated {count} backends")
         elif what == "restart-postgres":
-            data = os.environ.get("ULTIMAT3_TEST_PGDATA")
-            options = os.environ.get("ULTIMAT3_TEST_PGOPTIONS")
-            if not data or not options:
+            if not restart_throwaway_postgres():
                 self.notes.append("no PostgreSQL restart: not the throwaway cluster")
                 return
-            connection.close()
-            runner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-            subprocess.run(
-                [*runner, "pg_ctl", "-D", data, "-o", options, "-m", "fast", "-w", "restart"],
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
             self.postgres_restarts += 1
         elif what == "restart-redis":
             self.fleet.redis.stop()

@@ -99,6 +99,96 @@ def spawn(
     return Process(name, popen, log_path, log)
 
 
+@dataclass
+class CeleryWorker:
+    """A ``celery worker`` process in a session of its own, so a signal reaches its pool too."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        return " ready." in self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, signum)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            return self.popen.wait(10)
+
+
+def spawn_celery(
+    tmp_path: Path, name: str, *, hostname: str, concurrency: int, env: dict[str, str]
+) -> CeleryWorker:
+    """A prefork ``celery worker`` of the test project, its output in ``<name>.log``."""
+    log_path = tmp_path / f"{name}.log"
+    full_env = {
+        **os.environ,
+        "DATABASE_URL": process_database_url(),
+        "ULTIMAT3_ACCEPTANCE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    argv = [
+        sys.executable, "-m", "celery", "-A", "testproject", "worker",
+        "--pool", "prefork", "--concurrency", str(concurrency), "--loglevel", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--hostname", f"{hostname}@%h",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return CeleryWorker(name, popen, log_path)
+
+
+def throwaway_cluster() -> tuple[str, str] | None:
+    """The data directory and server options of the suite's throwaway PostgreSQL cluster, as
+    ``scripts/throwaway_postgres.py`` exports them; None against another server."""
+    data, options = (
+        os.environ.get("ULTIMAT3_TEST_PGDATA"),
+        os.environ.get("ULTIMAT3_TEST_PGOPTIONS"),
+    )
+    return (data, options) if data and options else None
+
+
+def restart_throwaway_postgres() -> bool:
+    """Restart the suite's throwaway cluster (``pg_ctl restart -m fast``); False, doing
+    nothing, when the tests run against another server."""
+    cluster = throwaway_cluster()
+    if cluster is None:
+        return False
+    data, options = cluster
+    from django.db import connection
+
+    connection.close()
+    runner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    subprocess.run(
+        [*runner, "pg_ctl", "-D", data, "-o", options, "-m", "fast", "-w", "restart"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return True
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.1) -> Any:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` otherwise."""
     deadline = time.monotonic() + timeout

@@ -11,11 +11,8 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,15 @@ from ultimat3_jobs.engines import send_celery
 from ultimat3_jobs.models import Job
 
 from ..redis_server import RedisServer, point_celery_at
-from .helpers import ROOT, Process, process_database_url, processes, spawn, stop_all, wait_for
+from .helpers import (
+    CeleryWorker,
+    Process,
+    processes,
+    spawn,
+    spawn_celery,
+    stop_all,
+    wait_for,
+)
 
 __all__ = ["processes"]
 
@@ -46,32 +51,6 @@ FAST = {"TICK_INTERVAL": 0.2, "LEASE_TTL": 2, "HEARTBEAT_INTERVAL": 1}
 VISIBILITY_TIMEOUT = 4
 #: Relayed rows not done after this many seconds are sent again.
 RESEND_AFTER = 10
-
-
-@dataclass
-class CeleryWorker:
-    """A ``celery worker`` process in a session of its own, so a kill takes its pool too."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def ready(self) -> bool:
-        return " ready." in self.log_path.read_text(errors="replace")
-
-    def kill(self, signum: int) -> None:
-        if self.alive():
-            os.killpg(self.popen.pid, signum)
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
-            return self.popen.wait(10)
 
 
 def relay_env(server: RedisServer, **extra: str) -> dict[str, str]:
@@ -90,7 +69,7 @@ def workers() -> Iterator[list[CeleryWorker]]:
     started: list[CeleryWorker] = []
     yield started
     for worker in started:
-        worker.kill(signal.SIGTERM)
+        worker.signal(signal.SIGTERM)
     for worker in started:
         worker.wait(20)
 
@@ -110,31 +89,10 @@ def start_worker(
     tmp_path: Path, workers: list[CeleryWorker], server: RedisServer, **env: str
 ) -> CeleryWorker:
     name = f"celery-{len(workers)}"
-    log_path = tmp_path / f"{name}.log"
-    full_env = {
-        **os.environ,
-        "DATABASE_URL": process_database_url(),
-        "ULTIMAT3_ACCEPTANCE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **relay_env(server, **env),
-    }
-    argv = [
-        sys.executable, "-m", "celery", "-A", "testproject", "worker",
-        "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--hostname", f"{name}-{time.monotonic_ns()}@%h",
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    worker = CeleryWorker(name, popen, log_path)
+    hostname = f"{name}-{time.monotonic_ns()}"
+    worker = spawn_celery(
+        tmp_path, name, hostname=hostname, concurrency=2, env=relay_env(server, **env)
+    )
     workers.append(worker)
     return worker
 
@@ -296,7 +254,7 @@ def chaos(
             ready = [w for w in workers if w.alive() and w.ready()]
             if ready:
                 victim_worker = rng.choice(ready)
-                victim_worker.kill(how)
+                victim_worker.signal(how)
                 victim_worker.wait(30)
                 start_worker(tmp_path, workers, redis_server, **pause)
                 kills["worker"] += 1

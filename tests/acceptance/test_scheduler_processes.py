@@ -6,9 +6,7 @@ in the window exactly once, and no second missing, whatever was done to the lead
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -21,7 +19,15 @@ from django.db.models import Count
 
 from ultimat3_jobs.models import Job
 
-from .helpers import Process, processes, spawn, stop_all, wait_for
+from .helpers import (
+    Process,
+    processes,
+    restart_throwaway_postgres,
+    spawn,
+    stop_all,
+    throwaway_cluster,
+    wait_for,
+)
 
 __all__ = ["processes"]
 
@@ -207,21 +213,11 @@ def test_schedulers__terminated_leader_connection_never_double_dispatches(
 def test_scheduler__postgres_restart_underneath__keeps_going_and_loses_nothing(
     tmp_path: Path, processes: list[Process]
 ) -> None:
-    data, options = (
-        os.environ.get("ULTIMAT3_TEST_PGDATA"),
-        os.environ.get("ULTIMAT3_TEST_PGOPTIONS"),
-    )
-    if not data or not options:
+    if throwaway_cluster() is None:
         pytest.skip("restarting PostgreSQL needs the throwaway cluster `make test` starts")
     start_schedulers(tmp_path, processes, "advisory", 2)
     wait_for(lambda: len(occurrences()) >= 2, 30, "the first dispatches")
-    connection.close()
-    runner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    subprocess.run(
-        [*runner, "pg_ctl", "-D", data, "-o", options, "-m", "fast", "-w", "restart"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    assert restart_throwaway_postgres()
     restarted_at = time.time()
     wait_for(progress_after(restarted_at, 3), 45, "dispatching to resume after restart")
     assert all(p.alive() for p in processes), "a scheduler died with the database"

@@ -286,23 +286,13 @@ class Attempts:
         """A Django Task's run ended from outside (``timed_out``, ``died``): failed with
         ``error``, written at once (the framework never retries). What its run writes later,
         if it ever returns, finds the row no longer running and changes nothing."""
-        now, text = self.clock(), storable(str(error))
-        ended = Ended(
-            job, Finish.failed(job, now=now, error=text), _since(started), error.as_fields()
-        )
         error_class = f"{type(error).__module__}.{type(error).__qualname__}"
-        written = self._write_now(
-            [ended],
-            lambda: self.store.task_failed(
-                job_id=job.id,
-                worker=self.node_id,
-                now=now,
-                error=text,
-                error_class=error_class,
-                tb="",
-            ),
+        finish = Finish.failed(job, now=self.clock(), error=storable(str(error)))
+        finish = replace(finish, result=TaskResultColumns(None, error_class, ""))
+        [outcome] = self.report_all(
+            self.record([Ended(job, finish, _since(started), error.as_fields())])
         )
-        return self.report(ended, written)
+        return outcome
 
     def lost(self, job: ClaimedJob) -> Outcome:
         """A claimed-ahead job whose row was no longer ours when a thread took it (cancelled,
@@ -409,13 +399,16 @@ class Attempts:
         """``report`` for each attempt of a write, as written."""
         outcomes = [self.report(one, one.job.id in written.ids) for one in written.ended]
         # Django Tasks' ``task_finished``: their rows are written, and committed.
-        runs = [(one.run, one.finish) for one in written.ended if one.job.id in written.ids]
-        if any(run is not None for run, _ in runs):
+        runs = [
+            (one.run, one.finish.finished_at)
+            for one in written.ended
+            if one.run is not None and one.job.id in written.ids
+        ]
+        if runs:
             from . import backends
 
-            for run, finish in runs:
-                if run is not None:
-                    backends.finished(run, now=finish.finished_at)
+            for run, finished_at in runs:
+                backends.finished(run, now=finished_at)
         # Written and over for good (not a retry): these may be an occurrence's last jobs.
         self.checkins.ended(
             (one.job.id, one.job.key)

@@ -20,6 +20,7 @@ the others, so none may stay ``running`` without a thread or an outcome here hol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -270,7 +271,10 @@ class Worker:
     def _job_thread(self, slot: _Slot) -> None:
         try:
             if slot.child is not None:
-                slot.child.ensure()  # Ready before the first job: a child takes a while to start.
+                # Ready before the first job: a child takes a while to start. One that cannot
+                # is tried again, and told of, by the first job's ``_take``.
+                with contextlib.suppress(ChildDied):
+                    slot.child.ensure()
             while True:
                 try:
                     job = self._inbox.get(timeout=self.poll_interval.total_seconds())
@@ -312,7 +316,19 @@ class Worker:
     def _take(self, job: ClaimedJob, slot: _Slot) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
         if slot.child is not None:
-            slot.child.ensure()  # A replaced child starts before the job is marked started.
+            try:
+                slot.child.ensure()  # A replaced child starts before the job is marked started.
+            except ChildDied as death:
+                emit(
+                    logger,
+                    "jobs.worker.child-start-failed",
+                    logging.ERROR,
+                    job=job.id,
+                    exit_code=death.exit_code,
+                )
+                # Never started: it goes back uncounted, for a slot whose child can run it.
+                self._let_go(job, None, ran=False)
+                return
         try:
             started = self.attempts.start(job)
         except DATABASE_ERRORS as error:

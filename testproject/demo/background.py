@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django_tasks import TaskContext, task
@@ -79,3 +80,9 @@ def stamp(occurrence: str) -> str:
 def unstorable(label: str) -> str:
     """Return text no JSON column keeps (a NUL character): its run must still end, failed."""
     return f"{label}\x00"
+
+
+@task()
+def nap(seconds: float) -> None:
+    """Sleeps: past ``JOB_TIMEOUT``, the worker ends it failed."""
+    time.sleep(seconds)

@@ -7,6 +7,7 @@ from ``testing.FaultyStore`` around the real store, or from the database itself.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from testproject.demo.models import Ping
 from ultimat3_jobs import clock
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.pool import Child, ChildDied
 from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.store import store_for
 from ultimat3_jobs.testing import Fault, FaultyStore, fail, faults
@@ -386,3 +388,64 @@ def test_run__a_django_task_outcome_cut_with_its_connection_is_written_on_a_fres
     assert left == []
     assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
     assert worker.outcomes["succeeded"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_child_that_cannot_start_gives_its_job_back_uncounted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = make_job(data={"label": "no-child"})
+
+    def cannot_start(self: Child) -> None:
+        raise ChildDied(1)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Child, "ensure", cannot_start)
+        worker, _ = _worker(pool="process", burst=False)
+        with caplog.at_level(logging.ERROR, logger="ultimat3_jobs.worker"):
+            worker.start()
+            try:
+                wait_until(
+                    lambda: any(
+                        getattr(r, "event", "") == "jobs.worker.child-start-failed"
+                        for r in caplog.records
+                    ),
+                    what="the child's start to fail",
+                )
+            finally:
+                worker.stop()
+        assert worker.exit_code == CLEAN_EXIT
+    row = Job.objects.get(pk=made.pk)
+    # It never ran: back in the queue with no attempt used, whatever the slot went through.
+    assert (row.status, row.attempts, row.worker) == (JobStatus.QUEUED, 0, "")
+    assert not Ping.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its_error(
+    settings: Any,
+) -> None:
+    settings.ULTIMAT3_JOBS = {"JOB_TIMEOUT": 1}  # Its setting_changed clears the settings.
+    result = background.nap.enqueue(3)
+    after = background.add.enqueue(1, 1)
+    worker, _ = _worker(burst=False)
+    worker.start()
+    try:
+        wait_until(
+            lambda: (
+                not Job.objects.filter(
+                    pk__in=[int(result.id), int(after.id)],
+                    status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                ).exists()
+            ),
+            what="both to end",
+        )
+    finally:
+        worker.stop()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.JobTimeoutError"
+    assert "jobs.job.timeout" in Job.objects.get(pk=int(result.id)).last_error
+    after.refresh()  # The slot ran the next one.
+    assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)

@@ -250,17 +250,6 @@ class JobStore(Protocol):
         """
         ...
 
-    def task_succeeded(self, *, job_id: int, worker: str, now: datetime, return_value: Any) -> bool:
-        """A Django Task's run succeeded: running -> succeeded with its JSON return value."""
-        ...
-
-    def task_failed(
-        self, *, job_id: int, worker: str, now: datetime, error: str, error_class: str, tb: str
-    ) -> bool:
-        """A Django Task raised: running -> failed after its one run (the framework never
-        retries)."""
-        ...
-
     def recover(self, *, stale_after: timedelta, now: datetime) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue.
 

@@ -433,36 +433,6 @@ class PortableStore:
         )
         return requeued + failed + _release(unheld.exclude(pk__in=ran))
 
-    def _if_ours(self, job_id: int, claimed_by: str, **changes: Any) -> bool:
-        rows = self._jobs().filter(pk=job_id, status=JobStatus.RUNNING, worker=claimed_by)
-        return bool(rows.update(**changes))
-
-    def task_succeeded(self, *, job_id: int, worker: str, now: datetime, return_value: Any) -> bool:
-        return self._if_ours(
-            job_id,
-            worker,
-            status=JobStatus.SUCCEEDED,
-            finished_at=now,
-            last_error="",
-            return_value=return_value,
-            # A retried row that failed before succeeds without its earlier error.
-            error_class="",
-            traceback="",
-        )
-
-    def task_failed(
-        self, *, job_id: int, worker: str, now: datetime, error: str, error_class: str, tb: str
-    ) -> bool:
-        return self._if_ours(
-            job_id,
-            worker,
-            status=JobStatus.FAILED,
-            finished_at=now,
-            last_error=error,
-            error_class=error_class,
-            traceback=tb,
-        )
-
     def recover(self, *, stale_after: timedelta, now: datetime) -> Recovered:
         stale_before = ExpressionWrapper(
             Now() - Value(stale_after, output_field=DurationField()), output_field=DateTimeField()

@@ -42,7 +42,7 @@ from .planner import (
 )
 from .registry import registry
 from .state import FencingLost, SchedulerState, WatermarkMoved
-from .store import Enqueued
+from .store import Enqueued, TaskState
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
 #: One line per task and occurrence (dispatched, armed): a logger of their own, so a site with
@@ -222,8 +222,9 @@ class Scheduler:
         else:
             names.append(name)
 
-    def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
-        """Every task's next due instant from the stored watermarks: one read.
+    def _rebuild(self, handles: dict[str, TaskHandle]) -> dict[str, TaskState]:
+        """Every task's next due instant from the stored watermarks: one read, returned for
+        the round that rebuilt to plan from rather than read again.
 
         The declarations are mirrored first, once per process (and again if they change), here
         in the loop rather than at start, so a database down at start is retried like any other.
@@ -255,6 +256,7 @@ class Scheduler:
             self._due_at.setdefault(at, []).append(name)
         self._heap = list(self._due_at)
         heapq.heapify(self._heap)
+        return states
 
     def _pop_due(self, now: datetime) -> list[str]:
         assert self._due is not None
@@ -297,19 +299,24 @@ class Scheduler:
         handles = self._handles()
         if not self.is_leader:
             emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
+        # The watermarks a rebuild just read are those this round plans from: at a start (and
+        # every run of --once) one read of every task rather than two.
+        states = None
         if not self.is_leader or self._due is None or handles is not self._due_for:
-            self._rebuild(handles)
+            states = self._rebuild(handles)
         self.is_leader = True
         now = self._round_at = self.clock()
         try:
-            dispatched = self._dispatch_due(handles, now)
+            dispatched = self._dispatch_due(handles, now, states)
         except BaseException:
             self._due = None  # Rebuild from the database: the popped tasks were not rescheduled.
             raise
         self.state.heartbeat(is_leader=True, round_at=now, error=self.last_error)
         return dispatched
 
-    def _dispatch_due(self, handles: dict[str, TaskHandle], now: datetime) -> Report:
+    def _dispatch_due(
+        self, handles: dict[str, TaskHandle], now: datetime, states: dict[str, TaskState] | None
+    ) -> Report:
         assert self._due is not None
         names = [name for name in self._pop_due(now) if name in handles]
         if not names:
@@ -325,7 +332,7 @@ class Scheduler:
         if tracer is not None:
             traced = tracing.RoundTrace(tracer, due=len(names), node=self.state.node_id)
         try:
-            return self._dispatch(handles, names, now, traced)
+            return self._dispatch(handles, names, now, traced, states)
         except BaseException as error:
             if traced is not None:
                 traced.failed(error)
@@ -342,9 +349,11 @@ class Scheduler:
         names: list[str],
         now: datetime,
         traced: tracing.RoundTrace | None,
+        states: dict[str, TaskState] | None = None,
     ) -> Report:
         started = time.perf_counter()
-        states = self.state.load(names)
+        if states is None:
+            states = self.state.load(names)
         plan = RoundPlan(now=now, database=self.state.using)
         # Per name of ``names``, what planning it did; None for a task not reached, due again
         # now. A list beside the names, rather than a tuple per task.

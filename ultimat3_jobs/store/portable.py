@@ -818,11 +818,17 @@ class PortableStore:
         every = names is None or len(names) > EVERY_TASK_FROM
         found = self._every_task_state() if every else self._task_states(list(names or ()))
         wanted = None if names is None else set(names)
-        return {
-            name: TaskState(watermark, paused)
-            for name, watermark, paused in found
-            if wanted is None or name in wanted
-        }
+        # One record per watermark and pause, shared (it is frozen): tasks that fire together
+        # share their watermark, and a record each is memory a round holds for every task.
+        shared: dict[tuple[datetime | None, bool], TaskState] = {}
+        states = {}
+        for name, watermark, paused in found:
+            if wanted is None or name in wanted:
+                state = shared.get((watermark, paused))
+                if state is None:
+                    state = shared[watermark, paused] = TaskState(watermark, paused)
+                states[name] = state
+        return states
 
     def _every_task_state(self) -> Iterable[tuple[str, datetime | None, bool]]:
         return self._task_states(None)

@@ -42,7 +42,7 @@ from .logs import emit, failure_fields
 from .models import JobStatus
 from .registry import registry
 from .retries import format_error, retry_delay, storable
-from .store import ClaimedJob, Finish, JobStore, TaskResultColumns
+from .store import ClaimedJob, Finish, JobStore, TaskResultColumns, claimed_row
 
 if TYPE_CHECKING:
     from .backends import TaskRun
@@ -193,13 +193,15 @@ class Attempts:
     def start(self, job: ClaimedJob) -> bool | Job:
         """Make ``job``'s start durable before its function runs, unless the claim did: a job
         that kills its worker at once must still use up an attempt, or it would be claimed and
-        run forever. A Django Task's row comes back whole (its run reads it; the start is
-        marked in that read). False: the row is no longer ours, it must not run. Raises the
-        database's error: the start may or may not have landed, the job must not run."""
+        run forever. A Django Task's start is marked as a @job's is, and its row, which its
+        run reads, is made from its claim. False: the row is no longer ours, it must not run.
+        Raises the database's error: the start may or may not have landed, the job must not
+        run."""
+        if not (job.started or self._marks.mark(job)):
+            return False
         if job.backend:
-            row = self.store.start_task(job=job, worker=self.node_id, now=self.clock())
-            return False if row is None else row
-        return job.started or self._marks.mark(job)
+            return claimed_row(job, worker=self.node_id, started_at=self.clock())
+        return True
 
     def run(self, job: ClaimedJob) -> Ended:
         """Run one claimed, started @job; how it ended, not yet written."""

@@ -12,7 +12,14 @@ from django.utils import timezone
 
 from tests.integration.factories import demo_ping
 from ultimat3_jobs.models import Job, JobStatus, Node
-from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, PostgresStore, store_for
+from ultimat3_jobs.store import (
+    ClaimedJob,
+    Finish,
+    PortableStore,
+    PostgresStore,
+    claimed_row,
+    store_for,
+)
 from ultimat3_jobs.store.columns import (
     CARRIED,
     NEW_JOB_NAMES,
@@ -484,14 +491,30 @@ def test_mark_started__marks_only_the_workers_same_attempt() -> None:
 
 
 @pytest.mark.django_db
-def test_start_task__marks_and_reads_the_row_or_none_once_it_is_not_ours() -> None:
-    _queued(2)
-    store = store_for("default")
-    mine, cancelled = store.claim(worker="w1", limit=2, now=T0, start=0)
-    Job.objects.filter(pk=cancelled.id).update(status=JobStatus.CANCELLED)
-    row = store.start_task(job=mine, worker="w1", now=T0)
-    assert row is not None and (row.pk, row.started_at, row.input) == (mine.id, T0, mine.input)
-    assert store.start_task(job=cancelled, worker="w1", now=T0) is None
+def test_claim__a_django_tasks_row_made_from_its_claim_is_the_row_its_run_would_read() -> None:
+    made = Job.objects.create(
+        name="demo.tasks.add",
+        key=f"task:{uuid.uuid4().hex}",
+        input={"b": 2},
+        args=[1, [3, "x"]],
+        backend="default",
+        priority=7,
+        run_at=T0 - timedelta(seconds=1),
+        created_at=T0 - timedelta(minutes=5, microseconds=123),
+    )
+    [job] = store_for("default").claim(worker="w1", limit=1, now=T0, start=0)
+    assert (job.args, job.created_at) == (made.args, made.created_at)
+    assert store_for("default").mark_started(jobs=[job], worker="w1", now=T0) == {job.id}
+    row, read = claimed_row(job, worker="w1", started_at=T0), Job.objects.get(pk=made.pk)
+    columns = [field.attname for field in Job._meta.concrete_fields]
+    assert {c: getattr(row, c) for c in columns} == {c: getattr(read, c) for c in columns}
+
+
+@pytest.mark.django_db
+def test_claim__a_jobs_claim_carries_no_task_columns() -> None:
+    _queued(1)
+    [job] = store_for("default").claim(worker="w1", limit=1, now=T0)
+    assert (job.args, job.created_at) == (None, None)
 
 
 def _node(node_id: str, *, stale: bool) -> None:

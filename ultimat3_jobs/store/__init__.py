@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from .columns import claimed_row
 from .portable import PortableStore
 from .postgres import PostgresStore
 from .values import (
@@ -223,11 +224,6 @@ class JobStore(Protocol):
         crash may lose it, and the job then runs again uncounted), so a job that kills its
         worker as it starts still uses up its attempts.
         """
-        ...
-
-    def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
-        """``mark_started`` for a Django Task's row (unless the claim marked it), and the whole
-        row, which its run reads; None when the row is no longer ``worker``'s."""
         ...
 
     def release(self, *, jobs: Sequence[ClaimedJob], worker: str) -> int:
@@ -506,6 +502,7 @@ __all__ = [
     "Swapped",
     "TaskResultColumns",
     "TaskState",
+    "claimed_row",
     "enqueue",
     "store_for",
 ]

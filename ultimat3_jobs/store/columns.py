@@ -203,6 +203,30 @@ def scheduled_row(
             handle.relay, trace_context)  # fmt: skip
 
 
+def claimed_row(job: ClaimedJob, *, worker: str, started_at: datetime) -> Job:
+    """A started Django Task's row as its run reads it, made from its claim, not read again:
+    the claim returned every column the run and its ``TaskResult`` need."""
+    assert job.created_at is not None  # Claimed with a Django Task's row.
+    return Job(
+        id=job.id,
+        name=job.name,
+        key=job.key,
+        input=job.input,
+        args=job.args,
+        status=JobStatus.RUNNING,
+        queue=job.queue,
+        priority=job.priority,
+        backend=job.backend,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        run_at=job.run_at,
+        created_at=job.created_at,
+        started_at=started_at,
+        worker=worker,
+        trace_context=job.trace_context,
+    )
+
+
 def wake_payload(queue: str, relay: str) -> str:
     """Whom a new row's NOTIFY wakes: the workers of its queue, or the relays."""
     return RELAY_PAYLOAD if relay else queue

@@ -392,17 +392,18 @@ class PortableStore:
             .order_by("-priority", "run_at", "pk")
             .values_list(*CLAIMED_COLUMNS, "started_at")
         )
+        # ``created_at`` (the last claimed column) only for a Django Task, whose run reads it.
         return written, [
-            replace(ClaimedJob(*row[:-1]), started=row[-1] is not None) for row in claimed
+            replace(
+                ClaimedJob(*row[:-1]),
+                created_at=row[-2] if row[9] else None,
+                started=row[-1] is not None,
+            )
+            for row in claimed
         ]
 
     def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
         return {job.id for job in jobs if self._attempt(job, worker).update(started_at=now)}
-
-    def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
-        if not job.started and not self.mark_started(jobs=[job], worker=worker, now=now):
-            return None
-        return self._attempt(job, worker).first()
 
     def _attempt(self, job: ClaimedJob, worker: str) -> QuerySet[Job]:
         """The row of ``job``'s claim, while it is still ``worker``'s same attempt."""

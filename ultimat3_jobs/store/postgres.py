@@ -265,15 +265,6 @@ class PostgresStore(PortableStore):
             cursor.execute(statement, _start_params(jobs, worker, now))
             return {pk for (pk,) in cursor.fetchall()}
 
-    def start_task(self, *, job: ClaimedJob, worker: str, now: datetime) -> Job | None:
-        """The start mark and the row's read in one statement (see ``sql.START_TASK``)."""
-        connection = connections[self.using]
-        statement = sql.START_TASK_IN_CALLER if connection.in_atomic_block else sql.START_TASK
-        if job.started:
-            return super().start_task(job=job, worker=worker, now=now)
-        found = list(self._jobs().raw(statement, _start_params([job], worker, now)))
-        return found[0] if found else None
-
     # -- the relay's outbox -----------------------------------------------------------------------
 
     def claim_outbox(
@@ -436,18 +427,22 @@ def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
 
 
 def _claimed_rows(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
-    """Claimed rows (``CLAIMED_COLUMNS``) as records, in the claim's order."""
+    """Claimed rows (``CLAIMED_COLUMNS``, then ``started``) as records, in the claim's order."""
     instant = instants_from_microseconds()
     jobs = []
     for row in rows:
         # Django loads jsonb as text for JSONField to decode; this bypasses the field.
-        data = row[3]
+        data, args = row[3], row[11]
         run_at = instant(row[7])
         assert run_at is not None  # A NOT NULL column.
         jobs.append(
             ClaimedJob(
                 row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
-                row[4], row[5], row[6], run_at, *row[8:],
+                row[4], row[5], row[6], run_at, row[8], row[9], row[10],
+                json.loads(args) if isinstance(args, str) else args,
+                # Only a Django Task's run reads it.
+                instant(row[12]) if row[9] else None,
+                row[13],
             )
         )  # fmt: skip
     return sorted(jobs, key=_by_priority_then_due)

@@ -158,12 +158,12 @@ COPY {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up,
                     recorded_at, node, "user", detail) FROM STDIN
 """
 
-# What a claim returns: ``CLAIMED_COLUMNS``, run_at as microseconds since the epoch (see
-# ``db.instants_from_microseconds``), then whether the claim marked the row started.
+# What a claim returns: ``CLAIMED_COLUMNS``, run_at and created_at as microseconds since the
+# epoch (see ``db.instants_from_microseconds``), then whether the claim marked the row started.
 _RETURNING = ", ".join(
     [
-        "(extract(epoch FROM job.run_at) * 1000000)::bigint"
-        if column == "run_at"
+        f"(extract(epoch FROM job.{column}) * 1000000)::bigint"
+        if column in ("run_at", "created_at")
         else f"job.{column}"
         for column in CLAIMED_COLUMNS
     ]
@@ -223,17 +223,13 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS s(job_id bigint, attempts integer),
      (SELECT {lazy}) AS commit_setting
 WHERE job.id = s.job_id AND job.status = 'running' AND job.worker = %(worker)s
   AND job.attempts = s.attempts
-RETURNING {returning}
+RETURNING job.id
 """
 _LAZY_COMMIT = "set_config('synchronous_commit', 'off', true)"
 #: Mark claimed-ahead rows started; returns the ids of those still ours.
-MARK_STARTED = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.id")
+MARK_STARTED = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT)
 #: ``MARK_STARTED`` inside a caller's transaction: its commit is the caller's, left as it is.
-MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.id")
-#: ``MARK_STARTED`` of one row, returning it whole: a Django Task's run reads all of it.
-START_TASK = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT, returning="job.*")
-#: ``START_TASK`` inside a caller's transaction.
-START_TASK_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1", returning="job.*")
+MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1")
 
 # Write how a batch of attempts ended, given as one JSON array of objects, one a finish: one
 # quoted text rather than six arrays quoted element by element, far cheaper to send for the

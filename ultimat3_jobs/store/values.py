@@ -78,6 +78,10 @@ class ClaimedJob:
     backend: str = ""
     #: The ``traceparent`` its run continues; empty while tracing is off.
     trace_context: str = ""
+    #: A Django Task's positional arguments; None for a @job.
+    args: list[Any] | None = None
+    #: When a Django Task's row was made (its result's ``enqueued_at``); None for a @job.
+    created_at: datetime | None = None
     #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
     #: thread. One claimed ahead is not, until ``JobStore.mark_started`` says its function may
     #: run; only a started attempt is counted when its worker dies.

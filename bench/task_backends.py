@@ -5,7 +5,10 @@ workers are started and idle first, then N tasks are enqueued one by one (each i
 transaction, as a view would), and the clock stops at the last task's finish as its row
 records it. ``run_worker`` runs with ``--concurrency`` threads; ``db_worker`` runs one task
 at a time per process, so it is measured with one and with as many processes as we have
-threads. Run: ``python -m bench`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+threads. Then a backlog (5,000 by default) drained by one worker process from its start to its
+exit: Django Tasks and the same no-op as a @job with ``run_worker --burst``, and django-tasks-db
+with ``db_worker --batch``. Run: ``python -m bench`` (needs the ``bench`` extra:
+``pip install -e '.[bench]'``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -210,10 +214,64 @@ def measure_db_worker(n: int, processes: int) -> tuple[float, float]:
         _clean()
 
 
+def _burst(argv: list[str], enqueue: Callable[[], None], n: int) -> float:
+    """Tasks per second a backlog of ``n`` (enqueued first by ``enqueue``) drains at, one worker
+    process that exits once nothing is left: its start to its exit, as a user's clock sees it."""
+    enqueue()
+    start = time.perf_counter()
+    [worker] = _start(argv, 1)
+    if worker.wait(600) != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited with status {worker.returncode}")
+    return n / (time.perf_counter() - start)
+
+
+def measure_bursts(n: int, concurrency: int, rounds: int) -> dict[str, list[float]]:
+    """The same backlog of ``n`` no-op Django Tasks and @jobs, each drained by
+    ``run_worker --burst`` (``rounds`` times, interleaved), and by ``db_worker --batch`` once."""
+    from django.db import transaction
+    from django_tasks_db.models import DBTaskResult
+
+    from ultimat3_jobs.models import Job
+
+    from . import worker as jobs_bench
+    from .tasks import noop_db, noop_jobs
+
+    burst = ["run_worker", "--burst", "--concurrency", str(concurrency)]
+    rates: dict[str, list[float]] = {"task": [], "job": [], "db": []}
+
+    def tasks(task: Any) -> Callable[[], None]:
+        def enqueue() -> None:
+            with transaction.atomic():
+                for i in range(n):
+                    task.enqueue(i)
+
+        return enqueue
+
+    for _ in range(rounds):
+        rates["task"].append(_burst([*burst, "--queues", "bench"], tasks(noop_jobs), n))
+        assert Job.objects.filter(queue="bench", status="succeeded").count() == n
+        _clean()
+        rates["job"].append(
+            _burst(
+                [*burst, "--queues", jobs_bench.QUEUE],
+                lambda: jobs_bench._enqueue(n, "demo.noop"),
+                n,
+            )
+        )
+        assert jobs_bench._succeeded() == n
+        jobs_bench._clean()
+    rates["db"].append(_burst([*DB_WORKER, "--batch"], tasks(noop_db), n))
+    assert DBTaskResult.objects.filter(queue_name="bench", status="SUCCESSFUL").count() == n
+    _clean()
+    return rates
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", type=int, default=1000, help="no-op tasks per measurement")
     parser.add_argument("--concurrency", type=int, default=4, help="run_worker threads")
+    parser.add_argument("--backlog", type=int, default=5000, help="tasks in the burst backlog")
+    parser.add_argument("--rounds", type=int, default=3, help="burst rounds of ours")
     args = parser.parse_args(argv)
     try:
         import django_tasks_db  # noqa: F401
@@ -264,6 +322,24 @@ def main(argv: list[str] | None = None) -> None:
         "enqueue to last finish. backlog: the same tasks enqueued first, then the workers "
         "started; first start to last finish. vs db: against one db_worker process."
     )
+    rates = measure_bursts(args.backlog, c, args.rounds)
+    task, job, db = (statistics.median(rates[k]) for k in ("task", "job", "db"))
+    print(
+        f"\nA backlog of {args.backlog:,} no-op tasks, one worker process from its start to its "
+        f"exit (run_worker --burst --concurrency {c}, median of {args.rounds} interleaved "
+        "rounds; db_worker --batch, one run)"
+    )
+    header = f"{'':<44} | {'tasks/s':>8} | {'vs @job':>7} | {'vs db':>7} | goal"
+    print(header)
+    print("-" * len(header))
+    for label, rate, goal in (
+        ("Django Tasks on JobsBackend, run_worker", task, ">= 0.8x @job, >= 20x db"),
+        ("@job (the same no-op), run_worker", job, ""),
+        ("django-tasks-db, db_worker --batch", db, ""),
+    ):
+        print(f"{label:<44} | {rate:>8.0f} | {rate / job:>6.2f}x | {rate / db:>6.1f}x | {goal}")
+    for key in ("task", "job"):
+        print(f"  {key} rounds: {', '.join(f'{rate:.0f}' for rate in rates[key])}")
 
 
 if __name__ == "__main__":

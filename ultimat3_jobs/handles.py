@@ -16,7 +16,7 @@ import uuid
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Literal, Protocol
 
@@ -82,6 +82,11 @@ EntryAdapter = Callable[[object], "JobHandle | None"]
 # Set by the app's ``ready()``: a handle reaches the store through what is wired here, never
 # by importing it, so the declarations stay below the store.
 _store_enqueue: Enqueue | None = None
+
+#: Instants in a zone, as task functions receive them: a round asks the same few (one
+#: occurrence, a handful of zones) once per task, and converting costs ten times a look-up.
+_LOCAL: dict[tuple[datetime, zoneinfo.ZoneInfo], datetime] = {}
+_LOCAL_SIZE = 4096
 _entry_adapters: list[EntryAdapter] = []
 
 
@@ -120,6 +125,22 @@ def _adapted(value: object) -> object:
         if handle is not None:
             return handle
     return value
+
+
+def _local(at: datetime, zone: zoneinfo.ZoneInfo) -> datetime:
+    """``at.astimezone(zone)``, each instant and zone converted once (while remembered).
+
+    Only an instant in UTC is remembered: two wall times that differ by their ``fold`` alone
+    are equal keys, yet not the same instant.
+    """
+    if at.tzinfo is not UTC:
+        return at.astimezone(zone)
+    found = _LOCAL.get((at, zone))
+    if found is None:
+        if len(_LOCAL) >= _LOCAL_SIZE:
+            _LOCAL.clear()
+        found = _LOCAL[at, zone] = at.astimezone(zone)
+    return found
 
 
 class JobHandle:
@@ -350,7 +371,7 @@ class TaskHandle:
         occurrence must build the payload for its own day. ``check_inputs=False`` leaves the
         inputs as the function gave them, for a caller that only wants the jobs.
         """
-        at = (occurrence or clock.now()).astimezone(self.zone)
+        at = _local(occurrence, self.zone) if occurrence else clock.now().astimezone(self.zone)
         try:
             produced = self.func(at)
             raw = list(produced) if produced is not None else []
@@ -366,7 +387,7 @@ class TaskHandle:
             ) from error
         checked: list[tuple[JobHandle, dict[str, Any]]] = []
         for item in raw:
-            if not (isinstance(item, tuple | list) and len(item) == 2):
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
                 raise TaskEntriesError(
                     f'task "{self.name}" returned {item!r}, not a (job, input) pair',
                     fix=f'make task "{self.name}" return a list like '

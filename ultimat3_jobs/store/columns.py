@@ -192,10 +192,17 @@ def scheduled_row(
     config: Settings,
     at: Callable[[datetime | None], str | None],
     trace_context: str = "",
+    defaults: dict[JobHandle, tuple[str, int, str]] | None = None,
 ) -> tuple[Any, ...]:
     """``copy_row(job_fields(...))`` of a scheduler round's job, made without the dict: the
-    same defaults, the same columns."""
-    queue, max_attempts, status = _defaults(handle, None, config)
+    same defaults, the same columns. ``defaults``: each job's, kept there across a round's
+    rows (the job's status is an enum member, slow to read)."""
+    found = None if defaults is None else defaults.get(handle)
+    if found is None:
+        found = _defaults(handle, None, config)
+        if defaults is not None:
+            defaults[handle] = found
+    queue, max_attempts, status = found
     when = at(now)
     text = data if isinstance(data, str) else dumps(data)
     return (handle.name, key, text, status, queue, 0, max_attempts, when, when, "", task,

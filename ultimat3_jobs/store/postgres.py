@@ -136,11 +136,12 @@ class PostgresStore(PortableStore):
     ) -> Enqueued | None:
         """Each row is written as its occurrence comes, in one COPY (see ``_copy_new``)."""
         config, at = get_settings(), instant_texts()
+        defaults: dict[JobHandle, tuple[str, int, str]] = {}
         rows = (
             scheduled_row(
                 p.job, p.data, key=p.key, task=f.task, occurrence=f.occurrence,
                 catch_up=f.catch_up, now=now, config=config, at=at,
-                trace_context=f.trace_context,
+                trace_context=f.trace_context, defaults=defaults,
             )
             for f in fired
             for p in f.jobs

@@ -156,9 +156,10 @@ def load_task(path: str) -> Task:
 
 def result_of(job: Job, task: Task, alias: str) -> TaskResult:
     """A ``TaskResult`` of ``job``'s row as loaded."""
-    # Should the settings have changed since, the declared task still tells what it is.
-    with contextlib.suppress(InvalidTaskError):
-        task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
+    if (task.priority, task.queue_name, task.backend) != (job.priority, job.queue, alias):
+        # Should the settings have changed since, the declared task still tells what it is.
+        with contextlib.suppress(InvalidTaskError):
+            task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
     errors: list[TaskError] = []
     if job.error_class:
         errors.append(TaskError(exception_class_path=job.error_class, traceback=job.traceback))

@@ -11,6 +11,7 @@ a declaration sets are ``DECLARED``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -214,7 +215,8 @@ def claimed_row(job: ClaimedJob, *, worker: str, started_at: datetime) -> Job:
     """A started Django Task's row as its run reads it, made from its claim, not read again:
     the claim returned every column the run and its ``TaskResult`` need."""
     assert job.created_at is not None  # Claimed with a Django Task's row.
-    return Job(
+    values = _row_defaults().copy()
+    values.update(
         id=job.id,
         name=job.name,
         key=job.key,
@@ -232,6 +234,16 @@ def claimed_row(job: ClaimedJob, *, worker: str, started_at: datetime) -> Job:
         worker=worker,
         trace_context=job.trace_context,
     )
+    # Every column by position, as Django builds a row it read: a quarter of the time that
+    # keyword arguments take.
+    return Job(*values.values())  # type: ignore[misc]  # the stubs take no unpacked row
+
+
+@functools.cache
+def _row_defaults() -> dict[str, Any]:
+    """Each column's default, in the model's order (the one mutable default, input's, is
+    always replaced)."""
+    return {field.attname: field.get_default() for field in Job._meta.concrete_fields}
 
 
 def wake_payload(queue: str, relay: str) -> str:
@@ -255,11 +267,15 @@ def declaration(handle: TaskHandle) -> dict[str, Any]:
     return dict(zip(DECLARED, declared(handle), strict=True))
 
 
-def job_names(handle: TaskHandle) -> list[str]:
-    """The jobs a task enqueues, for the admin; a task whose function fails shows none."""
+def job_names(handle: TaskHandle, at: datetime | None = None) -> list[str]:
+    """The jobs a task enqueues, for the admin; a task whose function fails shows none.
+
+    The function is called for ``at`` (default: now): one instant for many tasks, read once,
+    is converted to each zone once rather than read and converted for every task.
+    """
     try:
         # Only the names: checking every input of every task at start costs more than the
         # admin's list is worth.
-        return [job.name for job, _ in handle.entries(check_inputs=False)]
+        return [job.name for job, _ in handle.entries(at, check_inputs=False)]
     except Exception:
         return []

@@ -777,12 +777,13 @@ class PortableStore:
             rows = self._tasks().order_by()
             current = list(rows.filter(name__in=[handle.name for handle in changed]))
             by_name = {handle.name: handle for handle in changed}
+            at = clock.now()
             for task in current:
                 handle = by_name[task.name]
                 for key, value in zip(DECLARED, declared(handle), strict=True):
                     setattr(task, key, value)
                 task.declared = True
-                task.jobs = job_names(handle)
+                task.jobs = job_names(handle, at)
             rows.bulk_update(current, [*DECLARED, "jobs", "declared"])
         return stored
 
@@ -805,9 +806,10 @@ class PortableStore:
 
     def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
         """Rows for tasks seen for the first time; one another node just wrote is left alone."""
+        at = clock.now()
         self._tasks().bulk_create(
             [
-                Task(name=handle.name, jobs=job_names(handle), **declaration(handle))
+                Task(name=handle.name, jobs=job_names(handle, at), **declaration(handle))
                 for handle in handles
             ],
             ignore_conflicts=True,

@@ -377,8 +377,9 @@ class PostgresStore(PortableStore):
 def _new_task_slices(handles: Sequence[TaskHandle]) -> Iterator[str]:
     """``INSERT_TASKS``' rows for ``handles``, ``SYNC_SLICE`` to a statement, as JSON text."""
     for start in range(0, len(handles), SYNC_SLICE):
+        at = clock.now()  # Each task's function is called for its jobs' names, at one instant.
         rows = [
-            {"name": handle.name, **declaration(handle), "jobs": job_names(handle)}
+            {"name": handle.name, **declaration(handle), "jobs": job_names(handle, at)}
             for handle in handles[start : start + SYNC_SLICE]
         ]
         yield dumps(rows)

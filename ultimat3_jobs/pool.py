@@ -44,6 +44,8 @@ READY_WITHIN = 120.0
 STOP_AFTER = 5.0
 #: How often a child checks that its worker is still alive; orphaned, it exits.
 ORPHAN_CHECK = 1.0
+#: How often a child's start is checked for having been given up (``Child.cancel``).
+CANCEL_CHECK = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +110,23 @@ class Child:
         self._conn: Connection | None = None
         self._jobs = 0
         self._context = multiprocessing.get_context("spawn")
+        self._cancelled = threading.Event()
 
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
     def ensure(self) -> None:
-        """A live child, ready for a job: a dead one (killed between jobs) is replaced."""
+        """A live child, ready for a job: a dead one (killed between jobs) is replaced.
+
+        Raises ``ChildDied`` when the child ended before it was ready, or its start was given
+        up (``cancel``); no child is left behind.
+        """
         if self._process is not None and self._process.is_alive():
             return
         self._reap()
+        if self._cancelled.is_set():
+            raise ChildDied(None)
         ours, theirs = self._context.Pipe()
         process = self._context.Process(
             target=child_main,
@@ -132,13 +141,28 @@ class Child:
         self.pids.append(process.pid or 0)
         # Ready once Django is set up in it: its start-up is neither a job's run nor counted
         # in a job's timeout, and no job is marked started before a child can run it.
+        if not self._ready(ours):
+            # One that failed starting is let end by itself, with its own exit code.
+            process.join(0 if self._cancelled.is_set() else KILL_AFTER)
+            raise ChildDied(self.kill())
+
+    def cancel(self) -> None:
+        """Give up a start under way, and any later one (the worker is stopping): a child still
+        setting Django up would otherwise hold its thread for up to ``READY_WITHIN``. Safe from
+        any thread; the child is ended by the thread that started it."""
+        self._cancelled.set()
+
+    def _ready(self, conn: Connection) -> bool:
+        deadline = time.monotonic() + READY_WITHIN
         try:
-            ready = ours.poll(READY_WITHIN) and ours.recv() == READY
+            while not self._cancelled.is_set():
+                if conn.poll(CANCEL_CHECK):
+                    return bool(conn.recv() == READY)
+                if time.monotonic() >= deadline:
+                    return False
         except (EOFError, OSError):
-            ready = False
-        if not ready:
-            self.kill()
-            raise ChildDied(process.exitcode)
+            pass  # It died starting.
+        return False
 
     def run(self, job: ClaimedJob, row: Job | None, timeout: float | None) -> Reply:
         """Run ``job`` (a Django Task: with its ``row``) in the child; how it ended.
@@ -174,16 +198,21 @@ class Child:
         self._reap()
         return ChildDied(code)
 
-    def kill(self) -> None:
-        """SIGTERM the child, SIGKILL it if it is still there after ``KILL_AFTER``."""
+    def kill(self) -> int | None:
+        """SIGTERM the child, SIGKILL it if it is still there after ``KILL_AFTER``; its exit
+        code (read before the process object is closed), None without a child."""
         process = self._process
-        if process is not None and process.is_alive():
-            process.terminate()
-            process.join(KILL_AFTER)
+        code = None
+        if process is not None:
             if process.is_alive():
-                process.kill()
-                process.join()
+                process.terminate()
+                process.join(KILL_AFTER)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            code = process.exitcode
         self._reap()
+        return code
 
     def stop(self) -> None:
         """Let the child go (between jobs): asked to exit, killed if it does not."""
@@ -221,15 +250,15 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
             settings.DATABASES[alias]["NAME"] = name
     from django.db import close_old_connections, connections
 
-    conn.send(READY)
-
     attempts = None
     try:
+        if not _told(conn, READY):
+            return
         while True:
             try:
                 message = conn.recv()
-            except EOFError:
-                return
+            except (EOFError, OSError):
+                return  # The worker is gone, or gave this child up.
             if message is None:
                 return
             job, row = message
@@ -241,9 +270,20 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
                 outcome = attempts.run_django_task(job, row)
                 reply = Reply("task", _peak_rss_kb(), outcome=outcome)
             close_old_connections()
-            conn.send(reply)
+            if not _told(conn, reply):
+                return
     finally:
         connections.close_all()
+
+
+def _told(conn: Connection, message: object) -> bool:
+    """Send ``message`` to the worker; False once nobody reads the pipe (the worker was killed,
+    or it gave this child up after a timeout): the child ends quietly."""
+    try:
+        conn.send(message)
+    except OSError:
+        return False
+    return True
 
 
 def _run_job(job: ClaimedJob) -> Reply:

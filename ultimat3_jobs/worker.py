@@ -892,6 +892,9 @@ class Worker:
 
     def _shut_down(self, exit_code: int) -> None:
         clean = not self._abandoned.is_set()
+        for slot in self._slots:
+            if slot.child is not None:
+                slot.child.cancel()  # A child still starting would hold its thread past the join.
         for _ in self._threads:
             self._inbox.put(None)
         if clean:

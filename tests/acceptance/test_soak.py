@@ -312,7 +312,8 @@ def _summary(
         f"{dict(report.ran_again)}",
         f"  jobs failed because their worker was killed under them, by kind: "
         f"{dict(report.failed_by_kills)}",
-        f"  of those, with no row from their body: {dict(report.killed_before_writing)}",
+        f"  jobs failed by a killed worker before their body wrote its row, by kind: "
+        f"{dict(report.killed_before_writing)}",
         f"  latest start after run_at: {report.max_start_delay:.1f} s",
         f"  kills: {kills}",
         f"  exits after SIGTERM (role->code): {terms}",

@@ -3,6 +3,7 @@ process, in the thread pool and the process pool (``--pool process``)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from testproject.demo.models import Ping
 from testproject.demo.tasks import exit_hard, grow, hang, kill_own_process, ping, ping_pid
 from ultimat3_jobs.models import Job, JobStatus
 
-from .helpers import Process, processes, wait_for
+from .helpers import Process, processes, spawn, wait_for
 from .test_worker_processes import job_row, node_of, start_worker
 
 __all__ = ["processes"]
@@ -135,6 +136,29 @@ def test_process_pool__a_job_that_kills_its_process_fails_alone_and_the_child_is
     assert first != second, "the child was not replaced"
     assert worker.pid not in (first, second)
     assert worker.alive()
+
+
+def test_process_pool__a_worker_stopped_while_its_children_start_exits_at_once_and_cleanly(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = spawn(
+        tmp_path,
+        "worker",
+        *("run_worker", "--concurrency", "4", "--pool", "process"),
+        env={"DJANGO_SETTINGS_MODULE": "tests.slow_child_settings"},  # Its children: a minute.
+    )
+    processes.append(worker)
+    node_of(worker)  # Its children are spawned now.
+    worker.signal(signal.SIGTERM)
+    began = time.monotonic()
+    assert worker.wait(30) == 0
+    # Their starts are given up: not the five seconds its threads are waited for, nor the two
+    # minutes a child gets to be ready.
+    assert time.monotonic() - began < 4
+    (stopped,) = worker.named("jobs.worker.stopped")
+    assert stopped["exit_code"] == 0
+    log = worker.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log
 
 
 def test_process_pool__max_jobs_per_child_recycles_children(

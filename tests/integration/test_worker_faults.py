@@ -8,6 +8,7 @@ from ``testing.FaultyStore`` around the real store, or from the database itself.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from testproject.demo.models import Ping
 from ultimat3_jobs import clock
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.models import Job, JobStatus
-from ultimat3_jobs.pool import Child, ChildDied
+from ultimat3_jobs.pool import Child, ChildDied, ChildSetup
 from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.store import store_for
 from ultimat3_jobs.testing import Fault, FaultyStore, fail, faults
@@ -419,6 +420,52 @@ def test_run__a_child_that_cannot_start_gives_its_job_back_uncounted(
     # It never ran: back in the queue with no attempt used, whatever the slot went through.
     assert (row.status, row.attempts, row.worker) == (JobStatus.QUEUED, 0, "")
     assert not Ping.objects.exists()
+
+
+def _child() -> Child:
+    setup = ChildSetup(
+        databases={}, using="default", node_id="w1", backoff_base=2, backoff_max_s=60,
+        retry_every_s=1,
+    )  # fmt: skip
+    return Child(setup)
+
+
+def test_child__one_that_dies_starting_is_told_with_its_exit_code_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real child, whose settings cannot be imported: it exits 1 before it is ready.
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.integration.no_such_settings")
+    child = _child()
+    with pytest.raises(ChildDied) as died:
+        child.ensure()
+    assert died.value.exit_code == 1
+    assert child.pid is None and len(child.pids) == 1
+
+
+def test_child__a_start_given_up_ends_at_once_and_kills_the_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")
+    child, raised = _child(), []
+
+    def start() -> None:
+        try:
+            child.ensure()
+        except ChildDied as error:
+            raised.append(error)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    wait_until(lambda: child.pids, what="the child to be spawned")
+    child.cancel()
+    starting.join(10)  # Its settings take a minute: only the cancel ends the start this soon.
+    assert not starting.is_alive() and len(raised) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pids[0], 0)
+    # Given up for good: no other child is started.
+    with pytest.raises(ChildDied):
+        child.ensure()
+    assert len(child.pids) == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -313,13 +314,19 @@ def test_run__the_dispatchers_connection_terminated_mid_batch_loses_no_outcome(
 ) -> None:
     @job(name="test.terminate_dispatcher")
     def terminate_dispatcher(label: str) -> None:
-        # One job thread, no LISTEN: the only other connection is the dispatcher's.
+        # One job thread, no LISTEN: the only other connection is the dispatcher's. It may
+        # be between connections (closed in a quiet spell): its next turn opens one.
+        deadline = time.monotonic() + 10
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            assert cursor.fetchall(), "no dispatcher connection found"
+            while True:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                if cursor.fetchall():
+                    break
+                assert time.monotonic() < deadline, "no dispatcher connection found"
+                time.sleep(0.02)
 
     now = clock.now()
     killer = make_job(

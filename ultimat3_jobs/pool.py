@@ -142,9 +142,7 @@ class Child:
         # Ready once Django is set up in it: its start-up is neither a job's run nor counted
         # in a job's timeout, and no job is marked started before a child can run it.
         if not self._ready(ours):
-            # One that failed starting is let end by itself, with its own exit code.
-            process.join(0 if self._cancelled.is_set() else KILL_AFTER)
-            raise ChildDied(self.kill())
+            raise self._died(0 if self._cancelled.is_set() else KILL_AFTER)
 
     def cancel(self) -> None:
         """Give up a start under way, and any later one (the worker is stopping): a child still
@@ -190,13 +188,12 @@ class Child:
             self.stop()  # The next job starts a fresh one.
         return reply
 
-    def _died(self) -> ChildDied:
-        process = self._process
-        if process is not None:
-            process.join(KILL_AFTER)
-        code = None if process is None else process.exitcode
-        self._reap()
-        return ChildDied(code)
+    def _died(self, wait: float = KILL_AFTER) -> ChildDied:
+        """The child failed us: it gets ``wait`` seconds to end by itself, with its own exit
+        code, and is killed if it has not."""
+        if self._process is not None:
+            self._process.join(wait)
+        return ChildDied(self.kill())
 
     def kill(self) -> int | None:
         """SIGTERM the child, SIGKILL it if it is still there after ``KILL_AFTER``; its exit

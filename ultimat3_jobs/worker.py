@@ -85,6 +85,14 @@ Pool = Literal["thread", "process"]
 POOLS: tuple[Pool, ...] = ("thread", "process")
 
 
+def claims_ahead(*, waiting: int, running: int, concurrency: int, low_water: int) -> bool:
+    """Whether a worker whose last jobs ran short claims a batch ahead: when little work waits
+    (``low_water`` or less) and the threads are working through it, or one is idle, so the next
+    batch is there before they run dry. Not when nothing waits and every thread is busy: those
+    jobs may be long. ``running`` counts the claimed jobs, ``waiting`` included."""
+    return waiting <= low_water and (waiting > 0 or running < concurrency)
+
+
 @dataclass(eq=False)
 class _Slot:
     """One of ``concurrency`` job slots: its thread and, in the process pool, its child. In
@@ -667,13 +675,12 @@ class Worker:
                 if waiting and moment - self._handed_at > self.poll_interval.total_seconds():
                     # Stuck behind long jobs: let other workers run them instead.
                     self._release_waiting()
-                elif (
-                    self._short
-                    and waiting <= self._low_water
-                    and running - waiting < self.concurrency
+                elif self._short and claims_ahead(
+                    waiting=waiting,
+                    running=running,
+                    concurrency=self.concurrency,
+                    low_water=self._low_water,
                 ):
-                    # A thread is idle and little work waits: claim ahead, so the threads
-                    # work through one batch while the next is claimed.
                     room += self.prefetch
                 if self.max_jobs is not None:
                     room = min(room, self.max_jobs - self.claimed)

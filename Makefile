@@ -84,7 +84,10 @@ soak: $(STAMP)
 screenshot: $(STAMP)
 	ULTIMAT3_UPDATE_DOCS=1 $(WITH_PG) $(PY) -m pytest -q tests/browser/test_quickstart_browser.py
 
+# Compiled first, as an installed package is (pip compiles what it installs, the peers
+# included): a worker process timed from its start should not compile our sources each time.
 bench: $(VENV)/.bench-installed
+	$(PY) -m compileall -q ultimat3_jobs testproject bench
 	$(WITH_DURABLE_PG) $(PY) -m bench $(BENCH_ARGS)
 
 clean:

@@ -119,12 +119,13 @@ class StartMarks:
         self.clock = clock
         self._ready = threading.Condition()
         self._asked: dict[int, ClaimedJob] = {}
-        self._answers: dict[int, bool | BaseException] = {}
+        self._answers: dict[int, datetime | BaseException | None] = {}
         self._writing = False
 
-    def mark(self, job: ClaimedJob) -> bool:
-        """Whether ``job`` is marked started and may run (False: no longer ours). Raises what
-        the statement raised: the mark may or may not have landed, the job must not run."""
+    def mark(self, job: ClaimedJob) -> datetime | None:
+        """When ``job`` was marked started, its function now free to run (None: no longer
+        ours). Raises what the statement raised: the mark may or may not have landed, the job
+        must not run."""
         with self._ready:
             self._asked[job.id] = job
             while job.id not in self._answers and self._writing:
@@ -135,11 +136,11 @@ class StartMarks:
             else:
                 asked = {}
         if asked:
-            answers: dict[int, bool | BaseException]
+            answers: dict[int, datetime | BaseException | None]
             try:
-                jobs = list(asked.values())
-                marked = self.store.mark_started(jobs=jobs, worker=self.node_id, now=self.clock())
-                answers = {pk: pk in marked for pk in asked}
+                jobs, now = list(asked.values()), self.clock()
+                marked = self.store.mark_started(jobs=jobs, worker=self.node_id, now=now)
+                answers = {pk: now if pk in marked else None for pk in asked}
             except BaseException as error:
                 answers = dict.fromkeys(asked, error)
             with self._ready:
@@ -197,10 +198,12 @@ class Attempts:
         run reads, is made from its claim. False: the row is no longer ours, it must not run.
         Raises the database's error: the start may or may not have landed, the job must not
         run."""
-        if not (job.started or self._marks.mark(job)):
+        started_at = job.started_at or self._marks.mark(job)
+        if started_at is None:
             return False
         if job.backend:
-            return claimed_row(job, worker=self.node_id, started_at=self.clock())
+            # Its result's times are the row's: the start as the claim or the mark wrote it.
+            return claimed_row(job, worker=self.node_id, started_at=started_at)
         return True
 
     def run(self, job: ClaimedJob) -> Ended:
@@ -270,10 +273,11 @@ class Attempts:
         if run.error is None:
             # A retried row that failed before succeeds without its earlier error.
             result = TaskResultColumns(run.return_value)
-            finish = replace(Finish.succeeded(job, now=now), result=result)
+            finish = Finish(job.id, job.attempts, JobStatus.SUCCEEDED, now, result=result)
             return Ended(job, finish, _since(started), run=run)
         result = TaskResultColumns(None, run.error_class, storable(run.traceback))
-        finish = replace(Finish.failed(job, now=now, error=storable(run.message)), result=result)
+        error = storable(run.message)
+        finish = Finish(job.id, job.attempts, JobStatus.FAILED, now, error=error, result=result)
         return Ended(job, finish, _since(started), failure_fields(run.error), run=run)
 
     def run_django_task(self, job: ClaimedJob, row: Job) -> Outcome | None:

@@ -409,6 +409,8 @@ class TaskRun:
     job: Job
     task: Task | None = None
     backend: type[BaseTaskBackend] = JobsBackend
+    #: The result ``task_started`` was sent with, finished in place by ``finished``.
+    result: TaskResult | None = None
     return_value: Any = None
     error: BaseException | None = None
     error_class: str = ""
@@ -430,7 +432,7 @@ def run_task(job: Job) -> TaskRun:
         backend = task_backends[job.backend]
         run.backend = type(backend)
         run.task = load_task(job.name)
-        result = result_of(job, run.task, job.backend)
+        run.result = result = result_of(job, run.task, job.backend)
         task_started.send(run.backend, task_result=result)
         args = list(job.args or [])
         if run.task.takes_context:
@@ -449,16 +451,27 @@ def run_task(job: Job) -> TaskRun:
 
 
 def finished(run: TaskRun, *, now: Any) -> None:
-    """Send ``task_finished`` with the result as recorded (status, value or error)."""
-    job = run.job
-    if run.task is None:
+    """Send ``task_finished`` with the result as recorded (status, value or error): the one
+    its run started with, brought up to date in place as the framework's ``refresh`` does."""
+    job, result = run.job, run.result
+    if result is None:
         return  # Not even loaded: there is no task to tell of.
     job.status = "failed" if run.error is not None else "succeeded"
     job.finished_at = now
     job.return_value = run.return_value
     job.error_class = run.error_class
     job.traceback = run.traceback
-    task_finished.send(run.backend, task_result=result_of(job, run.task, job.backend))
+    errors: list[TaskError] = []
+    if run.error_class:
+        errors.append(TaskError(exception_class_path=run.error_class, traceback=run.traceback))
+    for name, value in (
+        ("status", STATUSES[job.status]),
+        ("finished_at", now),
+        ("errors", errors),
+        ("_return_value", run.return_value),
+    ):
+        object.__setattr__(result, name, value)
+    task_finished.send(run.backend, task_result=result)
 
 
 __all__ = [

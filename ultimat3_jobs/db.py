@@ -8,7 +8,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -137,7 +137,9 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
     _logged(connection, statement, start)
 
 
-def execute_bound(using: str, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def execute_bound(
+    using: str, statement: str, params: Sequence[Any] | Mapping[str, Any]
+) -> list[tuple[Any, ...]]:
     """One statement and its rows, its parameters sent apart from its text (psycopg's
     server-side binding), on Django's connection, in the caller's transaction.
 

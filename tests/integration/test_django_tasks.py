@@ -100,6 +100,44 @@ def test_enqueue__ready_then_successful_with_its_return_value(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_task_finished__its_result_is_the_one_the_database_then_returns() -> None:
+    """A ``task_finished`` receiver reads the result as it is recorded: status, value or
+    error, and the times, the same as ``get_result`` gives once the signal is sent."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def receive(*, task_result: Any, **kwargs: Any) -> None:
+        seen[task_result.id] = {
+            "status": task_result.status,
+            "value": task_result.return_value if task_result.status == "SUCCESSFUL" else None,
+            "errors": [e.exception_class_path for e in task_result.errors],
+            "started_at": task_result.started_at,
+            "finished_at": task_result.finished_at,
+            "worker_ids": list(task_result.worker_ids),
+        }
+
+    task_finished.connect(receive, weak=False)
+    try:
+        ok = background.add.enqueue(2, 3)
+        failed = background.explode.enqueue(reason="on purpose")
+        burst()
+    finally:
+        task_finished.disconnect(receive)
+    for result in (ok, failed):
+        stored = task_backends["default"].get_result(result.id)
+        assert seen[result.id] == {
+            "status": stored.status,
+            "value": stored.return_value if stored.status == "SUCCESSFUL" else None,
+            "errors": [e.exception_class_path for e in stored.errors],
+            "started_at": stored.started_at,
+            "finished_at": stored.finished_at,
+            "worker_ids": list(stored.worker_ids),
+        }
+    assert seen[ok.id]["value"] == 5
+    assert seen[failed.id]["status"] == TaskResultStatus.FAILED
+    assert seen[failed.id]["errors"] == ["builtins.ValueError"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_enqueue__a_raising_task_ends_failed_with_its_error_after_one_run(
     signals: list[tuple[str, str, str]],
 ) -> None:

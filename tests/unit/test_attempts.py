@@ -60,7 +60,8 @@ def test_mark__each_thread_gets_its_own_answer_whichever_thread_writes_it() -> N
     store = SlowMarks(4, gone={3})
     marks = StartMarks(store=cast(JobStore, store), node_id="w1", clock=lambda: T0)
     answers = _mark_all(marks, store, 4)
-    assert answers == {1: True, 2: True, 3: False, 4: True}
+    # When it was marked started, the instant its statement wrote; None: no longer ours.
+    assert answers == {1: T0, 2: T0, 3: None, 4: T0}
     assert store.calls[0] == [1]
     # The three that asked meanwhile: one statement, or at worst one each, never more.
     assert sorted(pk for call in store.calls[1:] for pk in call) == [2, 3, 4]

@@ -75,7 +75,7 @@ KEY, QUEUE, RELAY = (NEW_JOB_NAMES.index(name) for name in ("key", "queue", "rel
 
 #: The columns a claim returns, in ``ClaimedJob``'s order; its ``started`` follows them, read
 #: from ``started_at``.
-CLAIMED_COLUMNS = tuple(field.name for field in fields(ClaimedJob) if field.name != "started")
+CLAIMED_COLUMNS = tuple(field.name for field in fields(ClaimedJob) if field.name != "started_at")
 
 
 # -- new rows -------------------------------------------------------------------------------------

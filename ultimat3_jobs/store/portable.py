@@ -397,7 +397,7 @@ class PortableStore:
             replace(
                 ClaimedJob(*row[:-1]),
                 created_at=row[-2] if row[9] else None,
-                started=row[-1] is not None,
+                started_at=row[-1],
             )
             for row in claimed
         ]

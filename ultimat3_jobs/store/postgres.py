@@ -257,14 +257,14 @@ class PostgresStore(PortableStore):
             return [ClosedOccurrence(*row) for row in cursor.fetchall()]
 
     def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
-        """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``)."""
+        """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``),
+        its JSON sent apart from its text (``execute_bound``)."""
         if not jobs:
             return set()
         connection = connections[self.using]
         statement = sql.MARK_STARTED_IN_CALLER if connection.in_atomic_block else sql.MARK_STARTED
-        with connection.cursor() as cursor:
-            cursor.execute(statement, _start_params(jobs, worker, now))
-            return {pk for (pk,) in cursor.fetchall()}
+        rows = execute_bound(self.using, statement, _start_params(jobs, worker, now))
+        return {pk for (pk,) in rows}
 
     # -- the relay's outbox -----------------------------------------------------------------------
 
@@ -444,7 +444,7 @@ def _claimed_rows(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
                 json.loads(args) if isinstance(args, str) else args,
                 # Only a Django Task's run reads it.
                 instant(row[12]) if row[9] else None,
-                row[13],
+                instant(row[13]),
             )
         )  # fmt: skip
     return sorted(jobs, key=_by_priority_then_due)

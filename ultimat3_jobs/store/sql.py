@@ -158,16 +158,15 @@ COPY {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up,
                     recorded_at, node, "user", detail) FROM STDIN
 """
 
-# What a claim returns: ``CLAIMED_COLUMNS``, run_at and created_at as microseconds since the
-# epoch (see ``db.instants_from_microseconds``), then whether the claim marked the row started.
+# What a claim returns: ``CLAIMED_COLUMNS``, then started_at (NULL unless the claim marked the
+# row started); instants as microseconds since the epoch (see ``db.instants_from_microseconds``).
 _RETURNING = ", ".join(
     [
         f"(extract(epoch FROM job.{column}) * 1000000)::bigint"
-        if column in ("run_at", "created_at")
+        if column in ("run_at", "created_at", "started_at")
         else f"job.{column}"
-        for column in CLAIMED_COLUMNS
+        for column in (*CLAIMED_COLUMNS, "started_at")
     ]
-    + ["job.started_at IS NOT NULL"]
 )
 
 # Claim up to %(limit)s due jobs in one statement. SKIP LOCKED lets workers claim side by side
@@ -274,7 +273,7 @@ SELECT true, * FROM claimed
 UNION ALL
 SELECT false, id, {nulls} FROM finished
 """
-# The finished rows' filler for every claimed column but the id (and for ``started``).
+# The finished rows' filler for every claimed column but the id (and for ``started_at``).
 _NULLS = ", ".join(["NULL"] * len(CLAIMED_COLUMNS))
 _IN_QUEUES = "AND queue = ANY(%(queues)s)"
 

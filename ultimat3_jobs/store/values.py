@@ -82,10 +82,15 @@ class ClaimedJob:
     args: list[Any] | None = None
     #: When a Django Task's row was made (its result's ``enqueued_at``); None for a @job.
     created_at: datetime | None = None
-    #: Whether the claim marked it started (``started_at`` set): it went straight to an idle
-    #: thread. One claimed ahead is not, until ``JobStore.mark_started`` says its function may
-    #: run; only a started attempt is counted when its worker dies.
-    started: bool = False
+    #: When the claim marked it started: it went straight to an idle thread. None for one
+    #: claimed ahead, until ``JobStore.mark_started`` says its function may run; only a
+    #: started attempt is counted when its worker dies.
+    started_at: datetime | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the claim marked it started."""
+        return self.started_at is not None
 
 
 @dataclass(frozen=True, slots=True)

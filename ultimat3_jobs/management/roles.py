@@ -142,13 +142,13 @@ def prepare(options: dict[str, Any], *, exporter: bool = True) -> Any:
         raise command_error(error) from error
 
 
-def build_scheduler(options: dict[str, Any]) -> Scheduler:
+def build_scheduler(options: dict[str, Any], *, once: bool = False) -> Scheduler:
     """A scheduler on the database, with the election and settings the flags name."""
     database = options["database"]
     try:
         config = get_settings()
         node_id = new_node_id()
-        election = build_leader(options.get("leader"), node_id=node_id, using=database)
+        election = build_leader(options.get("leader"), node_id=node_id, using=database, once=once)
     except UltimateError as error:
         raise command_error(error) from error
     state = DatabaseState(

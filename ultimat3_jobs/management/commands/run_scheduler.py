@@ -27,7 +27,7 @@ class Command(BaseCommand):
 
     def handle(self, *, once: bool, **options: Any) -> None:
         prepare(options)
-        scheduler = build_scheduler(options)
+        scheduler = build_scheduler(options, once=once)
         if once:
             try:
                 scheduler.run_once()

@@ -1,0 +1,83 @@
+"""``RoundAdvisoryLeader``: the advisory lock of a one-round process, on the round's own
+connection; and the migrated-database check every command makes first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from ultimat3_jobs.conf import get_settings
+from ultimat3_jobs.db import dedicated_connection
+from ultimat3_jobs.leaders import AdvisoryLeader, RoundAdvisoryLeader, build_leader
+from ultimat3_jobs.management.preflight import _missing_tables
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def other() -> Iterator[psycopg.Connection[Any]]:
+    """Another session, as another scheduler's leader connection would be."""
+    conn = dedicated_connection("default", "test other scheduler")
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _try_lock(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", [get_settings().advisory_lock_key])
+    found = row.fetchone()
+    return bool(found and found[0])
+
+
+def test_build_leader__a_one_round_process_takes_the_lock_on_its_own_connection() -> None:
+    assert isinstance(build_leader("advisory", node_id="n", once=True), RoundAdvisoryLeader)
+    assert isinstance(build_leader("advisory", node_id="n"), AdvisoryLeader)
+
+
+def test_round_leader__holds_the_lock_through_its_round_and_gives_it_back(
+    other: psycopg.Connection[Any],
+) -> None:
+    leader = RoundAdvisoryLeader(key=get_settings().advisory_lock_key)
+    try:
+        assert leader.acquire()
+        assert leader.acquire()  # Asked again in the same session: still held, not taken twice.
+        assert not _try_lock(other)  # Another scheduler cannot lead meanwhile.
+        with transaction.atomic():
+            assert leader.fence("default")
+    finally:
+        leader.release()
+    assert _try_lock(other)  # Released once: the lock is free for the next.
+
+
+def test_round_leader__does_not_lead_while_another_scheduler_holds_the_lock(
+    other: psycopg.Connection[Any],
+) -> None:
+    assert _try_lock(other)
+    leader = RoundAdvisoryLeader(key=get_settings().advisory_lock_key)
+    assert not leader.acquire()
+    with transaction.atomic():
+        assert not leader.fence("default")
+    leader.release()  # Not ours: left alone.
+    assert other.execute("SELECT pg_advisory_unlock(%s)", [leader.key]).fetchone() == (True,)
+
+
+def test_round_leader__a_connection_lost_after_winning_fails_the_fence(
+    other: psycopg.Connection[Any],
+) -> None:
+    leader = RoundAdvisoryLeader(key=get_settings().advisory_lock_key)
+    assert leader.acquire()
+    connection.close()  # The lock went with the session: another node may take it now.
+    assert _try_lock(other)
+    with transaction.atomic():  # A new session, which never took the lock.
+        assert not leader.fence("default")
+    assert not leader.acquire()  # The other holds it now.
+
+
+def test_missing_tables__names_the_tables_the_database_lacks() -> None:
+    assert _missing_tables("default", ["ultimat3_jobs_task", "ultimat3_jobs_job"]) == []
+    assert _missing_tables("default", ["ultimat3_jobs_task", "no_such_table"]) == ["no_such_table"]

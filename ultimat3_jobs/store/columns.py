@@ -73,8 +73,8 @@ CARRIED = tuple(column for column in NEW_JOB_COLUMNS if column.new is None)
 #: Where a key, a queue and a relay sit in a COPY row.
 KEY, QUEUE, RELAY = (NEW_JOB_NAMES.index(name) for name in ("key", "queue", "relay"))
 
-#: The columns a claim returns, in ``ClaimedJob``'s order; its ``started`` follows them, read
-#: from ``started_at``.
+#: The columns a claim returns, in ``ClaimedJob``'s order; ``started_at`` follows them (NULL
+#: unless the claim marked the row started).
 CLAIMED_COLUMNS = tuple(field.name for field in fields(ClaimedJob) if field.name != "started_at")
 
 

@@ -3,6 +3,7 @@ connection; and the migrated-database check every command makes first."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,16 @@ def other() -> Iterator[psycopg.Connection[Any]]:
         yield conn
     finally:
         conn.close()
+
+
+#: Whether this session holds the advisory lock of (classid, objid): a bigint key's high and
+#: low 32 bits.
+_HELD_HERE = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+      AND classid = %s AND objid = %s AND objsubid = 1
+)
+"""
 
 
 def _try_lock(conn: psycopg.Connection[Any]) -> bool:
@@ -71,8 +82,13 @@ def test_round_leader__a_connection_lost_after_winning_fails_the_fence(
 ) -> None:
     leader = RoundAdvisoryLeader(key=get_settings().advisory_lock_key)
     assert leader.acquire()
-    connection.close()  # The lock went with the session: another node may take it now.
-    assert _try_lock(other)
+    connection.close()  # The lock goes with the session: another node may take it now.
+    # The server ends the session once it reads the close, a moment after it was sent.
+    deadline = time.monotonic() + 5
+    while not _try_lock(other) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    halves = [(leader.key >> 32) & 0xFFFFFFFF, leader.key & 0xFFFFFFFF]
+    assert other.execute(_HELD_HERE, halves).fetchone() == (True,)
     with transaction.atomic():  # A new session, which never took the lock.
         assert not leader.fence("default")
     assert not leader.acquire()  # The other holds it now.

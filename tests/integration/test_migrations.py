@@ -255,3 +255,35 @@ def test_0011__keeps_every_job_and_no_occurrence_is_closed_yet() -> None:
         ("s2", "succeeded", "", None),
     ]
     assert new_apps.get_model("ultimat3_jobs", "CheckIn").objects.count() == 0
+
+
+def _task_table_options() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE relname = 'ultimat3_jobs_task'"
+        )
+        [(options,)] = cursor.fetchall()
+    return list(options)
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0012__keeps_every_task_and_leaves_room_for_its_watermark_updates() -> None:
+    before, after = "0011_monitor_checkins", "0012_task_fillfactor"
+    executor = migrate_to(before)
+    old_apps = executor.loader.project_state([("ultimat3_jobs", before)]).apps
+    old_apps.get_model("ultimat3_jobs", "Task").objects.create(
+        name="t.a", cron="0 * * * *", tz="UTC", last_fired_at=AT
+    )
+    assert _task_table_options() == []
+
+    executor = migrate_to(after)
+
+    assert _task_table_options() == ["fillfactor=70"]
+    tasks = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Task"
+    )
+    assert list(tasks.objects.values_list("name", "last_fired_at")) == [("t.a", AT)]
+    # Back again: the pages fill as before.
+    migrate_to(before)
+    assert _task_table_options() == []

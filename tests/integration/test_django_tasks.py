@@ -99,6 +99,18 @@ def test_enqueue__ready_then_successful_with_its_return_value(
     ]
 
 
+def _as_told(result: Any) -> dict[str, Any]:
+    """What a receiver reads of a result: status, value or errors, times, workers."""
+    return {
+        "status": result.status,
+        "value": result.return_value if result.status == "SUCCESSFUL" else None,
+        "errors": [e.exception_class_path for e in result.errors],
+        "started_at": result.started_at,
+        "finished_at": result.finished_at,
+        "worker_ids": list(result.worker_ids),
+    }
+
+
 @pytest.mark.django_db(transaction=True)
 def test_task_finished__its_result_is_the_one_the_database_then_returns() -> None:
     """A ``task_finished`` receiver reads the result as it is recorded: status, value or
@@ -106,14 +118,7 @@ def test_task_finished__its_result_is_the_one_the_database_then_returns() -> Non
     seen: dict[str, dict[str, Any]] = {}
 
     def receive(*, task_result: Any, **kwargs: Any) -> None:
-        seen[task_result.id] = {
-            "status": task_result.status,
-            "value": task_result.return_value if task_result.status == "SUCCESSFUL" else None,
-            "errors": [e.exception_class_path for e in task_result.errors],
-            "started_at": task_result.started_at,
-            "finished_at": task_result.finished_at,
-            "worker_ids": list(task_result.worker_ids),
-        }
+        seen[task_result.id] = _as_told(task_result)
 
     task_finished.connect(receive, weak=False)
     try:
@@ -123,15 +128,7 @@ def test_task_finished__its_result_is_the_one_the_database_then_returns() -> Non
     finally:
         task_finished.disconnect(receive)
     for result in (ok, failed):
-        stored = task_backends["default"].get_result(result.id)
-        assert seen[result.id] == {
-            "status": stored.status,
-            "value": stored.return_value if stored.status == "SUCCESSFUL" else None,
-            "errors": [e.exception_class_path for e in stored.errors],
-            "started_at": stored.started_at,
-            "finished_at": stored.finished_at,
-            "worker_ids": list(stored.worker_ids),
-        }
+        assert seen[result.id] == _as_told(task_backends["default"].get_result(result.id))
     assert seen[ok.id]["value"] == 5
     assert seen[failed.id]["status"] == TaskResultStatus.FAILED
     assert seen[failed.id]["errors"] == ["builtins.ValueError"]

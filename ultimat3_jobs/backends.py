@@ -471,7 +471,16 @@ def finished(run: TaskRun, *, now: Any) -> None:
         ("_return_value", run.return_value),
     ):
         object.__setattr__(result, name, value)
-    task_finished.send(run.backend, task_result=result)
+    if run.error is None:
+        task_finished.send(run.backend, task_result=result)
+        return
+    # Sent after the outcome committed, long after the run's exception was handled; raised
+    # again here, it is the one a receiver's ``logger.exception`` reports (the framework's
+    # own receiver logs a failed task so, for error monitoring), not "NoneType: None".
+    try:
+        raise run.error
+    except BaseException:
+        task_finished.send(run.backend, task_result=result)
 
 
 __all__ = [

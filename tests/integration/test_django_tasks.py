@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -132,6 +133,24 @@ def test_task_finished__its_result_is_the_one_the_database_then_returns() -> Non
     assert seen[ok.id]["value"] == 5
     assert seen[failed.id]["status"] == TaskResultStatus.FAILED
     assert seen[failed.id]["errors"] == ["builtins.ValueError"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_finished__a_failed_tasks_log_carries_its_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The framework's receiver logs a failed task with ``logger.exception``, for error
+    monitoring: the record carries the task's own exception and traceback."""
+    failed = background.explode.enqueue(reason="on purpose")
+    with caplog.at_level(logging.INFO, logger="django_tasks"):
+        burst()
+    [record] = [
+        r for r in caplog.records if r.name == "django_tasks" and "state=FAILED" in r.getMessage()
+    ]
+    assert failed.id in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+    assert "exploded: on purpose" in caplog.text
+    assert "NoneType: None" not in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)

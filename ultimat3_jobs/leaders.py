@@ -216,9 +216,9 @@ class RoundAdvisoryLeader:
     (``run_scheduler --once``): taken on the round's own connection rather than on one opened
     for it. A session's lock lives as long as the session, so the fence need not ask
     ``pg_locks``: the round's transaction runs on the connection that took it, or that
-    connection is gone and the transaction with it. A connection and two statements fewer,
-    a tenth of a 1,000-task ``--once``. The key is ``AdvisoryLeader``'s: a running scheduler
-    and a ``--once`` never dispatch at the same time.
+    connection is gone and the transaction with it: a connection and two statements fewer. The
+    key is ``AdvisoryLeader``'s: a running scheduler and a ``--once`` never dispatch at the same
+    time.
     """
 
     name = "advisory"

@@ -1,5 +1,5 @@
 """``RoundAdvisoryLeader``: the advisory lock of a one-round process, on the round's own
-connection; and the migrated-database check every command makes first."""
+connection; and the migrated-database check every command makes first (``missing_tables``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from ultimat3_jobs.conf import get_settings
 from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.leaders import AdvisoryLeader, RoundAdvisoryLeader, build_leader
-from ultimat3_jobs.management.preflight import _missing_tables
+from ultimat3_jobs.store import postgres, store_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -94,6 +94,10 @@ def test_round_leader__a_connection_lost_after_winning_fails_the_fence(
     assert not leader.acquire()  # The other holds it now.
 
 
-def test_missing_tables__names_the_tables_the_database_lacks() -> None:
-    assert _missing_tables("default", ["ultimat3_jobs_task", "ultimat3_jobs_job"]) == []
-    assert _missing_tables("default", ["ultimat3_jobs_task", "no_such_table"]) == ["no_such_table"]
+def test_missing_tables__names_the_app_tables_the_database_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = store_for("default")
+    assert store.missing_tables() == []
+    monkeypatch.setattr(postgres, "APP_TABLES", ("ultimat3_jobs_task", "no_such_table"))
+    assert store.missing_tables() == ["no_such_table"]

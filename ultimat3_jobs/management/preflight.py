@@ -7,7 +7,7 @@ from django.db import DatabaseError, connections
 
 from ultimat3_jobs.errors import UltimateError, UnknownDatabaseError
 from ultimat3_jobs.logs import NOT_MIGRATED_FIX, failure_fields
-from ultimat3_jobs.models import Job, Task
+from ultimat3_jobs.store import store_for
 
 
 def require_database(using: str) -> None:
@@ -31,29 +31,13 @@ def require_migrated(using: str) -> None:
     """
     require_database(using)
     try:
-        missing = _missing_tables(using, [model._meta.db_table for model in (Task, Job)])
+        missing = store_for(using).missing_tables()
     except DatabaseError:
         return
     if missing:
         raise CommandError(
             f"the database {using!r} has no {' or '.join(missing)} table\nfix: {NOT_MIGRATED_FIX}"
         )
-
-
-def _missing_tables(using: str, tables: list[str]) -> list[str]:
-    """Which of ``tables`` the database lacks. On PostgreSQL each is looked up by name, as the
-    statements will find it (``to_regclass``, on the search path): Django's introspection
-    lists every table of the schema, catalogs a fresh connection has not read yet, a few
-    milliseconds of a short command."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        present = set(connection.introspection.table_names())
-        return [table for table in tables if table not in present]
-    quoted = [connection.ops.quote_name(table) for table in tables]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(["to_regclass(%s) IS NULL"] * len(tables)), quoted)
-        row = cursor.fetchone()
-    return [table for table, absent in zip(tables, row or (), strict=True) if absent]
 
 
 def command_error(error: UltimateError) -> CommandError:

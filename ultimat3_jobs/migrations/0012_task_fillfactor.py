@@ -1,10 +1,9 @@
 # The task table leaves room in each page for the watermark a round writes, on PostgreSQL:
 # every round updates the watermarks of the tasks it fires, and an update that finds room in
 # its row's page is a heap-only tuple, written without touching the table's indexes. With full
-# pages (the default), each such update also inserted into every index and the table bloated
-# until vacuum: at 10,000 tasks all due, the watermark swap took 176-195 ms against 90-118 ms
-# with this setting, and the table after four rounds was 7.5 MB against 4.7 MB. No row is
-# rewritten: pages written from now on keep the room. Nothing changes on other databases.
+# pages (the default), each such update also inserted into every index, and the table bloated
+# until vacuum (the README's benchmark section has the figures). No row is rewritten: pages
+# written from now on keep the room. Nothing changes on other databases.
 
 from django.db import migrations
 

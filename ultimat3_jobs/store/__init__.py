@@ -73,6 +73,10 @@ class JobStore(Protocol):
         transaction."""
         ...
 
+    def missing_tables(self) -> list[str]:
+        """The app's tables (the task and job tables) the database lacks: not migrated."""
+        ...
+
     # -- new jobs ---------------------------------------------------------------------------------
 
     def enqueue(

@@ -74,6 +74,10 @@ RECOVER_BATCH = 1000
 EVERY_TASK_FROM = 500
 
 
+#: The tables a migrated database has, which every command looks for first.
+APP_TABLES = (Task._meta.db_table, Job._meta.db_table)
+
+
 class PortableStore:
     """The job store of the database ``using``, through the ORM (see ``JobStore``)."""
 
@@ -94,6 +98,10 @@ class PortableStore:
 
     def can_stream(self) -> bool:
         return False
+
+    def missing_tables(self) -> list[str]:
+        present = set(connections[self.using].introspection.table_names())
+        return [table for table in APP_TABLES if table not in present]
 
     # -- new jobs ---------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from .columns import (
     scheduled_row,
     wake_payload,
 )
-from .portable import PortableStore
+from .portable import APP_TABLES, PortableStore
 from .values import (
     ClaimedJob,
     ClosedOccurrence,
@@ -81,6 +81,17 @@ class PostgresStore(PortableStore):
         # a connection of their own, and would neither see that transaction nor be able to
         # wait on its locks.
         return not connections[self.using].in_atomic_block
+
+    def missing_tables(self) -> list[str]:
+        # Each looked up by name, as the statements will find it (on the search path), rather
+        # than Django's listing of every table of the schema, which reads catalogs a fresh
+        # connection has not read yet: the first statement of every command.
+        connection = connections[self.using]
+        quoted = [connection.ops.quote_name(table) for table in APP_TABLES]
+        with connection.cursor() as cursor:
+            cursor.execute(sql.MISSING_TABLES, quoted)
+            row = cursor.fetchone()
+        return [table for table, absent in zip(APP_TABLES, row or (), strict=True) if absent]
 
     # -- new jobs ---------------------------------------------------------------------------------
 

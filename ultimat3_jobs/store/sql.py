@@ -17,6 +17,10 @@ _JOB = Job._meta.db_table
 _OCCURRENCE = Occurrence._meta.db_table
 _CHECK_IN = CheckIn._meta.db_table
 
+#: Whether each of the two tables named (``portable.APP_TABLES``) is missing from the search
+#: path.
+MISSING_TABLES = "SELECT to_regclass(%s) IS NULL, to_regclass(%s) IS NULL"
+
 #: Every task's watermark (as whole microseconds since the epoch) and pause, in no order. An
 #: integer, not a timestamptz: Django's timestamptz loader runs in Python for every row, an
 #: integer loads in C. Exact: extract() returns numeric from PostgreSQL 14 on, the oldest
@@ -49,11 +53,11 @@ ON CONFLICT (name) DO NOTHING
 #: builds arrays in Python, and rows as objects repeat their keys in every row. As jsonb,
 #: parsed once: ``->>`` on json scans the element's text at each of its three reads. Each
 #: element's fields are read and cast once, in a subquery kept apart (``OFFSET 0``): pulled up
-#: into the join, each cast ran again wherever its column is used, a sixth of the statement
-#: at 1,000 tasks. A count rather than the names: the names would be read back, a tuple and a
-#: string a row, for nothing. Beside it, under the same locks, the tasks a backfill enqueued
-#: occurrences of past the expected watermark (``Task.backfilled_to``), with that instant as
-#: microseconds since the epoch: almost always none.
+#: into the join, each cast ran again wherever its column is used. A count rather than the
+#: names: the names would be read back, a tuple and a string a row, for nothing. Beside it,
+#: under the same locks, the tasks a backfill enqueued occurrences of past the expected
+#: watermark (``Task.backfilled_to``), with that instant as microseconds since the epoch:
+#: almost always none.
 SWAP_WATERMARKS = f"""
 WITH swapped AS (
     UPDATE {_TASK} AS t SET last_fired_at = v.watermark

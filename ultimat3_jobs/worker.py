@@ -113,10 +113,11 @@ class Worker:
     ``burst`` returns once nothing is due and nothing runs; ``max_jobs`` stops claiming after
     that many. ``prefetch`` (default ``DEFAULT_PREFETCH``) is how many claimed jobs may wait
     for a free thread, so short jobs are claimed in batches rather than a thread's worth at a
-    time. They are claimed ahead only while jobs run short and a thread is idle; jobs that wait
-    longer than the poll interval, or when a drain begins, go back to the queue unrun with
-    their attempt uncounted. Durations default to the ``ULTIMAT3_JOBS`` settings; ``clock`` and
-    ``rand`` are injectable for tests, and ``store`` (default: ``store_for(using)``) too.
+    time. They are claimed ahead only while jobs run short, once little work waits
+    (``claims_ahead``); jobs that wait longer than the poll interval, or when a drain begins,
+    go back to the queue unrun with their attempt uncounted. Durations default to the
+    ``ULTIMAT3_JOBS`` settings; ``clock`` and ``rand`` are injectable for tests, and ``store``
+    (default: ``store_for(using)``) too.
     """
 
     def __init__(

@@ -160,9 +160,6 @@ def result_of(job: Job, task: Task, alias: str) -> TaskResult:
         # Should the settings have changed since, the declared task still tells what it is.
         with contextlib.suppress(InvalidTaskError):
             task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
-    errors: list[TaskError] = []
-    if job.error_class:
-        errors.append(TaskError(exception_class_path=job.error_class, traceback=job.traceback))
     status = STATUSES[job.status]
     if job.status == "running" and job.started_at is None:
         status = TaskResultStatus.READY  # Claimed ahead by a worker; not started yet.
@@ -177,12 +174,19 @@ def result_of(job: Job, task: Task, alias: str) -> TaskResult:
         args=list(job.args or []),
         kwargs=dict(job.input or {}),
         backend=alias,
-        errors=errors,
+        errors=_errors(job.error_class, job.traceback),
         worker_ids=[job.worker] if job.attempts and job.worker else [],
     )
     # The framework keeps the value behind a read-only property; a backend sets it.
     object.__setattr__(result, "_return_value", job.return_value)
     return result
+
+
+def _errors(error_class: str, traceback: str) -> list[TaskError]:
+    """A result's errors: the one its run ended with, if it raised."""
+    if not error_class:
+        return []
+    return [TaskError(exception_class_path=error_class, traceback=traceback)]
 
 
 def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> JobsBackend:
@@ -453,21 +457,14 @@ def run_task(job: Job) -> TaskRun:
 def finished(run: TaskRun, *, now: Any) -> None:
     """Send ``task_finished`` with the result as recorded (status, value or error): the one
     its run started with, brought up to date in place as the framework's ``refresh`` does."""
-    job, result = run.job, run.result
+    result = run.result
     if result is None:
         return  # Not even loaded: there is no task to tell of.
-    job.status = "failed" if run.error is not None else "succeeded"
-    job.finished_at = now
-    job.return_value = run.return_value
-    job.error_class = run.error_class
-    job.traceback = run.traceback
-    errors: list[TaskError] = []
-    if run.error_class:
-        errors.append(TaskError(exception_class_path=run.error_class, traceback=run.traceback))
+    failed = run.error is not None
     for name, value in (
-        ("status", STATUSES[job.status]),
+        ("status", TaskResultStatus.FAILED if failed else TaskResultStatus.SUCCESSFUL),
         ("finished_at", now),
-        ("errors", errors),
+        ("errors", _errors(run.error_class, run.traceback)),
         ("_return_value", run.return_value),
     ):
         object.__setattr__(result, name, value)

@@ -466,7 +466,7 @@ def _started_at(job_id: int) -> datetime | None:
 def test_claim__marks_started_only_the_first_rows_it_hands_to_idle_threads() -> None:
     _queued(3)
     first, second, third = store_for("default").claim(worker="w1", limit=3, now=T0, start=1)
-    assert [job.started for job in (first, second, third)] == [True, False, False]
+    assert [job.started_at is not None for job in (first, second, third)] == [True, False, False]
     assert [_started_at(job.id) for job in (first, second, third)] == [T0, None, None]
     # The attempt is counted at claim time all the same; the start is what keeps it.
     assert {job.attempts for job in (first, second, third)} == {1}
@@ -476,7 +476,7 @@ def test_claim__marks_started_only_the_first_rows_it_hands_to_idle_threads() -> 
 def test_claim__without_start_marks_every_row_started() -> None:
     _queued(2)
     claimed_jobs = store_for("default").claim(worker="w1", limit=2, now=T0)
-    assert [job.started for job in claimed_jobs] == [True, True]
+    assert [job.started_at is not None for job in claimed_jobs] == [True, True]
 
 
 @pytest.mark.django_db

@@ -190,7 +190,7 @@ class JobStore(Protocol):
         the longest due; the attempt is counted.
 
         The first ``start`` of them (default: all) are marked started: they go straight to
-        idle threads. The others are claimed ahead (``ClaimedJob.started`` false) until
+        idle threads. The others are claimed ahead (``ClaimedJob.started_at`` None) until
         ``mark_started``: a claimed-ahead job whose worker dies goes back with its attempt
         uncounted.
         """

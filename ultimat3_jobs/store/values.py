@@ -87,11 +87,6 @@ class ClaimedJob:
     #: started attempt is counted when its worker dies.
     started_at: datetime | None = None
 
-    @property
-    def started(self) -> bool:
-        """Whether the claim marked it started."""
-        return self.started_at is not None
-
 
 @dataclass(frozen=True, slots=True)
 class Finish:

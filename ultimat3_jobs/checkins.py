@@ -11,17 +11,19 @@ the scheduler that opened it. Which worker closes it is the database's call
 An occurrence that does not fire (skipped for overlap, dropped by catch-up, paused) sends
 nothing, which is what makes Sentry report it missed. Without the ``sentry`` extra, or without
 a Sentry client (``sentry_sdk.init`` with a DSN), nothing is sent and nothing is asked of the
-database.
+database; ``sentry_sdk`` is not even imported unless the project imports it.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -36,12 +38,6 @@ from .store import ClosedOccurrence, FiredOccurrence, JobStore, store_for
 if TYPE_CHECKING:
     from .handles import TaskHandle
 
-try:
-    import sentry_sdk
-    from sentry_sdk.crons import capture_checkin
-except ImportError:  # The `sentry` extra is not installed: check-ins are off.
-    sentry_sdk = None  # type: ignore[assignment]
-    capture_checkin = None  # type: ignore[assignment]
 
 logger = logging.getLogger("ultimat3_jobs.checkins")
 
@@ -54,11 +50,24 @@ CLOSE_TIMEOUT = 5.0
 
 def sentry_installed() -> bool:
     """Whether the ``sentry`` extra (``sentry-sdk``) is importable here."""
-    return sentry_sdk is not None
+    return find_spec("sentry_sdk") is not None
+
+
+def _sentry() -> Any:
+    """``sentry_sdk`` once the project has imported it, else None. A project that never did
+    has set up no client to send with, and a process that sends nothing does not load it."""
+    return sys.modules.get("sentry_sdk")
 
 
 def _client_active() -> bool:
-    return sentry_sdk is not None and sentry_sdk.get_client().is_active()
+    sdk = _sentry()
+    return sdk is not None and bool(sdk.get_client().is_active())
+
+
+def _capture_checkin(**fields: Any) -> None:
+    from sentry_sdk.crons import capture_checkin  # Sent only with a client: loaded by then.
+
+    capture_checkin(**fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +181,7 @@ class CheckIns:
             self._queue.put(("stop", None))
             thread.join(timeout)
         if _client_active():
-            sentry_sdk.flush(timeout=timeout)
+            _sentry().flush(timeout=timeout)
 
     # -- the thread -------------------------------------------------------------------------------
 
@@ -224,15 +233,15 @@ class CheckIns:
             if monitor is None:
                 continue
             check_in = check_in_id(occurrence.task, occurrence.occurrence)
-            capture_checkin(
+            _capture_checkin(
                 monitor_slug=monitor.slug,
                 check_in_id=check_in,
                 status="in_progress",
-                monitor_config=monitor.config,  # type: ignore[arg-type]
+                monitor_config=monitor.config,
             )
             if not occurrence.jobs:
                 # Nothing to run: the occurrence ended as it fired.
-                capture_checkin(
+                _capture_checkin(
                     monitor_slug=monitor.slug, check_in_id=check_in, status="ok", duration=0.0
                 )
 
@@ -262,7 +271,7 @@ class CheckIns:
         if monitor is None:
             return
         try:
-            capture_checkin(
+            _capture_checkin(
                 monitor_slug=monitor.slug,
                 check_in_id=check_in_id(row.task, row.occurrence),
                 status=row.status,

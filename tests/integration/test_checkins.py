@@ -3,6 +3,7 @@ worker that ends its last job closes it, once; with a transport that records env
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -288,3 +289,27 @@ def test_checkins__a_thread_sends_what_the_roles_hand_over(envelopes: Path) -> N
     assert checkins.flush()
     checkins.close()
     assert list(by_check_in(envelopes, "m-nightly").values()) == [["in_progress", "ok"]]
+
+
+def test_check_ins__a_project_that_never_imports_sentry_sdk_does_not_load_it() -> None:
+    import subprocess
+    import sys
+
+    # Both roles and the check-ins set up as run_scheduler and run_worker set them up, with
+    # the sentry extra installed (this suite's) but no client: sentry_sdk stays unloaded.
+    script = (
+        "import sys, django; django.setup()\n"
+        "from ultimat3_jobs import checks, scheduler, worker\n"
+        "from ultimat3_jobs.checkins import CheckIns, sentry_installed\n"
+        "check_ins = CheckIns(tasks=[])\n"
+        "check_ins.ended([(1, 'a.task:0:')])\n"
+        "check_ins.close(timeout=1.0)\n"
+        "print(sentry_installed(), sorted(m for m in sys.modules if m.startswith('sentry_sdk')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ULTIMAT3_SENTRY_ENVELOPES"}
+    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "[]"]

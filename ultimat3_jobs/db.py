@@ -131,10 +131,12 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
     """
     connection = connections[using]
     start = time.monotonic()
-    with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
-        for row in rows:
-            copy.write_row(row)
-    _logged(connection, statement, start)
+    try:
+        with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+    finally:
+        _logged(connection, statement, start)  # A refused COPY too, as Django logs its own.
 
 
 def execute_bound(

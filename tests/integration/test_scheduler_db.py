@@ -235,7 +235,7 @@ def _backends() -> int:
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_sync__new_tasks_go_in_slice_by_slice_made_in_a_thread_of_their_own(
+def test_sync__new_tasks_go_in_by_one_copy_their_rows_made_in_a_thread_of_their_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(postgres_store, "SYNC_SLICE", 3)
@@ -252,13 +252,34 @@ def test_sync__new_tasks_go_in_slice_by_slice_made_in_a_thread_of_their_own(
     backends = _backends()
     with CaptureQueriesContext(connection) as queries:
         DatabaseState(node_id="n", leader="sole").sync(tasks)
-    inserts = [q["sql"] for q in queries.captured_queries if "json_to_recordset" in q["sql"]]
-    assert len(inserts) == 3  # 3 + 3 + 1
-    stored = dict(Task.objects.filter(name__startswith="slice.").values_list("name", "jobs"))
-    assert stored == {task.name: ["demo.ping"] for task in tasks}
+    writes = [q["sql"].split()[0] for q in queries if "ultimat3_jobs_task (" in q["sql"]]
+    assert writes == ["COPY"]
+    rows = Task.objects.filter(name__startswith="slice.")
+    assert dict(rows.values_list("name", "jobs")) == {task.name: ["demo.ping"] for task in tasks}
+    # Written with the transaction's now(), as the INSERT writes them.
+    assert len({(row.first_seen_at, row.synced_at) for row in rows}) == 1
     assert made_in == ["ultimat3-rows-ahead"]
     # The connection the function opened in that thread was closed with it.
     assert _backends() == backends
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_sync__a_name_another_node_wrote_since_the_read_is_left_alone_and_the_rest_go_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgres_store, "SYNC_SLICE", 3)
+    tasks = make_tasks(7, prefix="race")
+    Task.objects.create(name=tasks[4].name, cron="0 3 * * *", tz="Europe/Paris")
+    state = DatabaseState(node_id="n", leader="sole")
+    # The table as read before the other node wrote its row: every task looks new.
+    monkeypatch.setattr(state.store, "_every_declaration", lambda: [])
+    with CaptureQueriesContext(connection) as queries:
+        assert state.sync(tasks) == {}
+    writes = [q["sql"].split()[0] for q in queries if "ultimat3_jobs_task (" in q["sql"]]
+    assert writes == ["COPY", "INSERT", "INSERT", "INSERT"]  # the COPY gave way: 3 + 3 + 1
+    crons = dict(Task.objects.filter(name__startswith="race.").values_list("name", "cron"))
+    assert crons == {task.name: "0 3 * * *" if task is tasks[4] else "* * * * *" for task in tasks}
 
 
 @pytest.mark.django_db
@@ -352,25 +373,66 @@ def _nested_loops(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db
-def test_compare_and_set__looks_each_task_up_by_its_name_whatever_the_estimates() -> None:
-    """A join of the input with itself or with all of the task rows is quadratic: at 100,000
-    tasks, hours. Every nested loop of the plan must look a task up through an index."""
+def _relations(plan: dict[str, Any]) -> set[str]:
+    found = {plan["Relation Name"]} if "Relation Name" in plan else set()
+    for child in plan.get("Plans", []):
+        found |= _relations(child)
+    return found
+
+
+def _swap_plan(rows: list[tuple[Any, ...]], *, analyze: bool = False) -> dict[str, Any]:
     import json
 
     from ultimat3_jobs.db import dumps
     from ultimat3_jobs.store import sql
 
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) "
+    with connection.cursor() as cursor:
+        cursor.execute(explain + sql.SWAP_WATERMARKS, [dumps(rows)])
+        [(explained,)] = cursor.fetchall()
+    return (json.loads(explained) if isinstance(explained, str) else explained)[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_compare_and_set__looks_each_task_up_by_its_name_whatever_the_estimates() -> None:
+    """A join of the input with itself or with all of the task rows is quadratic: at 100,000
+    tasks, hours. Every nested loop of the plan must look a task up through an index, or
+    spread one pair's names (each pair once)."""
     clock = FrozenClock(T0)
     round_over(300, clock)
-    rows = [(name, None, T0.isoformat()) for name in Task.objects.values_list("name", flat=True)]
+    names = list(Task.objects.values_list("name", flat=True))
+    # Every task with the pair of another, and all of them with one pair.
+    for rows in (
+        [([name], None, T0.isoformat()) for name in names],
+        [(names, None, T0.isoformat())],
+    ):
+        plan = _swap_plan(rows)["Plan"]
+        # A hash join is linear too; a nested loop must look each task up by its name.
+        for loop in _nested_loops(plan):
+            outer, inner = loop["Plans"]
+            if inner["Node Type"] == "Function Scan":
+                assert inner["Function Name"] == "jsonb_array_elements_text", loop
+                assert not _relations(outer), loop  # the pairs, not the task rows
+                continue
+            assert inner["Node Type"] in ("Index Scan", "Index Only Scan"), loop
+            assert inner["Index Name"] == "u3j_task_name", loop
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_compare_and_set__a_join_spilling_to_disk_writes_each_name_once() -> None:
+    """With the names of one pair carried along every row they were spread into, a hash join
+    too big for ``work_mem`` wrote the whole list out again per row: at 100,000 tasks of one
+    schedule, 80 GB of temporary files and five minutes for one round."""
+    clock = FrozenClock(T0)
+    round_over(3000, clock)
+    names = list(Task.objects.values_list("name", flat=True))
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + sql.SWAP_WATERMARKS, [dumps(rows)])
-        [(explained,)] = cursor.fetchall()
-    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
-    # A hash join is linear too; a nested loop must look each task up by its name.
-    for loop in _nested_loops(plan):
-        inner = loop["Plans"][1]
-        assert inner["Node Type"] in ("Index Scan", "Index Only Scan"), loop
-        assert inner["Index Name"] == "u3j_task_name", loop
+        cursor.execute("SET LOCAL work_mem = '64kB'")  # spilt at any size
+        cursor.execute("SET LOCAL enable_nestloop = off")
+        cursor.execute("SET LOCAL enable_mergejoin = off")
+    explained = _swap_plan([(names, None, T0.isoformat())], analyze=True)
+    written = explained["Plan"].get("Temp Written Blocks", 0)
+    # 3,000 names of about 15 bytes, 8 kB a block: a few blocks per copy of the list.
+    assert 0 < written < 100, written

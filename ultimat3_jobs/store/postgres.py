@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from psycopg.types.json import Jsonb
 
 from .. import clock, history
@@ -37,6 +37,7 @@ from .columns import (
     RELAY,
     copy_row,
     declaration,
+    declared,
     job_names,
     scheduled_row,
     wake_payload,
@@ -58,7 +59,7 @@ from .values import (
 if TYPE_CHECKING:
     from ..handles import JobHandle, TaskHandle
 
-#: New task rows written per statement at start.
+#: New tasks per INSERT when their COPY gave way; past one slice, new rows are made in a thread.
 SYNC_SLICE = 1000
 
 
@@ -330,10 +331,40 @@ class PostgresStore(PortableStore):
             return cursor.fetchall()
 
     def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
+        # One COPY, in a savepoint: it takes new tasks far faster than INSERT from JSON
+        # (README, "Figures"). COPY cannot leave a row alone, so a name another node
+        # wrote since this one read the table rolls it back to the INSERTs, whose ON CONFLICT
+        # does. With more than one slice of tasks, their rows are made in a thread (calling
+        # every task's function for its job names) while PostgreSQL takes the ones before.
+        try:
+            with transaction.atomic(using=self.using):
+                self._copy_tasks(handles)
+        except IntegrityError as error:
+            if not isinstance(error.__cause__, psycopg.errors.UniqueViolation):
+                raise
+            self._insert_task_slices(handles)
+
+    def _copy_tasks(self, handles: Sequence[TaskHandle]) -> None:
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            cursor.execute(sql.TRANSACTION_NOW)
+            [(now,)] = cursor.fetchall()
+        made = _new_task_rows(handles, now.isoformat())
+        # Made before the COPY begins, or by a thread of their own: a task function may query
+        # the database, which it cannot do on this connection while a COPY is under way.
+        ahead = Ahead(made, closes_connections=True) if len(handles) > SYNC_SLICE else None
+        rows: Iterable[tuple[Any, ...]] = list(made) if ahead is None else ahead.rows(0)
+        try:
+            # As Django's errors: a value the table refuses is a DataError to ``sync_tasks``.
+            with connection.wrap_database_errors:
+                copy_rows(self.using, sql.COPY_TASKS, rows)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _insert_task_slices(self, handles: Sequence[TaskHandle]) -> None:
         # In slices: one statement for every new task would hold all their rows and their
-        # JSON text at once, the scheduler's peak of memory for the life of the process. With
-        # more than one slice, each is made in a thread (calling every task's function for its
-        # job names) while PostgreSQL inserts the one before.
+        # JSON text at once, the scheduler's peak of memory for the life of the process.
         texts: Iterable[str] = _new_task_slices(handles)
         ahead = None
         if len(handles) > SYNC_SLICE:
@@ -358,11 +389,18 @@ class PostgresStore(PortableStore):
         self, watermarks: Mapping[str, tuple[datetime | None, datetime]]
     ) -> Swapped:
         """One statement; a second names a task that moved when they did not all swap."""
+        together: dict[tuple[datetime | None, datetime], list[str]] = {}
+        for name, pair in watermarks.items():
+            group = together.get(pair)
+            if group is None:
+                together[pair] = [name]
+            else:
+                group.append(name)
         text = instant_texts()
-        rows = [(name, text(old), text(new)) for name, (old, new) in watermarks.items()]
+        rows = [(group, text(old), text(new)) for (old, new), group in together.items()]
         param = Jsonb(rows, orjson.dumps)
         [(swapped, names, through)] = execute_bound(self.using, sql.SWAP_WATERMARKS, [param])
-        if swapped == len(rows):
+        if swapped == len(watermarks):
             instant = instants_from_microseconds()
             backfilled = {}
             for name, us in zip(names or (), through or (), strict=True):
@@ -383,6 +421,16 @@ class PostgresStore(PortableStore):
         moved = [{"name": name, "watermark": new} for name, new in watermarks.items()]
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql.SET_WATERMARKS, [dumps(moved)])
+
+
+def _new_task_rows(handles: Sequence[TaskHandle], now: str) -> Iterator[tuple[Any, ...]]:
+    """``COPY_TASKS``' rows for ``handles``; ``now``: their first sight and sync, as text."""
+    at = clock.now()
+    for index, handle in enumerate(handles):
+        if index and not index % SYNC_SLICE:
+            at = clock.now()  # One instant per slice, as ``_new_task_slices`` reads it.
+        jobs = dumps(job_names(handle, at))
+        yield (handle.name, *declared(handle), jobs, False, "", "", True, now, now)
 
 
 def _new_task_slices(handles: Sequence[TaskHandle]) -> Iterator[str]:

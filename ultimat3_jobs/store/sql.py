@@ -35,10 +35,20 @@ SELECT name, cron, tz, catch_up, max_catch_up, overlap, declared, jobs <> '[]'::
 FROM {_TASK}
 """
 
-#: Rows for newly declared tasks, from JSON; a name another node just inserted is left alone.
+#: The columns a new task's row is written with, by ``COPY_TASKS`` and ``INSERT_TASKS``.
+_NEW_TASK = """name, cron, tz, catch_up, max_catch_up, overlap, jobs, paused, paused_note,
+paused_by, declared, first_seen_at, synced_at"""
+
+#: Rows for newly declared tasks, each as ``_NEW_TASK`` lists its columns.
+COPY_TASKS = f"COPY {_TASK} ({_NEW_TASK}) FROM STDIN"
+
+#: The instant ``INSERT_TASKS`` writes as ``now()``, for rows COPY writes in the same
+#: transaction.
+TRANSACTION_NOW = "SELECT now()"
+
+#: The same from JSON, where a name another node just inserted is left alone.
 INSERT_TASKS = f"""
-INSERT INTO {_TASK} (name, cron, tz, catch_up, max_catch_up, overlap, jobs, paused,
-                     paused_note, paused_by, declared, first_seen_at, synced_at)
+INSERT INTO {_TASK} ({_NEW_TASK})
 SELECT v.name, v.cron, v.tz, v.catch_up, v.max_catch_up, v.overlap, v.jobs, false, '', '', true,
        now(), now()
 FROM json_to_recordset(%s::json) AS v(
@@ -49,21 +59,25 @@ ON CONFLICT (name) DO NOTHING
 #: Compare-and-set every watermark of a round in one statement: a row moves only while it still
 #: holds the watermark the round planned from (re-checked after any concurrent update), and the
 #: count returned says whether every row did. Run after the fence, inside the round's
-#: transaction. The rows come as one JSON array of ``[name, expected, watermark]``: psycopg
-#: builds arrays in Python, and rows as objects repeat their keys in every row. As jsonb,
-#: parsed once: ``->>`` on json scans the element's text at each of its three reads. Each
-#: element's fields are read and cast once, in a subquery kept apart (``OFFSET 0``): pulled up
-#: into the join, each cast ran again wherever its column is used. A count rather than the
-#: names: the names would be read back, a tuple and a string a row, for nothing. Beside it,
-#: under the same locks, the tasks a backfill enqueued occurrences of past the expected
-#: watermark (``Task.backfilled_to``), with that instant as microseconds since the epoch:
-#: almost always none.
+#: transaction. The rows come as one JSON array of ``[names, expected, watermark]``, the tasks
+#: of one pair of instants together: tasks of one schedule move alike, and each pair is then
+#: read and cast once, not once a task. psycopg builds arrays in Python, and rows as objects
+#: repeat their keys in every row. As jsonb, parsed once: ``->>`` on json scans the element's
+#: text at each of its reads. The names are spread out in a subquery kept apart (``OFFSET
+#: 0``): pulled up into the join, a pair's cast ran again wherever its column is used, and a
+#: join spilling to disk wrote the whole list of names out again with every row. A count
+#: rather than the names: the names would be read back, a tuple and a string a row, for
+#: nothing. Beside it, under the same locks, the tasks a backfill enqueued occurrences of past
+#: the expected watermark (``Task.backfilled_to``), with that instant as microseconds since
+#: the epoch: almost always none.
 SWAP_WATERMARKS = f"""
 WITH swapped AS (
     UPDATE {_TASK} AS t SET last_fired_at = v.watermark
-    FROM (SELECT e->>0 AS name, (e->>1)::timestamptz AS expected,
-                 (e->>2)::timestamptz AS watermark
-          FROM jsonb_array_elements(%s::jsonb) AS e OFFSET 0) AS v
+    FROM (SELECT n.name, g.expected, g.watermark
+          FROM (SELECT e->0 AS names, (e->>1)::timestamptz AS expected,
+                       (e->>2)::timestamptz AS watermark
+                FROM jsonb_array_elements(%s::jsonb) AS e OFFSET 0) AS g,
+               jsonb_array_elements_text(g.names) AS n(name) OFFSET 0) AS v
     WHERE t.name = v.name AND t.last_fired_at IS NOT DISTINCT FROM v.expected
     RETURNING t.name, t.backfilled_to, v.expected
 )
@@ -77,10 +91,11 @@ FROM swapped
 #: After a ``SWAP_WATERMARKS`` that did not move every row, in its transaction: a task of its
 #: rows that does not hold the new watermark, to name in the log.
 UNSWAPPED_WATERMARK = f"""
-SELECT e->>0 FROM jsonb_array_elements(%s::jsonb) AS e
+SELECT n.name
+FROM jsonb_array_elements(%s::jsonb) AS e, jsonb_array_elements_text(e->0) AS n(name)
 WHERE NOT EXISTS (
     SELECT FROM {_TASK} AS t
-    WHERE t.name = e->>0 AND t.last_fired_at IS NOT DISTINCT FROM (e->>2)::timestamptz
+    WHERE t.name = n.name AND t.last_fired_at IS NOT DISTINCT FROM (e->>2)::timestamptz
 )
 LIMIT 1
 """

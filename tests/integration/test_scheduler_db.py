@@ -233,6 +233,13 @@ def _backends() -> int:
     return int(count)
 
 
+def _task_writes(state: DatabaseState, tasks: list[Any]) -> list[str]:
+    """``state.sync(tasks)``, which refuses none of them; the statements writing task rows."""
+    with CaptureQueriesContext(connection) as queries:
+        assert state.sync(tasks) == {}
+    return [q["sql"].split()[0] for q in queries if "ultimat3_jobs_task (" in q["sql"]]
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_sync__new_tasks_go_in_by_one_copy_their_rows_made_in_a_thread_of_their_own(
@@ -250,10 +257,7 @@ def test_sync__new_tasks_go_in_by_one_copy_their_rows_made_in_a_thread_of_their_
 
     tasks[5].func = reading  # type: ignore[assignment]
     backends = _backends()
-    with CaptureQueriesContext(connection) as queries:
-        DatabaseState(node_id="n", leader="sole").sync(tasks)
-    writes = [q["sql"].split()[0] for q in queries if "ultimat3_jobs_task (" in q["sql"]]
-    assert writes == ["COPY"]
+    assert _task_writes(DatabaseState(node_id="n", leader="sole"), tasks) == ["COPY"]
     rows = Task.objects.filter(name__startswith="slice.")
     assert dict(rows.values_list("name", "jobs")) == {task.name: ["demo.ping"] for task in tasks}
     # Written with the transaction's now(), as the INSERT writes them.
@@ -274,10 +278,8 @@ def test_sync__a_name_another_node_wrote_since_the_read_is_left_alone_and_the_re
     state = DatabaseState(node_id="n", leader="sole")
     # The table as read before the other node wrote its row: every task looks new.
     monkeypatch.setattr(state.store, "_every_declaration", lambda: [])
-    with CaptureQueriesContext(connection) as queries:
-        assert state.sync(tasks) == {}
-    writes = [q["sql"].split()[0] for q in queries if "ultimat3_jobs_task (" in q["sql"]]
-    assert writes == ["COPY", "INSERT", "INSERT", "INSERT"]  # the COPY gave way: 3 + 3 + 1
+    # The COPY gave way to the INSERTs: 3 + 3 + 1.
+    assert _task_writes(state, tasks) == ["COPY", "INSERT", "INSERT", "INSERT"]
     crons = dict(Task.objects.filter(name__startswith="race.").values_list("name", "cron"))
     assert crons == {task.name: "0 3 * * *" if task is tasks[4] else "* * * * *" for task in tasks}
 

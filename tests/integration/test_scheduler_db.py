@@ -392,7 +392,8 @@ def _swap_plan(rows: list[tuple[Any, ...]], *, analyze: bool = False) -> dict[st
     with connection.cursor() as cursor:
         cursor.execute(explain + sql.SWAP_WATERMARKS, [dumps(rows)])
         [(explained,)] = cursor.fetchall()
-    return (json.loads(explained) if isinstance(explained, str) else explained)[0]  # type: ignore[no-any-return]
+    found: dict[str, Any] = (json.loads(explained) if isinstance(explained, str) else explained)[0]
+    return found
 
 
 @pytest.mark.postgres

@@ -7,10 +7,11 @@ Everything else is ``PortableStore``'s, which this store extends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import psycopg
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
 
 #: New tasks per INSERT when their COPY gave way; past one slice, new rows are made in a thread.
 SYNC_SLICE = 1000
+
+T = TypeVar("T")
 
 
 class PostgresStore(PortableStore):
@@ -350,33 +353,20 @@ class PostgresStore(PortableStore):
             cursor.execute(sql.TRANSACTION_NOW)
             [(now,)] = cursor.fetchall()
         made = _new_task_rows(handles, now.isoformat())
-        # Made before the COPY begins, or by a thread of their own: a task function may query
-        # the database, which it cannot do on this connection while a COPY is under way.
-        ahead = Ahead(made, closes_connections=True) if len(handles) > SYNC_SLICE else None
-        rows: Iterable[tuple[Any, ...]] = list(made) if ahead is None else ahead.rows(0)
-        try:
-            # As Django's errors: a value the table refuses is a DataError to ``sync_tasks``.
-            with connection.wrap_database_errors:
-                copy_rows(self.using, sql.COPY_TASKS, rows)
-        finally:
-            if ahead is not None:
-                ahead.close()
+        # As Django's errors: a value the table refuses is a DataError to ``sync_tasks``.
+        with _made_for(handles, made) as rows, connection.wrap_database_errors:
+            copy_rows(self.using, sql.COPY_TASKS, rows)
 
     def _insert_task_slices(self, handles: Sequence[TaskHandle]) -> None:
         # In slices: one statement for every new task would hold all their rows and their
         # JSON text at once, the scheduler's peak of memory for the life of the process.
-        texts: Iterable[str] = _new_task_slices(handles)
-        ahead = None
-        if len(handles) > SYNC_SLICE:
-            ahead = Ahead(texts, chunk=1, buffered=2, closes_connections=True)
-            texts = ahead.rows(0)
-        try:
-            with connections[self.using].cursor() as cursor:
-                for text in texts:
-                    cursor.execute(sql.INSERT_TASKS, [text])
-        finally:
-            if ahead is not None:
-                ahead.close()
+        made = _new_task_slices(handles)
+        with (
+            _made_for(handles, made, chunk=1, buffered=2) as texts,
+            connections[self.using].cursor() as cursor,
+        ):
+            for text in texts:
+                cursor.execute(sql.INSERT_TASKS, [text])
 
     def _every_task_state(self) -> Iterable[tuple[str, datetime | None, bool]]:
         # By a plain cursor: over every task, the ORM's per-row work is most of the cost.
@@ -423,20 +413,37 @@ class PostgresStore(PortableStore):
             cursor.execute(sql.SET_WATERMARKS, [dumps(moved)])
 
 
+@contextlib.contextmanager
+def _made_for(
+    handles: Sequence[TaskHandle], made: Iterable[T], **options: Any
+) -> Iterator[Iterable[T]]:
+    """The rows ``made`` for ``handles`` (calling each task's function for its job names):
+    past one slice, by a thread of their own while the statements take the ones before
+    (``Ahead`` with ``options``); else all of them first. A function that queries the database
+    then never does so on the connection a COPY is under way on."""
+    if len(handles) <= SYNC_SLICE:
+        yield list(made)
+        return
+    ahead = Ahead(made, closes_connections=True, **options)
+    try:
+        yield ahead.rows(0)
+    finally:
+        ahead.close()
+
+
 def _new_task_rows(handles: Sequence[TaskHandle], now: str) -> Iterator[tuple[Any, ...]]:
     """``COPY_TASKS``' rows for ``handles``; ``now``: their first sight and sync, as text."""
-    at = clock.now()
-    for index, handle in enumerate(handles):
-        if index and not index % SYNC_SLICE:
-            at = clock.now()  # One instant per slice, as ``_new_task_slices`` reads it.
-        jobs = dumps(job_names(handle, at))
-        yield (handle.name, *declared(handle), jobs, False, "", "", True, now, now)
+    for start in range(0, len(handles), SYNC_SLICE):
+        at = clock.now()  # Each task's function is called for its jobs' names, at one instant.
+        for handle in handles[start : start + SYNC_SLICE]:
+            jobs = dumps(job_names(handle, at))
+            yield (handle.name, *declared(handle), jobs, False, "", "", True, now, now)
 
 
 def _new_task_slices(handles: Sequence[TaskHandle]) -> Iterator[str]:
     """``INSERT_TASKS``' rows for ``handles``, ``SYNC_SLICE`` to a statement, as JSON text."""
     for start in range(0, len(handles), SYNC_SLICE):
-        at = clock.now()  # Each task's function is called for its jobs' names, at one instant.
+        at = clock.now()
         rows = [
             {"name": handle.name, **declaration(handle), "jobs": job_names(handle, at)}
             for handle in handles[start : start + SYNC_SLICE]

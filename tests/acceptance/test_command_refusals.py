@@ -147,6 +147,28 @@ def test_prune_jobs__an_unmigrated_database_is_a_command_error_with_the_fix(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_run_scheduler__an_unmigrated_postgres_database_names_both_tables_with_the_fix() -> None:
+    import psycopg
+
+    url = process_database_url()
+    empty = f"u3j_empty_{os.getpid()}"
+    with psycopg.connect(url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {empty}")
+        conn.execute(f"CREATE DATABASE {empty}")
+        try:
+            result = run(
+                "run_scheduler", "--once", DATABASE_URL=url.rsplit("/", 1)[0] + f"/{empty}"
+            )
+        finally:
+            conn.execute(f"DROP DATABASE {empty}")
+    assert result.returncode == 1, result.stderr
+    assert "has no ultimat3_jobs_task or ultimat3_jobs_job table" in result.stderr
+    assert "fix: run: python manage.py migrate" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_prune_jobs__refusals_reach_call_command_as_command_errors() -> None:
     with pytest.raises(CommandError, match="must be at most 36500"):
         call_command("prune_jobs", "--days", "1000000000")

@@ -3,7 +3,10 @@
 - throughput: 5,000 no-op jobs, for one and two ``run_worker`` processes (default flags but
   ``--concurrency``, DEBUG off as in production), started and listening before the jobs land;
 - floor: psycopg alone claims 100 rows (the worker's claim statement, FOR UPDATE SKIP LOCKED)
-  and finishes them in one UPDATE, on one and two connections;
+  and finishes them in one UPDATE, on one and two connections; and the same floor keeping the
+  rule that an attempt counts only once its job started (SPEC section 11): the claim marks
+  nothing started, and a job's start is committed before it may run, by the worker's mark
+  statement, the threads starting jobs at one moment sharing one;
 - procrastinate's worker (the ``bench`` extra), same no-op as a sync task, same concurrency,
   in a database of its own on the same server;
 - latency at low load: a job committed (NOTIFY with it) -> its function started, p50/p99;
@@ -19,7 +22,9 @@ anybody else's jobs. Run: ``python -m bench.worker`` (PostgreSQL only).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -158,6 +163,90 @@ def measure_floor(n: int, connections: int) -> float:
         thread.start()
     for thread in threads:
         thread.join()
+    rate = _window_rate(n)
+    _clean()
+    return rate
+
+
+class _GroupedMarks:
+    """Start marks as SPEC section 11 wants them, with nothing else: a job's start is committed
+    before it runs, and the threads that start jobs while a mark is being written share the
+    next one (the worker's statement, ``sql.MARK_STARTED``)."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.ready = threading.Condition()
+        self.asked: list[tuple[int, int]] = []
+        self.marked: set[int] = set()
+        self.writing = False
+
+    def mark(self, conn: Any, job: tuple[int, int]) -> None:
+        from ultimat3_jobs.store.sql import MARK_STARTED
+
+        with self.ready:
+            self.asked.append(job)
+            while self.writing and job[0] not in self.marked:
+                self.ready.wait()
+            if job[0] in self.marked:
+                self.marked.discard(job[0])
+                return
+            self.writing = True
+            group, self.asked = self.asked, []
+        rows = [{"job_id": pk, "attempts": attempts} for pk, attempts in group]
+        params = {"now": datetime.now(UTC), "jobs": json.dumps(rows), "worker": self.worker}
+        conn.execute(MARK_STARTED, params)  # Autocommit: one round trip, as the worker's.
+        with self.ready:
+            self.marked.update(pk for pk, _ in group if pk != job[0])
+            self.writing = False
+            self.ready.notify_all()
+
+
+def measure_marked_floor(n: int, concurrency: int) -> float:
+    """The floor of a worker that keeps SPEC section 11 (an attempt counts only once its job
+    started): psycopg claims 100 rows without marking them started, ``concurrency`` threads
+    each mark a job's start (``_GroupedMarks``) before taking the next, on connections of their
+    own, and the batch is finished in one UPDATE once they are all through. No job runs."""
+    from ultimat3_jobs.store.sql import CLAIM_QUEUES, NO_SORT
+
+    _enqueue(n)
+    name = "floor-marked"
+    marks = _GroupedMarks(name)
+    inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+    through: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def starter() -> None:
+        with _connect() as conn:
+            while (job := inbox.get()) is not None:
+                marks.mark(conn, job)
+                through.put(job[0])
+
+    threads = [threading.Thread(target=starter) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    try:
+        with _connect() as conn:
+            while True:
+                params = {
+                    "now": datetime.now(UTC),
+                    "limit": FLOOR_BATCH,
+                    "start": 0,
+                    "worker": name,
+                    "queues": [QUEUE],
+                }
+                with conn.transaction():
+                    conn.execute(NO_SORT)
+                    rows = conn.execute(CLAIM_QUEUES, params).fetchall()
+                if not rows:
+                    break
+                for row in rows:
+                    inbox.put((row[0], row[5]))  # id, attempts (``CLAIMED_COLUMNS``)
+                ids = [through.get() for _ in rows]
+                conn.execute(FINISH_BATCH, [datetime.now(UTC), ids, name])
+    finally:
+        for _ in threads:
+            inbox.put(None)
+        for thread in threads:
+            thread.join()
     rate = _window_rate(n)
     _clean()
     return rate
@@ -452,12 +541,15 @@ def main(argv: list[str] | None = None) -> None:
     floors: dict[int, list[float]] = {1: [], 2: []}
     runs: dict[int, list[float]] = {1: [], 2: []}
     children: list[float] = []
+    marked_floors: list[float] = []
     for _ in range(args.repeats):
         for k in (1, 2):
             floors[k].append(measure_floor(n, k))
             runs[k].append(measure_workers(n, k, c))
         children.append(measure_workers(n, 1, c, pool="process"))
+        marked_floors.append(measure_marked_floor(n, c))
     floor = {k: statistics.median(rates) for k, rates in floors.items()}
+    marked_floor = statistics.median(marked_floors)
     ours = {k: statistics.median(rates) for k, rates in runs.items()}
     process_pool = statistics.median(children)
     theirs = measure_procrastinate(n, c)
@@ -484,6 +576,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for k in (1, 2):
         line(f"floor: psycopg, claim {FLOOR_BATCH} + 1 UPDATE, {k} conn", floor[k])
+    line(f"floor with start marks: the same, {c} conns marking", marked_floor)
     if theirs is not None:
         line("procrastinate worker, sync task, 1 process", theirs)
     else:
@@ -493,8 +586,9 @@ def main(argv: list[str] | None = None) -> None:
     line(f"run_worker --pool process, 1 process ({c} children)", process_pool)
     print(
         f"two processes / one: {ours[2] / ours[1]:.2f}x; one process / floor (1 conn): "
-        f"{ours[1] / floor[1]:.0%}"
+        f"{ours[1] / floor[1]:.0%}; / floor with start marks: {ours[1] / marked_floor:.0%}"
     )
+    print("  floor with start marks rounds: " + ", ".join(f"{rate:.0f}" for rate in marked_floors))
     for k in (1, 2):
         each = ", ".join(f"{rate:.0f}" for rate in runs[k])
         print(

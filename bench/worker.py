@@ -194,7 +194,10 @@ class _GroupedMarks:
             group, self.asked = self.asked, []
         rows = [{"job_id": pk, "attempts": attempts} for pk, attempts in group]
         params = {"now": datetime.now(UTC), "jobs": json.dumps(rows), "worker": self.worker}
-        conn.execute(MARK_STARTED, params)  # Autocommit: one round trip, as the worker's.
+        # Autocommit: one round trip, as the worker's.
+        marked = conn.execute(MARK_STARTED, params).fetchall()
+        if len(marked) != len(group):
+            raise RuntimeError(f"the floor marked {len(marked)} of {len(group)} starts")
         with self.ready:
             self.marked.update(pk for pk, _ in group if pk != job[0])
             self.writing = False

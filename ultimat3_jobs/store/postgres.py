@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 #: New tasks per INSERT when their COPY gave way; past one slice, new rows are made in a thread.
 SYNC_SLICE = 1000
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class PostgresStore(PortableStore):
@@ -415,8 +415,8 @@ class PostgresStore(PortableStore):
 
 @contextlib.contextmanager
 def _made_for(
-    handles: Sequence[TaskHandle], made: Iterable[T], **options: Any
-) -> Iterator[Iterable[T]]:
+    handles: Sequence[TaskHandle], made: Iterable[_T], **options: Any
+) -> Iterator[Iterable[_T]]:
     """The rows ``made`` for ``handles`` (calling each task's function for its job names):
     past one slice, by a thread of their own while the statements take the ones before
     (``Ahead`` with ``options``); else all of them first. A function that queries the database

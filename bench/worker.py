@@ -171,7 +171,9 @@ def measure_floor(n: int, connections: int) -> float:
 class _GroupedMarks:
     """Start marks as SPEC section 11 wants them, with nothing else: a job's start is committed
     before it runs, and the threads that start jobs while a mark is being written share the
-    next one (the worker's statement, ``sql.MARK_STARTED``)."""
+    next one (the worker's statement, ``sql.MARK_STARTED``). Written here rather than taken
+    from ``attempts.StartMarks``, so the floor holds none of the worker's own code but its SQL.
+    """
 
     def __init__(self, worker: str) -> None:
         self.worker = worker
@@ -179,14 +181,17 @@ class _GroupedMarks:
         self.asked: list[tuple[int, int]] = []
         self.marked: set[int] = set()
         self.writing = False
+        self.failed: BaseException | None = None
 
     def mark(self, conn: Any, job: tuple[int, int]) -> None:
         from ultimat3_jobs.store.sql import MARK_STARTED
 
         with self.ready:
             self.asked.append(job)
-            while self.writing and job[0] not in self.marked:
+            while self.writing and job[0] not in self.marked and self.failed is None:
                 self.ready.wait()
+            if self.failed is not None:
+                raise self.failed  # The floor is void: its measurement stops.
             if job[0] in self.marked:
                 self.marked.discard(job[0])
                 return
@@ -194,34 +199,51 @@ class _GroupedMarks:
             group, self.asked = self.asked, []
         rows = [{"job_id": pk, "attempts": attempts} for pk, attempts in group]
         params = {"now": datetime.now(UTC), "jobs": json.dumps(rows), "worker": self.worker}
-        # Autocommit: one round trip, as the worker's.
-        marked = conn.execute(MARK_STARTED, params).fetchall()
-        if len(marked) != len(group):
-            raise RuntimeError(f"the floor marked {len(marked)} of {len(group)} starts")
-        with self.ready:
-            self.marked.update(pk for pk, _ in group if pk != job[0])
-            self.writing = False
-            self.ready.notify_all()
+        try:
+            # Autocommit: one round trip, as the worker's.
+            marked = conn.execute(MARK_STARTED, params).fetchall()
+            if len(marked) != len(group):
+                raise RuntimeError(f"the floor marked {len(marked)} of {len(group)} starts")
+            with self.ready:
+                self.marked.update(pk for pk, _ in group if pk != job[0])
+        except BaseException as error:
+            with self.ready:
+                self.failed = error
+            raise
+        finally:
+            with self.ready:
+                self.writing = False
+                self.ready.notify_all()
 
 
 def measure_marked_floor(n: int, concurrency: int) -> float:
     """The floor of a worker that keeps SPEC section 11 (an attempt counts only once its job
     started): psycopg claims 100 rows without marking them started, ``concurrency`` threads
     each mark a job's start (``_GroupedMarks``) before taking the next, on connections of their
-    own, and the batch is finished in one UPDATE once they are all through. No job runs."""
+    own, and the batch is finished in one UPDATE once they are all through. No job runs; a
+    thread that fails stops the measurement with its error."""
     from ultimat3_jobs.store.sql import CLAIM_QUEUES, NO_SORT
 
     _enqueue(n)
     name = "floor-marked"
     marks = _GroupedMarks(name)
     inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
-    through: queue.SimpleQueue[int] = queue.SimpleQueue()
+    through: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
 
     def starter() -> None:
-        with _connect() as conn:
-            while (job := inbox.get()) is not None:
-                marks.mark(conn, job)
-                through.put(job[0])
+        try:
+            with _connect() as conn:
+                while (job := inbox.get()) is not None:
+                    marks.mark(conn, job)
+                    through.put(job[0])
+        except BaseException as error:
+            through.put(error)
+
+    def passed() -> int:
+        one = through.get()
+        if isinstance(one, BaseException):
+            raise one
+        return one
 
     threads = [threading.Thread(target=starter) for _ in range(concurrency)]
     for thread in threads:
@@ -243,7 +265,7 @@ def measure_marked_floor(n: int, concurrency: int) -> float:
                     break
                 for row in rows:
                     inbox.put((row[0], row[5]))  # id, attempts (``CLAIMED_COLUMNS``)
-                ids = [through.get() for _ in rows]
+                ids = [passed() for _ in rows]
                 conn.execute(FINISH_BATCH, [datetime.now(UTC), ids, name])
     finally:
         for _ in threads:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import datetime
 
@@ -156,6 +157,28 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_MONITORS"):
     )  # fmt: skip
     def unmonitored(occurrence: datetime) -> list[Entry]:
         return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]
+
+
+if os.environ.get("ULTIMAT3_ACCEPTANCE_MANY"):
+    # Past one slice of new task rows, which a first start makes in a thread of their own while
+    # its COPY takes the ones before (``store.postgres.SYNC_SLICE``). With a STALL path, the
+    # last task's function, called in that thread for its jobs' names, writes to that file and
+    # hangs, so a test can kill the process with the COPY under way.
+
+    def _declare_many(index: int, last: bool) -> None:
+        def entries(occurrence: datetime) -> list[Entry]:
+            stall = os.environ.get("ULTIMAT3_ACCEPTANCE_STALL")
+            if last and stall and threading.current_thread().name == "ultimat3-rows-ahead":
+                with open(stall, "a") as file:
+                    file.write(f"{os.getpid()}\n")
+                time.sleep(120)
+            return [(mark, {"occurrence": occurrence.isoformat()})]
+
+        task(cron="0 0 1 1 *", tz="UTC", name=f"acceptance.many.{index:05d}")(entries)
+
+    _many = int(os.environ["ULTIMAT3_ACCEPTANCE_MANY"])
+    for _index in range(_many):
+        _declare_many(_index, _index == _many - 1)
 
 
 if os.environ.get("ULTIMAT3_ACCEPTANCE_FLEET"):

@@ -17,7 +17,7 @@ import pytest
 from django.db import close_old_connections, connection
 from django.db.models import Count
 
-from ultimat3_jobs.models import Job
+from ultimat3_jobs.models import Job, Task
 
 from .helpers import (
     Process,
@@ -248,3 +248,40 @@ def test_scheduler__a_second_signal_exits_at_once(tmp_path: Path, processes: lis
     assert node.wait(10) == 1
     assert time.monotonic() - sent < 5  # not after the 30-second round
     assert node.named("jobs.scheduler.stopped") == []
+
+
+def copying_task_rows() -> bool:
+    """Whether a backend is in the COPY that writes new task rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND query LIKE 'COPY ultimat3_jobs_task %%'"
+        )
+        [(count,)] = cursor.fetchall()
+    return bool(count)
+
+
+def test_scheduler__killed_while_copying_new_task_rows__none_stay_and_the_next_start_stores_all(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    many = {"ULTIMAT3_ACCEPTANCE_MANY": "1500"}
+    stalled = tmp_path / "stalled.txt"
+    start_schedulers(
+        tmp_path, processes, "advisory", 1, **many, ULTIMAT3_ACCEPTANCE_STALL=str(stalled)
+    )
+    [node] = processes
+    # The last task's row is made by the thread that makes rows ahead, and it hangs there: the
+    # COPY has taken the slices before it and waits for the rest.
+    wait_for(stalled.exists, 60, "the last new task's row to be made")
+    wait_for(copying_task_rows, 15, "the COPY of new task rows")
+    node.signal(signal.SIGKILL)
+    assert node.wait(10) == -signal.SIGKILL
+    close_old_connections()
+    mine = Task.objects.filter(name__startswith="acceptance.many.")
+    assert not mine.exists()
+    again = spawn(tmp_path, "again", "run_scheduler", "--once", settings_overrides=FAST, env=many)
+    processes.append(again)
+    assert again.wait(120) == 0
+    close_old_connections()
+    assert mine.count() == 1500
+    assert {tuple(jobs) for jobs in mine.values_list("jobs", flat=True)} == {("acceptance.mark",)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,11 +160,12 @@ def test_release__puts_unstarted_jobs_back_with_the_attempt_uncounted() -> None:
     assert Job.objects.get(pk=other.pk).worker == "w2"
 
 
-def _slow_then_quick(quick: int) -> tuple[Job, list[Job]]:
+def _slow_then_quick(quick: int, started: Path | None = None) -> tuple[Job, list[Job]]:
+    """A slow job (``started``: the file it makes once it runs), then ``quick`` due after it."""
     now = clock.now()
     slow = make_job(
         "demo.slow_ping",
-        data={"label": "slow", "seconds": 0.6},
+        data={"label": "slow", "seconds": 0.6, "started": str(started or "")},
         run_at=now - timedelta(seconds=10),
     )
     waiting = [
@@ -178,12 +180,15 @@ def _worker(**options: Any) -> Worker:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_stop__jobs_claimed_ahead_go_back_unrun_when_the_drain_begins() -> None:
-    slow, waiting = _slow_then_quick(3)
+def test_stop__jobs_claimed_ahead_go_back_unrun_when_the_drain_begins(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    slow, waiting = _slow_then_quick(3, started)
     # A poll interval longer than the test: only the drain can give the waiting jobs back.
     worker = _worker(poll_interval=timedelta(seconds=30), drain_grace=timedelta(seconds=10))
     worker.start()
     wait_until(lambda: len(worker.in_flight()) == 4, what="the slow job and three claimed ahead")
+    # Its thread took it: a drain that began sooner would give it back unrun as well.
+    wait_until(started.exists, what="the slow job to run")
     worker.stop("test")
     assert worker.exit_code == CLEAN_EXIT
     assert Job.objects.get(pk=slow.pk).status == JobStatus.SUCCEEDED

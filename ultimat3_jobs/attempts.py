@@ -42,11 +42,10 @@ from .logs import emit, failure_fields
 from .models import JobStatus
 from .registry import registry
 from .retries import format_error, retry_delay, storable
-from .store import ClaimedJob, Finish, JobStore, TaskResultColumns, claimed_row
+from .store import ClaimedJob, Finish, JobStore, StartedTask, TaskResultColumns, started_task
 
 if TYPE_CHECKING:
     from .backends import TaskRun
-    from .models import Job
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -191,7 +190,7 @@ class Attempts:
 
     # -- running ------------------------------------------------------------------------------
 
-    def start(self, job: ClaimedJob) -> bool | Job:
+    def start(self, job: ClaimedJob) -> bool | StartedTask:
         """Make ``job``'s start durable before its function runs, unless the claim did: a job
         that kills its worker at once must still use up an attempt, or it would be claimed and
         run forever. A Django Task's start is marked as a @job's is, and its row, which its
@@ -203,7 +202,7 @@ class Attempts:
             return False
         if job.backend:
             # Its result's times are the row's: the start as the claim or the mark wrote it.
-            return claimed_row(job, worker=self.node_id, started_at=started_at)
+            return started_task(job, worker=self.node_id, started_at=started_at)
         return True
 
     def run(self, job: ClaimedJob) -> Ended:
@@ -259,7 +258,7 @@ class Attempts:
         finish = Finish.failed(job, now=self.clock(), error=text)
         return Ended(job, finish, _since(started), fields)
 
-    def run_task(self, job: ClaimedJob, row: Job) -> Ended:
+    def run_task(self, job: ClaimedJob, row: StartedTask) -> Ended:
         """A Django Task's started row: one run, no retry; how it ended, with its return value
         or ``TaskError`` for the row to keep, not yet written."""
         from . import backends
@@ -280,7 +279,7 @@ class Attempts:
         finish = Finish(job.id, job.attempts, JobStatus.FAILED, now, error=error, result=result)
         return Ended(job, finish, _since(started), failure_fields(run.error), run=run)
 
-    def run_django_task(self, job: ClaimedJob, row: Job) -> Outcome | None:
+    def run_django_task(self, job: ClaimedJob, row: StartedTask) -> Outcome | None:
         """``run_task``, its outcome written at once (a process pool's child has no
         dispatcher to batch it with). None when the database refused every write of it: the
         row is still running as this worker's, for its lost-claim path."""

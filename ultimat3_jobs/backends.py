@@ -54,7 +54,7 @@ from .tasks_compat import (
 
 if TYPE_CHECKING:
     from .models import Job
-    from .store import JobStore
+    from .store import JobStore, StartedTask
 
 #: Job status -> the framework's. A cancelled row never ran and never will: FAILED.
 STATUSES = {
@@ -154,8 +154,8 @@ def load_task(path: str) -> Task:
     return found
 
 
-def result_of(job: Job, task: Task, alias: str) -> TaskResult:
-    """A ``TaskResult`` of ``job``'s row as loaded."""
+def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
+    """A ``TaskResult`` of ``job``'s row as loaded (or, started, as its claim made it)."""
     if (task.priority, task.queue_name, task.backend) != (job.priority, job.queue, alias):
         # Should the settings have changed since, the declared task still tells what it is.
         with contextlib.suppress(InvalidTaskError):
@@ -165,7 +165,7 @@ def result_of(job: Job, task: Task, alias: str) -> TaskResult:
         status = TaskResultStatus.READY  # Claimed ahead by a worker; not started yet.
     result: TaskResult = TaskResult(
         task=task,
-        id=str(job.pk),
+        id=str(job.id),
         status=status,
         enqueued_at=job.created_at,
         started_at=job.started_at,
@@ -410,7 +410,7 @@ add_entry_adapter(entry_handle)
 class TaskRun:
     """One run of a Django Task's row: its JSON return value, or the error it ended with."""
 
-    job: Job
+    job: StartedTask
     task: Task | None = None
     backend: type[BaseTaskBackend] = JobsBackend
     #: The result ``task_started`` was sent with, finished in place by ``finished``.
@@ -426,7 +426,7 @@ class TaskRun:
         return "" if self.error is None else format_error(self.error)
 
 
-def run_task(job: Job) -> TaskRun:
+def run_task(job: StartedTask) -> TaskRun:
     """Run a claimed Django Task's row once (a coroutine function on an event loop of its own).
 
     Sends ``task_started``; the caller records the outcome, then calls ``finished``.

@@ -33,8 +33,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import SpawnProcess
 
-    from .models import Job
-    from .store import ClaimedJob
+    from .store import ClaimedJob, StartedTask
 
 #: Seconds a child timed out gets to end on SIGTERM before SIGKILL.
 KILL_AFTER = 2.0
@@ -162,7 +161,7 @@ class Child:
             pass  # It died starting.
         return False
 
-    def run(self, job: ClaimedJob, row: Job | None, timeout: float | None) -> Reply:
+    def run(self, job: ClaimedJob, row: StartedTask | None, timeout: float | None) -> Reply:
         """Run ``job`` (a Django Task: with its ``row``) in the child; how it ended.
 
         Raises ``ChildTimedOut`` (the child was killed) or ``ChildDied``; either way the next

@@ -53,11 +53,10 @@ from .logs import emit, failure_fields
 from .nodes import RunStatus, new_node_id
 from .pool import Child, ChildDied, ChildSetup, ChildTimedOut
 from .registry import registry
-from .store import ClaimedJob, JobStore, Recovered, store_for
+from .store import ClaimedJob, JobStore, Recovered, StartedTask, store_for
 
 if TYPE_CHECKING:
     from .errors import UltimateError
-    from .models import Job
 
 logger = logging.getLogger("ultimat3_jobs.worker")
 
@@ -376,7 +375,7 @@ class Worker:
             return True
 
     def _run_in_child(
-        self, job: ClaimedJob, slot: _Slot, row: Job | None, timeout: float | None
+        self, job: ClaimedJob, slot: _Slot, row: StartedTask | None, timeout: float | None
     ) -> None:
         assert slot.child is not None
         begun = time.monotonic()

@@ -256,10 +256,12 @@ def test_enqueue__nested_args_and_kwargs_round_trip() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_enqueue__a_task_taking_context_sees_its_own_result() -> None:
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_enqueue__a_task_taking_context_sees_its_own_result(pool: str) -> None:
+    """In a child process too: its row is made from the claim and sent to the child."""
     result = background.attempt_of.enqueue(label="ctx")
 
-    burst()
+    call_command("run_worker", "--burst", "--no-listen", "--pool", pool)
 
     result.refresh()
     assert result.return_value == {"label": "ctx", "attempt": 1, "id": result.id}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -11,13 +12,14 @@ import pytest
 from django.utils import timezone
 
 from tests.integration.factories import demo_ping
+from ultimat3_jobs import backends
 from ultimat3_jobs.models import Job, JobStatus, Node
 from ultimat3_jobs.store import (
     ClaimedJob,
     Finish,
     PortableStore,
     PostgresStore,
-    claimed_row,
+    started_task,
     store_for,
 )
 from ultimat3_jobs.store.columns import (
@@ -493,7 +495,7 @@ def test_mark_started__marks_only_the_workers_same_attempt() -> None:
 @pytest.mark.django_db
 def test_claim__a_django_tasks_row_made_from_its_claim_is_the_row_its_run_would_read() -> None:
     made = Job.objects.create(
-        name="demo.tasks.add",
+        name="testproject.demo.background.add",
         key=f"task:{uuid.uuid4().hex}",
         input={"b": 2},
         args=[1, [3, "x"]],
@@ -505,9 +507,13 @@ def test_claim__a_django_tasks_row_made_from_its_claim_is_the_row_its_run_would_
     [job] = store_for("default").claim(worker="w1", limit=1, now=T0, start=0)
     assert (job.args, job.created_at) == (made.args, made.created_at)
     assert store_for("default").mark_started(jobs=[job], worker="w1", now=T0) == {job.id}
-    row, read = claimed_row(job, worker="w1", started_at=T0), Job.objects.get(pk=made.pk)
-    columns = [field.attname for field in Job._meta.concrete_fields]
+    row, read = started_task(job, worker="w1", started_at=T0), Job.objects.get(pk=made.pk)
+    columns = [field.name for field in dataclasses.fields(row)]
     assert {c: getattr(row, c) for c in columns} == {c: getattr(read, c) for c in columns}
+    # And the result its run starts with is the one the backend reads for it.
+    task = backends.load_task(made.name)
+    made_from_claim, read_back = (backends.result_of(r, task, "default") for r in (row, read))
+    assert dataclasses.asdict(made_from_claim) == dataclasses.asdict(read_back)
 
 
 @pytest.mark.django_db

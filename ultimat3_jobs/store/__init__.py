@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from .columns import claimed_row
+from .columns import started_task
 from .portable import PortableStore
 from .postgres import PostgresStore
 from .values import (
@@ -37,6 +37,7 @@ from .values import (
     Recovered,
     Rows,
     ScheduledJob,
+    StartedTask,
     Swapped,
     TaskResultColumns,
     TaskState,
@@ -503,10 +504,11 @@ __all__ = [
     "Recovered",
     "Rows",
     "ScheduledJob",
+    "StartedTask",
     "Swapped",
     "TaskResultColumns",
     "TaskState",
-    "claimed_row",
     "enqueue",
+    "started_task",
     "store_for",
 ]

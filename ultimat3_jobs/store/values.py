@@ -89,6 +89,32 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class StartedTask:
+    """A started Django Task's row as its run and its ``TaskResult`` read it, made from its
+    claim (``columns.started_task``) rather than read again: a plain record, as ``ClaimedJob``
+    is, not a model instance (whose ``__init__`` and init signals cost a busy worker more than
+    the run of a no-op task). The columns a result reads keep their ``Job`` names.
+    """
+
+    id: int
+    name: str
+    backend: str
+    args: list[Any]
+    input: dict[str, Any]
+    queue: str
+    priority: int
+    attempts: int
+    created_at: datetime
+    started_at: datetime
+    worker: str
+    status: str = JobStatus.RUNNING
+    finished_at: datetime | None = None
+    error_class: str = ""
+    traceback: str = ""
+    return_value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """How one attempt ended, to be written by ``finish`` (or with the next claim).
 

@@ -2,6 +2,9 @@
 
 - throughput: 5,000 no-op jobs, for one and two ``run_worker`` processes (default flags but
   ``--concurrency``, DEBUG off as in production), started and listening before the jobs land;
+  then again with Django's ``prepare_threshold`` option at 5, so PostgreSQL keeps the plans of
+  the worker's statements (Django's default never prepares: a transaction-pooling PgBouncer
+  before 1.21 cannot hold prepared statements);
 - floor: psycopg alone claims 100 rows (the worker's claim statement, FOR UPDATE SKIP LOCKED)
   and finishes them in one UPDATE, on one and two connections; and the same floor keeping the
   rule that an attempt counts only once its job started (SPEC section 11): the claim marks
@@ -283,8 +286,14 @@ def measure_marked_floor(n: int, concurrency: int) -> float:
 class Workers:
     """``processes`` real ``run_worker`` processes on the bench queue, started and listening."""
 
-    def __init__(self, processes: int, concurrency: int, pool: str = "thread") -> None:
+    def __init__(
+        self, processes: int, concurrency: int, pool: str = "thread", prepared: bool = False
+    ) -> None:
         env = {**os.environ, "DEBUG": "false"}
+        if prepared:
+            # Django's option (its default: never), as a DATABASE_URL query puts it in OPTIONS.
+            url = env["DATABASE_URL"]
+            env["DATABASE_URL"] = f"{url}{'&' if '?' in url else '?'}prepare_threshold=5"
         argv = [
             sys.executable,
             str(ROOT / "manage.py"),
@@ -327,8 +336,10 @@ class Workers:
         _clean()
 
 
-def measure_workers(n: int, processes: int, concurrency: int, pool: str = "thread") -> float:
-    with Workers(processes, concurrency, pool):
+def measure_workers(
+    n: int, processes: int, concurrency: int, pool: str = "thread", prepared: bool = False
+) -> float:
+    with Workers(processes, concurrency, pool, prepared):
         _enqueue(n)
         # Counting scans the job table: often enough, it would take the database's time from
         # the workers measured. Rates come from the rows' times, not from when this returns.
@@ -565,17 +576,20 @@ def main(argv: list[str] | None = None) -> None:
     # Rounds of every measurement in turn, so each sees the same share of a noisy machine.
     floors: dict[int, list[float]] = {1: [], 2: []}
     runs: dict[int, list[float]] = {1: [], 2: []}
+    prepared_runs: dict[int, list[float]] = {1: [], 2: []}
     children: list[float] = []
     marked_floors: list[float] = []
     for _ in range(args.repeats):
         for k in (1, 2):
             floors[k].append(measure_floor(n, k))
             runs[k].append(measure_workers(n, k, c))
+            prepared_runs[k].append(measure_workers(n, k, c, prepared=True))
         children.append(measure_workers(n, 1, c, pool="process"))
         marked_floors.append(measure_marked_floor(n, c))
     floor = {k: statistics.median(rates) for k, rates in floors.items()}
     marked_floor = statistics.median(marked_floors)
     ours = {k: statistics.median(rates) for k, rates in runs.items()}
+    prepared = {k: statistics.median(rates) for k, rates in prepared_runs.items()}
     process_pool = statistics.median(children)
     theirs = measure_procrastinate(n, c)
     p50, p99 = measure_latency(args.latency_samples, 0.02, c)
@@ -608,16 +622,26 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'procrastinate worker':<52} | {'-':>8} | (pip install -e '.[bench]')")
     for k in (1, 2):
         line(f"run_worker, {k} process{'es' if k > 1 else ''}", ours[k])
+    for k in (1, 2):
+        line(f"the same, prepare_threshold=5: {k} process{'es' if k > 1 else ''}", prepared[k])
     line(f"run_worker --pool process, 1 process ({c} children)", process_pool)
     print(
         f"two processes / one: {ours[2] / ours[1]:.2f}x; one process / floor (1 conn): "
         f"{ours[1] / floor[1]:.0%}; / floor with start marks: {ours[1] / marked_floor:.0%}"
     )
+    print(
+        f"with prepare_threshold=5: two processes / one: {prepared[2] / prepared[1]:.2f}x; "
+        f"one process / floor (1 conn): {prepared[1] / floor[1]:.0%}; / floor with start "
+        f"marks: {prepared[1] / marked_floor:.0%}; / Django's default: "
+        f"{prepared[1] / ours[1]:.2f}x"
+    )
     print("  floor with start marks rounds: " + ", ".join(f"{rate:.0f}" for rate in marked_floors))
     for k in (1, 2):
         each = ", ".join(f"{rate:.0f}" for rate in runs[k])
         print(
-            f"  run_worker x{k} rounds: {each}; floor x{k}: "
+            f"  run_worker x{k} rounds: {each}; prepared: "
+            + ", ".join(f"{rate:.0f}" for rate in prepared_runs[k])
+            + f"; floor x{k}: "
             + ", ".join(f"{rate:.0f}" for rate in floors[k])
         )
     print(
@@ -641,7 +665,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     print(
         "Rates: first start to last finish (our job rows; procrastinate's events table). "
-        "Workers run with DEBUG off; procrastinate in a database of its own on the same server."
+        "Workers run with DEBUG off; procrastinate in a database of its own on the same server. "
+        "The floors run psycopg's default, statements prepared from their sixth run; "
+        "run_worker Django's (OPTIONS prepare_threshold: never), then 5."
     )
 
 

@@ -142,20 +142,23 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
 def execute_bound(
     using: str, statement: str, params: Sequence[Any] | Mapping[str, Any]
 ) -> list[tuple[Any, ...]]:
-    """One statement and its rows, its parameters sent apart from its text (psycopg's
-    server-side binding), on Django's connection, in the caller's transaction.
+    """One statement and its rows (none for one that returns none), its parameters sent apart
+    from its text (psycopg's server-side binding), on Django's connection, in the caller's
+    transaction.
 
     Django's cursors bind on the client: a parameter is escaped into the statement's text,
     then copied again as bytes and into the message: for a round's watermarks, megabytes more
-    at the round's peak. Prepared only as the connection's ``prepare_threshold``
-    says (Django's default: never). Logged as ``copy_rows`` logs.
+    at the round's peak. Prepared as the connection's ``prepare_threshold`` says (Django's
+    default: never), which a client-side cursor never is: the worker's statements, planned
+    anew at each run, cost PostgreSQL more than they cost to execute. Logged as ``copy_rows``
+    logs; Django's ``execute_wrapper`` hooks do not see it.
     """
     connection = connections[using]
     connection.ensure_connection()
     start = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(statement, params)
-        rows = cursor.fetchall()
+        rows = cursor.fetchall() if cursor.description is not None else []
     _logged(connection, statement, start)
     return rows
 

@@ -15,8 +15,9 @@ from django.test.utils import CaptureQueriesContext
 
 from testproject.demo.models import Ping
 from ultimat3_jobs import clock
+from ultimat3_jobs.db import execute_bound
 from ultimat3_jobs.models import Job, JobStatus
-from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, store_for
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, postgres, store_for
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
 from .test_worker import QUICK, make_job, wait_until
@@ -104,21 +105,22 @@ def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was() -> None:
+def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Statistics taken while nothing was queued made the planner sort every due row behind a
     # burst (measured: 30,000 rows read per claim of 100). The claim plans with sorting off.
     for _ in range(3):
         make_job()
     seen: list[str] = []
 
-    def show(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "FOR UPDATE SKIP LOCKED" in sql:
-            raw = context["cursor"].cursor
-            raw.execute("SHOW enable_sort")
-            seen.append(raw.fetchone()[0])
-        return execute(sql, params, many, context)
+    def show(using: str, statement: str, params: Any) -> Any:
+        if "FOR UPDATE SKIP LOCKED" in statement:
+            seen.append(execute_bound(using, "SHOW enable_sort", ())[0][0])
+        return execute_bound(using, statement, params)
 
-    with connection.execute_wrapper(show):
+    with monkeypatch.context() as patched:
+        patched.setattr(postgres, "execute_bound", show)
         claimed = _claim("w1")
     assert len(claimed) == 3
     assert seen == ["off"]
@@ -130,6 +132,38 @@ def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was() -> None
             assert len(_claim("w2")) == 0
             cursor.execute("SHOW enable_sort")
             assert cursor.fetchone()[0] == "on"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_claim_mark_and_finish__prepared_when_the_databases_prepare_threshold_says_so() -> None:
+    """Django's ``prepare_threshold`` option (its default: never) decides for the worker's
+    statements too, so PostgreSQL can keep their plans; Django's own queries stay as they are
+    (bound on the client, never prepared)."""
+    for _ in range(3):
+        make_job()
+    store, now = store_for("default"), clock.now()
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    connection.close()
+    options["prepare_threshold"] = 0  # Prepared at first use.
+    try:
+        claimed = store.claim(worker="w1", limit=3, now=now, start=0)
+        assert len(claimed) == 3
+        assert store.mark_started(jobs=claimed, worker="w1", now=now) == {j.id for j in claimed}
+        finishes = [Finish.succeeded(job, now=now) for job in claimed]
+        written, _ = store.finish_and_claim(worker="w1", finishes=finishes, limit=0)
+        assert written == {job.id for job in claimed}
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row[0] for row in cursor.fetchall()]
+    finally:
+        connection.close()
+        del options["prepare_threshold"]
+    assert len(prepared) == 4, prepared  # The claim with its planner setting, mark, finish.
+    assert any("FOR UPDATE SKIP LOCKED" in one for one in prepared)
+    assert any("SET started_at" in one for one in prepared)
+    assert any("SET status = f.status" in one for one in prepared)
+    assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
 
 
 @pytest.mark.django_db

@@ -225,7 +225,9 @@ class PostgresStore(PortableStore):
         queues: frozenset[str] | None,
         start: int | None,
     ) -> tuple[set[int], list[ClaimedJob]]:
-        """One statement, and one round trip, for the finishes and the claim together."""
+        """One statement, and one round trip, for the finishes and the claim together; bound
+        on the server (``execute_bound``), so prepared where Django's ``prepare_threshold``
+        option says so."""
         params: dict[str, Any] = {}
         if limit:
             params.update(_claim_params(worker, limit, now or clock.now(), queues, start))
@@ -233,9 +235,7 @@ class PostgresStore(PortableStore):
             params.update(_finish_params(worker, finishes))
         connection = connections[self.using]
         if not limit:
-            with connection.cursor() as cursor:
-                cursor.execute(sql.FINISH, params)
-                return {row[0] for row in cursor.fetchall()}, []
+            return {row[0] for row in execute_bound(self.using, sql.FINISH, params)}, []
         if finishes:
             statement = (
                 sql.FINISH_AND_CLAIM_ANY_QUEUE if queues is None else sql.FINISH_AND_CLAIM_QUEUES
@@ -244,16 +244,15 @@ class PostgresStore(PortableStore):
             statement = sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES
         # A caller's transaction outlives ours: the setting must not outlive the claim in it.
         inside_caller = connection.in_atomic_block
-        with transaction.atomic(using=self.using), connection.cursor() as cursor:
+        with transaction.atomic(using=self.using):
             # Statistics taken while no job was queued (a fresh table, or one holding only
             # history) make the planner expect a few due rows: it then reads every due row and
             # sorts them behind a burst. Without sorts it walks the ready index in order and
             # stops at the limit, whatever the statistics say.
-            cursor.execute(sql.NO_SORT)
-            cursor.execute(statement, params)
-            rows = cursor.fetchall()
+            execute_bound(self.using, sql.NO_SORT, ())
+            rows = execute_bound(self.using, statement, params)
             if inside_caller:
-                cursor.execute(sql.SORT_AGAIN)
+                execute_bound(self.using, sql.SORT_AGAIN, ())
         if not finishes:
             return set(), _claimed_rows(rows)
         written = {row[1] for row in rows if not row[0]}

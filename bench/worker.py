@@ -25,7 +25,6 @@ anybody else's jobs. Run: ``python -m bench.worker`` (PostgreSQL only).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import signal
@@ -200,8 +199,12 @@ class _GroupedMarks:
                 return
             self.writing = True
             group, self.asked = self.asked, []
-        rows = [{"job_id": pk, "attempts": attempts} for pk, attempts in group]
-        params = {"now": datetime.now(UTC), "jobs": json.dumps(rows), "worker": self.worker}
+        params = {
+            "now": datetime.now(UTC),
+            "ids": [pk for pk, _ in group],
+            "attempts": [attempts for _, attempts in group],
+            "worker": self.worker,
+        }
         try:
             # Autocommit: one round trip, as the worker's.
             marked = conn.execute(MARK_STARTED, params).fetchall()

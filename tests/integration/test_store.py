@@ -9,16 +9,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from tests.integration.factories import demo_ping
 from ultimat3_jobs import backends
+from ultimat3_jobs.db import execute_bound
 from ultimat3_jobs.models import Job, JobStatus, Node
 from ultimat3_jobs.store import (
     ClaimedJob,
     Finish,
     PortableStore,
     PostgresStore,
+    sql,
     started_task,
     store_for,
 )
@@ -490,6 +493,39 @@ def test_mark_started__marks_only_the_workers_same_attempt() -> None:
     later = T0 + timedelta(seconds=3)
     assert store.mark_started(jobs=[mine, taken], worker="w1", now=later) == {mine.id}
     assert (_started_at(mine.id), _started_at(taken.id)) == (later, None)
+
+
+@pytest.mark.django_db
+def test_mark_started__matches_each_job_to_its_own_attempt() -> None:
+    _queued(3)
+    store = store_for("default")
+    first, second, third = store.claim(worker="w1", limit=3, now=T0, start=0)
+    # Recovered and claimed again by this same worker: a later attempt, not the one we hold.
+    Job.objects.filter(pk=second.id).update(attempts=2)
+    Job.objects.filter(pk=third.id).update(attempts=4)
+    third = dataclasses.replace(third, attempts=4)
+    later = T0 + timedelta(seconds=3)
+    # Any order: each id meets the attempt given beside it.
+    marked = store.mark_started(jobs=[third, second, first], worker="w1", now=later)
+    assert marked == {first.id, third.id}
+    started = [_started_at(job.id) for job in (first, second, third)]
+    assert started == [later, None, later]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("statement", "lazy"), [("MARK_STARTED", "off"), ("MARK_STARTED_IN_CALLER", "on")]
+)
+def test_mark_started__commits_lazily_only_its_own_transaction(statement: str, lazy: str) -> None:
+    """Its own transaction commits without waiting for the disk; a caller's keeps its setting."""
+    _queued(1)
+    [job] = store_for("default").claim(worker="w1", limit=1, now=T0, start=0)
+    params = {"now": T0, "ids": [job.id], "attempts": [job.attempts], "worker": "w1"}
+    with transaction.atomic():
+        assert execute_bound("default", getattr(sql, statement), params) == [(job.id,)]
+        assert execute_bound("default", "SHOW synchronous_commit", ()) == [(lazy,)]
+    assert execute_bound("default", "SHOW synchronous_commit", ()) == [("on",)]
 
 
 @pytest.mark.django_db

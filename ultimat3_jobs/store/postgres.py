@@ -272,7 +272,7 @@ class PostgresStore(PortableStore):
 
     def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
         """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``),
-        its JSON sent apart from its text (``execute_bound``)."""
+        its arrays sent apart from its text (``execute_bound``)."""
         if not jobs:
             return set()
         connection = connections[self.using]
@@ -465,8 +465,8 @@ def _claim_params(
 
 
 def _start_params(jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> dict[str, Any]:
-    rows = [{"job_id": job.id, "attempts": job.attempts} for job in jobs]
-    return {"now": now, "jobs": dumps(rows), "worker": worker}
+    ids, attempts = [job.id for job in jobs], [job.attempts for job in jobs]
+    return {"now": now, "ids": ids, "attempts": attempts, "worker": worker}
 
 
 def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:

@@ -236,21 +236,25 @@ SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"
 # statement so it costs no round trip of its own): other sessions see it at once, which is what
 # recovery needs, and a crash of the database itself that loses it only means the job runs
 # again with that attempt uncounted.
-# The rows come as one JSON array of ``[id, attempts]``: the threads that take jobs at the same
-# moment share one statement.
+# The jobs come as two arrays, ids and their attempts in the same order: the threads that take
+# jobs at the same moment share one statement. Each row is matched to its attempt by its
+# position rather than joined to a set of pairs: PostgreSQL plans the statement at every run
+# (never prepared by Django's default), and this form plans in about 93 µs against 158 µs for a
+# join to ``jsonb_to_recordset``, and runs in 75 against 110 (``EXPLAIN ANALYZE``, 3 rows).
+# The setting is made by the row filter, so only once a row matches: a mark that lands nowhere
+# writes nothing to wait for.
 _MARK_STARTED = """
 UPDATE {table} AS job SET started_at = %(now)s
-FROM jsonb_to_recordset(%(jobs)s::jsonb) AS s(job_id bigint, attempts integer),
-     (SELECT {lazy}) AS commit_setting
-WHERE job.id = s.job_id AND job.status = 'running' AND job.worker = %(worker)s
-  AND job.attempts = s.attempts
+WHERE job.id = ANY(%(ids)s::bigint[]) AND job.status = 'running' AND job.worker = %(worker)s
+  AND job.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], job.id)]
+  AND {lazy}
 RETURNING job.id
 """
-_LAZY_COMMIT = "set_config('synchronous_commit', 'off', true)"
+_LAZY_COMMIT = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 #: Mark claimed-ahead rows started; returns the ids of those still ours.
 MARK_STARTED = _MARK_STARTED.format(table=_JOB, lazy=_LAZY_COMMIT)
 #: ``MARK_STARTED`` inside a caller's transaction: its commit is the caller's, left as it is.
-MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="1")
+MARK_STARTED_IN_CALLER = _MARK_STARTED.format(table=_JOB, lazy="true")
 
 # Write how a batch of attempts ended, given as one JSON array of objects, one a finish: one
 # quoted text rather than six arrays quoted element by element, far cheaper to send for the

@@ -152,15 +152,39 @@ def execute_bound(
     default: never), which a client-side cursor never is: the worker's statements, planned
     anew at each run, cost PostgreSQL more than they cost to execute. Logged as ``copy_rows``
     logs; Django's ``execute_wrapper`` hooks do not see it.
+
+    A server that does not hold the connection's prepared statements as psycopg believes (a
+    transaction-pooling PgBouncer older than 1.21 hands each transaction to any of its
+    backends) fails the statement, and psycopg would name the lost one again at every run:
+    that connection stops preparing. The error is raised as it came; its log line's code,
+    ``jobs.prepared-statement-lost`` (``logs.failure_fields``), says what to change.
     """
     connection = connections[using]
     connection.ensure_connection()
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(statement, params)
-        rows = cursor.fetchall() if cursor.description is not None else []
+    try:
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(statement, params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+    except Exception as error:
+        if prepared_statement_lost(error):
+            connection.connection.prepare_threshold = None
+        raise
     _logged(connection, statement, start)
     return rows
+
+
+#: SQLSTATEs of a prepared statement the server does not hold as the client believes:
+#: ``invalid_sql_statement_name`` (gone) and ``duplicate_prepared_statement`` (another
+#: client's, on a backend a pooler shares).
+PREPARED_STATEMENT_LOST = frozenset({"26000", "42P05"})
+
+
+def prepared_statement_lost(error: BaseException) -> bool:
+    """Whether ``error``, or the psycopg error Django raised it from, says the server does not
+    hold this connection's prepared statements as psycopg believes."""
+    cause = error if isinstance(error, psycopg.Error) else error.__cause__
+    return isinstance(cause, psycopg.Error) and cause.sqlstate in PREPARED_STATEMENT_LOST
 
 
 def _logged(connection: Any, statement: str, start: float) -> None:

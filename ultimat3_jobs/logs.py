@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime
 from typing import Any
 
-from .db import Ahead
+from .db import Ahead, prepared_statement_lost
 from .errors import UltimateError, readable
 
 
@@ -94,6 +94,12 @@ DATABASE_UNAVAILABLE_FIX = (
     "host; the loop backs off and retries by itself"
 )
 NOT_MIGRATED_FIX = "run: python manage.py migrate"
+PREPARED_STATEMENT_LOST_FIX = (
+    "a transaction-pooling PgBouncer older than 1.21 (or one with max_prepared_statements = 0) "
+    "cannot keep prepared statements: remove prepare_threshold from the OPTIONS of DATABASES "
+    "(or DATABASE_URL), or upgrade PgBouncer and set max_prepared_statements; meanwhile each "
+    "connection that hit this stops preparing"
+)
 
 
 def failure_fields(error: BaseException) -> dict[str, Any]:
@@ -113,7 +119,9 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
         psycopg.OperationalError,
         psycopg.InterfaceError,
     )
-    if isinstance(error, ProgrammingError | OperationalError) and (
+    if prepared_statement_lost(error):
+        code, fix = "jobs.prepared-statement-lost", PREPARED_STATEMENT_LOST_FIX
+    elif isinstance(error, ProgrammingError | OperationalError) and (
         "does not exist" in text or "no such table" in text
     ):
         code, fix = "jobs.database-not-migrated", NOT_MIGRATED_FIX

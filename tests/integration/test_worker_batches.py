@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 
 from testproject.demo.models import Ping
 from ultimat3_jobs import clock
 from ultimat3_jobs.db import execute_bound
+from ultimat3_jobs.logs import failure_fields
 from ultimat3_jobs.models import Job, JobStatus
 from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, postgres, store_for
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
@@ -164,6 +165,48 @@ def test_claim_mark_and_finish__prepared_when_the_databases_prepare_threshold_sa
     assert any("SET started_at" in one for one in prepared)
     assert any("SET status = f.status" in one for one in prepared)
     assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_finish__a_prepared_statement_the_server_lost_fails_once_then_none_is_prepared() -> None:
+    """Behind a transaction-pooling PgBouncer older than 1.21, a transaction may reach a
+    backend that holds none of the statements this connection prepared. The statement fails
+    with a code and a fix that say so, and the connection prepares nothing more: psycopg would
+    otherwise name the lost statement again at every run, and the worker never finish a job."""
+    for _ in range(2):
+        make_job()
+    store, now = store_for("default"), clock.now()
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    connection.close()
+    options["prepare_threshold"] = 0  # Prepared at first use.
+    try:
+        first, second = store.claim(worker="w1", limit=2, now=now, start=0)
+        store.mark_started(jobs=[first, second], worker="w1", now=now)
+        store.finish_and_claim(worker="w1", finishes=[Finish.succeeded(first, now=now)], limit=0)
+        with connection.cursor() as cursor:
+            # What the pooler does: the next backend holds none of them. In a DO block, so
+            # psycopg does not see a DEALLOCATE (it forgets its own on seeing one).
+            cursor.execute("DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$")
+        finish = [Finish.succeeded(second, now=now)]
+        with pytest.raises(DatabaseError) as lost:
+            store.finish_and_claim(worker="w1", finishes=finish, limit=0)
+        fields = failure_fields(lost.value)
+        assert fields["code"] == "jobs.prepared-statement-lost"
+        assert "prepare_threshold" in fields["fix"]
+        written, _ = store.finish_and_claim(worker="w1", finishes=finish, limit=0)
+        make_job()
+        [third] = store.claim(worker="w1", limit=1, now=clock.now())
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            [(prepared,)] = cursor.fetchall()
+    finally:
+        connection.close()
+        del options["prepare_threshold"]
+    assert written == {second.id}
+    assert third.id not in (first.id, second.id)
+    assert prepared == 0
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 2
 
 
 @pytest.mark.django_db

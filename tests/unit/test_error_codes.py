@@ -13,7 +13,12 @@ from ultimat3_jobs.logs import failure_fields
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: The codes ``logs.failure_fields`` gives failures that are not ``UltimateError``s.
-LOG_CODES = ["jobs.database-unavailable", "jobs.database-not-migrated", "jobs.unexpected-error"]
+LOG_CODES = [
+    "jobs.database-unavailable",
+    "jobs.database-not-migrated",
+    "jobs.prepared-statement-lost",
+    "jobs.unexpected-error",
+]
 
 
 def _error_classes() -> list[type[UltimateError]]:

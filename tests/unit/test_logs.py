@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import OperationalError, ProgrammingError
 from hypothesis import given
@@ -17,6 +18,17 @@ from hypothesis import strategies as st
 
 from ultimat3_jobs.errors import InvalidTimezoneError
 from ultimat3_jobs.logs import JsonFormatter, Lines, configure, emit, emit_many, failure_fields
+
+#: What PostgreSQL says when a pooler gave the transaction a backend without the statement.
+_LOST = 'prepared statement "_pg3_0" does not exist'
+
+
+def _raised_by_django(error: psycopg.Error) -> ProgrammingError:
+    """``error`` as Django's ``wrap_database_errors`` raises it: its own class, from it."""
+    try:
+        raise ProgrammingError(*error.args) from error
+    except ProgrammingError as wrapped:
+        return wrapped
 
 
 @pytest.mark.parametrize(
@@ -39,6 +51,18 @@ from ultimat3_jobs.logs import JsonFormatter, Lines, configure, emit, emit_many,
             "jobs.database-not-migrated",
             "manage.py migrate",
             id="not_migrated",
+        ),
+        pytest.param(
+            _raised_by_django(psycopg.errors.InvalidSqlStatementName(_LOST)),
+            "jobs.prepared-statement-lost",
+            "remove prepare_threshold",
+            id="prepared_statement_gone",
+        ),
+        pytest.param(
+            psycopg.errors.DuplicatePreparedStatement('prepared statement "_pg3_0" already exists'),
+            "jobs.prepared-statement-lost",
+            "max_prepared_statements",
+            id="prepared_statement_another_clients",
         ),
         pytest.param(ValueError("odd"), "jobs.unexpected-error", "traceback", id="unexpected"),
     ],

@@ -3,6 +3,8 @@
 #   - PostgreSQL's initdb and pg_ctl, for the throwaway cluster (not needed when DATABASE_URL
 #     is set; Debian keeps them in /usr/lib/postgresql/*/bin, where throwaway_postgres.py looks);
 #   - redis-server, which the Celery tests start on a free loopback port;
+#   - pgbouncer, which the tests of running behind a transaction-pooling PgBouncer start the
+#     same way (Debian puts it in /usr/sbin);
 #   - Chromium, which the browser tests drive;
 #   - Python's venv module with ensurepip, which Debian packages apart from Python.
 # Silent when everything is there. As root with apt-get, installs what is missing; otherwise
@@ -17,6 +19,7 @@ missing_packages() {
     echo postgresql
   fi
   command -v redis-server >/dev/null 2>&1 || echo redis-server
+  command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || echo pgbouncer
   [ -x /usr/bin/chromium ] || echo chromium
   "$PYTHON" -c 'import ensurepip' >/dev/null 2>&1 || echo python3-venv
 }

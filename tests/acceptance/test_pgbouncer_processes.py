@@ -1,0 +1,94 @@
+"""Behind a transaction-pooling PgBouncer, as the README says to run there: ``run_worker
+--no-listen`` runs every job once, and with Django's ``prepare_threshold`` set (which such a
+pooler, before 1.21, cannot honour) it says so by a code and a fix and still runs every job."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from testproject.demo.models import Ping
+from testproject.demo.tasks import ping
+from ultimat3_jobs.models import Job, JobStatus
+
+from ..pgbouncer_server import PgBouncer
+from .helpers import Process, process_database_url, processes, spawn
+from .test_worker_processes import FAST
+
+__all__ = ["processes"]
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+]
+
+JOBS = 300
+
+
+@pytest.fixture
+def bouncer() -> Iterator[PgBouncer]:
+    """One server connection for every client: each transaction runs on a backend other
+    clients' transactions ran on, which is what transaction pooling may do at any time."""
+    pooler = PgBouncer(process_database_url(), pool_size=1)
+    try:
+        yield pooler
+    finally:
+        pooler.stop()
+
+
+def _drain(tmp_path: Path, processes: list[Process], name: str, url: str) -> Process:
+    """``JOBS`` pings drained by one ``run_worker --burst --no-listen`` connected at ``url``."""
+    with transaction.atomic():
+        for n in range(JOBS):
+            ping.enqueue({"label": f"{name}-{n:03d}"})
+    worker = spawn(
+        tmp_path,
+        name,
+        "run_worker", "--burst", "--no-listen", "--concurrency", "4",
+        settings_overrides=FAST,
+        env={"DATABASE_URL": url},
+    )  # fmt: skip
+    processes.append(worker)
+    assert worker.wait(120) == 0, worker.log_path.read_text()[-3000:]
+    return worker
+
+
+def _ran_once(name: str) -> None:
+    states = Counter(Job.objects.values_list("status", "attempts"))
+    assert states == {(JobStatus.SUCCEEDED, 1): JOBS}
+    ran = Counter(Ping.objects.values_list("label", flat=True))
+    assert ran == {f"{name}-{n:03d}": 1 for n in range(JOBS)}
+
+
+def _failures(worker: Process) -> list[dict[str, Any]]:
+    return [event for event in worker.events() if "code" in event]
+
+
+def test_no_listen__runs_every_job_once_with_nothing_failing(
+    tmp_path: Path, processes: list[Process], bouncer: PgBouncer
+) -> None:
+    worker = _drain(tmp_path, processes, "pooled", bouncer.url())
+    _ran_once("pooled")
+    assert _failures(worker) == []
+
+
+def test_prepare_threshold_set__the_failure_names_the_pooler_and_every_job_runs_once(
+    tmp_path: Path, processes: list[Process], bouncer: PgBouncer
+) -> None:
+    worker = _drain(tmp_path, processes, "prepared", bouncer.url("?prepare_threshold=0"))
+    _ran_once("prepared")
+    failures = _failures(worker)
+    # The dispatcher and the job threads each name their first prepared statement "_pg3_0",
+    # on the one backend they share: the second to prepare it is refused.
+    assert failures, "no statement failed: the pooler did not share its backend"
+    assert {event["code"] for event in failures} == {"jobs.prepared-statement-lost"}
+    assert all("prepare_threshold" in event["fix"] for event in failures)
+    # A connection fails once, failing the jobs whose starts its statement marked together,
+    # then prepares nothing more: a handful of failures, not one for every job.
+    assert len(failures) <= JOBS // 10

@@ -153,25 +153,32 @@ def execute_bound(
     anew at each run, cost PostgreSQL more than they cost to execute. Logged as ``copy_rows``
     logs; Django's ``execute_wrapper`` hooks do not see it.
 
-    A server that does not hold the connection's prepared statements as psycopg believes (a
+    A server that does not hold the prepared statements psycopg believes a connection has (a
     transaction-pooling PgBouncer older than 1.21 hands each transaction to any of its
-    backends) fails the statement, and psycopg would name the lost one again at every run:
-    that connection stops preparing. The error is raised as it came; its log line's code,
+    backends, which keep what other clients prepared) fails the statement: from then on this
+    process prepares nothing on that database (``UNPREPARED``), since every connection it
+    opens would meet the same. The error is raised as it came; its log line's code,
     ``jobs.prepared-statement-lost`` (``logs.failure_fields``), says what to change.
     """
     connection = connections[using]
     connection.ensure_connection()
     start = time.monotonic()
+    prepare = False if using in UNPREPARED else None  # None: as prepare_threshold says.
     try:
         with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(statement, params)
+            cursor.execute(statement, params, prepare=prepare)
             rows = cursor.fetchall() if cursor.description is not None else []
     except Exception as error:
         if prepared_statement_lost(error):
-            connection.connection.prepare_threshold = None
+            UNPREPARED.add(using)
         raise
     _logged(connection, statement, start)
     return rows
+
+
+#: The database aliases whose server lost a prepared statement (``execute_bound``): this
+#: process prepares nothing more there, whatever their ``prepare_threshold``.
+UNPREPARED: set[str] = set()
 
 
 #: SQLSTATEs of a prepared statement the server does not hold as the client believes:

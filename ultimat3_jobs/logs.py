@@ -97,8 +97,8 @@ NOT_MIGRATED_FIX = "run: python manage.py migrate"
 PREPARED_STATEMENT_LOST_FIX = (
     "a transaction-pooling PgBouncer older than 1.21 (or one with max_prepared_statements = 0) "
     "cannot keep prepared statements: remove prepare_threshold from the OPTIONS of DATABASES "
-    "(or DATABASE_URL), or upgrade PgBouncer and set max_prepared_statements; meanwhile each "
-    "connection that hit this stops preparing"
+    "(or DATABASE_URL), or upgrade PgBouncer and set max_prepared_statements; meanwhile the "
+    "process that hit this prepares nothing more"
 )
 
 

@@ -1,9 +1,11 @@
 """Behind a transaction-pooling PgBouncer, as the README says to run there: ``run_worker
---no-listen`` runs every job once, and with Django's ``prepare_threshold`` set (which such a
-pooler, before 1.21, cannot honour) it says so by a code and a fix and still runs every job."""
+--no-listen`` runs every job once and ``run_scheduler --leader lease`` dispatches every
+occurrence once; with Django's ``prepare_threshold`` set (which such a pooler, before 1.21,
+cannot honour) they say so by a code and a fix, and still do."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,9 @@ from testproject.demo.tasks import ping
 from ultimat3_jobs.models import Job, JobStatus
 
 from ..pgbouncer_server import PgBouncer
-from .helpers import Process, process_database_url, processes, spawn
+from .helpers import Process, process_database_url, processes, spawn, stop_all, wait_for
+from .test_scheduler_processes import FAST as SCHEDULER_FAST
+from .test_scheduler_processes import assert_every_occurrence_exactly_once, occurrences
 from .test_worker_processes import FAST
 
 __all__ = ["processes"]
@@ -92,3 +96,35 @@ def test_prepare_threshold_set__the_failure_names_the_pooler_and_every_job_runs_
     # A connection fails once, failing the jobs whose starts its statement marked together,
     # then prepares nothing more: a handful of failures, not one for every job.
     assert len(failures) <= JOBS // 10
+
+
+def _scheduler(tmp_path: Path, name: str, url: str) -> Process:
+    return spawn(
+        tmp_path,
+        name,
+        "run_scheduler", "--leader", "lease",
+        settings_overrides=SCHEDULER_FAST,
+        env={"DATABASE_URL": url},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("query", ["", "?prepare_threshold=0"], ids=["default", "prepared"])
+def test_lease_schedulers__every_occurrence_once(
+    tmp_path: Path, processes: list[Process], bouncer: PgBouncer, query: str
+) -> None:
+    url = bouncer.url(query)
+    schedulers = [_scheduler(tmp_path, f"scheduler-{n}", url) for n in range(2)]
+    processes.extend(schedulers)
+    wait_for(lambda: len(occurrences()) >= 2, 30, "the first dispatches")
+    started = time.time()
+    wait_for(lambda: occurrences()[-1].timestamp() >= started + 3, 30, "three more seconds")
+    stop_all(processes)
+    assert [scheduler.popen.returncode for scheduler in schedulers] == [0, 0]
+    assert len(assert_every_occurrence_exactly_once()) >= 5
+    failures = [event for scheduler in schedulers for event in _failures(scheduler)]
+    if not query:
+        assert failures == []
+    # The leader reconnects between rounds, and a new connection would prepare again: each
+    # process fails once, then prepares nothing more on that database.
+    assert {event["code"] for event in failures} <= {"jobs.prepared-statement-lost"}
+    assert len(failures) <= len(schedulers)

@@ -70,8 +70,9 @@ def _ran_once(name: str) -> None:
     assert ran == {f"{name}-{n:03d}": 1 for n in range(JOBS)}
 
 
-def _failures(worker: Process) -> list[dict[str, Any]]:
-    return [event for event in worker.events() if "code" in event]
+def _failures(process: Process) -> list[dict[str, Any]]:
+    """The lines of what failed: each carries a code."""
+    return [event for event in process.events() if "code" in event]
 
 
 def test_no_listen__runs_every_job_once_with_nothing_failing(
@@ -93,7 +94,7 @@ def test_prepare_threshold_set__the_failure_names_the_pooler_and_every_job_runs_
     assert failures, "no statement failed: the pooler did not share its backend"
     assert {event["code"] for event in failures} == {"jobs.prepared-statement-lost"}
     assert all("prepare_threshold" in event["fix"] for event in failures)
-    # A connection fails once, failing the jobs whose starts its statement marked together,
+    # A statement fails (with the jobs whose starts it marked together), and the process
     # then prepares nothing more: a handful of failures, not one for every job.
     assert len(failures) <= JOBS // 10
 

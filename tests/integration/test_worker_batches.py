@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,21 @@ def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was(
             assert cursor.fetchone()[0] == "on"
 
 
+@contextlib.contextmanager
+def _prepared_at_first_use() -> Iterator[None]:
+    """The default database's connections with Django's ``prepare_threshold`` option at 0,
+    then as they were, this process preparing there again."""
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    connection.close()
+    options["prepare_threshold"] = 0
+    try:
+        yield
+    finally:
+        connection.close()
+        del options["prepare_threshold"]
+        UNPREPARED.discard("default")
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_claim_mark_and_finish__prepared_when_the_databases_prepare_threshold_says_so() -> None:
@@ -144,10 +161,7 @@ def test_claim_mark_and_finish__prepared_when_the_databases_prepare_threshold_sa
     for _ in range(3):
         make_job()
     store, now = store_for("default"), clock.now()
-    options = connection.settings_dict.setdefault("OPTIONS", {})
-    connection.close()
-    options["prepare_threshold"] = 0  # Prepared at first use.
-    try:
+    with _prepared_at_first_use():
         claimed = store.claim(worker="w1", limit=3, now=now, start=0)
         assert len(claimed) == 3
         assert store.mark_started(jobs=claimed, worker="w1", now=now) == {j.id for j in claimed}
@@ -157,9 +171,6 @@ def test_claim_mark_and_finish__prepared_when_the_databases_prepare_threshold_sa
         with connection.cursor() as cursor:
             cursor.execute("SELECT statement FROM pg_prepared_statements")
             prepared = [row[0] for row in cursor.fetchall()]
-    finally:
-        connection.close()
-        del options["prepare_threshold"]
     assert len(prepared) == 4, prepared  # The claim with its planner setting, mark, finish.
     assert any("FOR UPDATE SKIP LOCKED" in one for one in prepared)
     assert any("SET started_at" in one for one in prepared)
@@ -178,10 +189,7 @@ def test_finish__a_prepared_statement_the_server_lost_fails_once_then_none_is_pr
     for _ in range(3):
         make_job()
     store, now = store_for("default"), clock.now()
-    options = connection.settings_dict.setdefault("OPTIONS", {})
-    connection.close()
-    options["prepare_threshold"] = 0  # Prepared at first use.
-    try:
+    with _prepared_at_first_use():
         first, second = store.claim(worker="w1", limit=2, now=now, start=0)
         store.mark_started(jobs=[first, second], worker="w1", now=now)
         store.finish_and_claim(worker="w1", finishes=[Finish.succeeded(first, now=now)], limit=0)
@@ -202,10 +210,6 @@ def test_finish__a_prepared_statement_the_server_lost_fails_once_then_none_is_pr
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_prepared_statements")
             [(prepared,)] = cursor.fetchall()
-    finally:
-        connection.close()
-        del options["prepare_threshold"]
-        UNPREPARED.discard("default")
     assert written == {second.id}
     assert prepared == 0
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 3

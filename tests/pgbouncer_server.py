@@ -20,14 +20,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from .redis_server import free_port
+
 #: Where Debian installs it, off a non-root user's PATH.
 _DEBIAN_BINARY = "/usr/sbin/pgbouncer"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgBouncer:
@@ -48,7 +44,7 @@ class PgBouncer:
         server = urlsplit(url)
         self.database = server.path.lstrip("/")
         self.user = server.username or "postgres"
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ultimat3-pgbouncer-"))
         # A server that asks for a password gets it from the pooler, not from its clients.
         password = f" password={server.password}" if server.password else ""

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port no one listens on now, for a server a test starts."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -34,7 +35,7 @@ class RedisServer:
                 pytrace=False,
             )
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ultimat3-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 

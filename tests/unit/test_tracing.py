@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ultimat3_jobs import tracing
 
@@ -80,6 +81,21 @@ def test_caller_context__is_the_current_spans_traceparent(spans: InMemorySpanExp
     assert tracing.caller_context() == ""  # no span: nothing to continue
     with found.start_as_current_span("request") as span:
         assert tracing.caller_context() == traceparent_of(span)
+
+
+def test_caller_context__reads_as_the_w3c_propagator_writes_it(spans: InMemorySpanExporter) -> None:
+    found = tracing.tracer()
+    assert found is not None
+    unsampled = trace.NonRecordingSpan(
+        trace.SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=trace.TraceFlags(0))
+    )
+    with found.start_as_current_span("request") as sampled:
+        for span in (sampled, unsampled, trace.INVALID_SPAN):
+            with trace.use_span(span):
+                written: dict[str, str] = {}
+                TraceContextTextMapPropagator().inject(written)
+                assert tracing.caller_context() == written.get("traceparent", "")
+    assert tracing.caller_context() == ""
 
 
 def test_job_run__is_a_child_of_the_stored_context_and_records_a_failure(

@@ -1,5 +1,6 @@
 """Connections the app owns beside Django's, the database clock, and rows made in a thread
-ahead of the statement that takes them (``Ahead``)."""
+ahead of the statement that takes them (``Ahead``), kept off the round's own locks
+(``OwnLockWaits``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 import psycopg
 from django.db import connections
+from psycopg.pq import TransactionStatus
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -207,6 +209,9 @@ AHEAD_CHUNK = 500
 AHEAD_BUFFERED = 20
 
 
+#: Seconds a reader of ``Ahead`` waits for rows between two calls of its ``on_wait``.
+AHEAD_WAIT_CHECK = 0.5
+
 #: The GIL's switch interval while rows are made ahead. At the default 5 ms, the thread making
 #: rows held the GIL for up to 5 ms each time the round's thread had a result to read, and a
 #: round waited on it; at 0.5 ms it waits far less. It is set back once no rows are being made
@@ -260,7 +265,8 @@ class Ahead(Generic[T]):
     ``chunk`` and ``buffered`` say otherwise for rows that are each a statement's worth. An
     error making them is raised by ``rows()``. ``close()`` stops the thread (within one
     chunk) and waits for it. Rows made by calling task functions may open database
-    connections, in that thread: ``closes_connections`` closes them when it ends.
+    connections, in that thread: ``closes_connections`` closes them when it ends, and
+    ``on_wait`` (``OwnLockWaits.check``) is what the reader does while it waits for them.
     """
 
     def __init__(
@@ -269,8 +275,10 @@ class Ahead(Generic[T]):
         chunk: int = AHEAD_CHUNK,
         buffered: int = AHEAD_BUFFERED,
         closes_connections: bool = False,
+        on_wait: Callable[[], None] | None = None,
     ) -> None:
         self._chunk, self._closes_connections = chunk, closes_connections
+        self._on_wait = on_wait
         self._queues: list[queue.Queue[list[T] | _Failed | None]] = [
             queue.Queue(buffered) for _ in sources
         ]
@@ -325,8 +333,18 @@ class Ahead(Generic[T]):
         return False
 
     def rows(self, index: int) -> Iterator[T]:
+        """The rows of source ``index``, as they come; ``on_wait`` is called every
+        ``AHEAD_WAIT_CHECK`` seconds the reader waits for them."""
+        waiting = self._queues[index]
         while True:
-            chunk = self._queues[index].get()
+            if self._on_wait is None:
+                chunk = waiting.get()
+            else:
+                try:
+                    chunk = waiting.get(timeout=AHEAD_WAIT_CHECK)
+                except queue.Empty:
+                    self._on_wait()
+                    continue
             if chunk is None:
                 return
             if isinstance(chunk, _Failed):
@@ -336,3 +354,74 @@ class Ahead(Generic[T]):
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+# Those of the backends ``waiting`` that wait on a lock ``holder`` holds, their statements
+# cancelled: the CASE asks before it cancels, which an AND need not.
+_CANCEL_WAITING_ON = """
+SELECT pid FROM unnest(%(waiting)s::integer[]) AS pid
+WHERE CASE WHEN %(holder)s::integer = ANY(pg_blocking_pids(pid))
+           THEN pg_cancel_backend(pid) ELSE false END
+"""
+
+
+class OwnLockWaits:
+    """Keeps the task functions of a round written while they run (``Ahead``) from waiting
+    for good on the round's own locks.
+
+    Those functions run in the thread that makes the round's rows, on that thread's
+    connections, outside the round's transaction. One that updates or locks a row the round
+    holds (a due task's row, the lease row) waits for the round to commit while the round
+    waits for its rows: both wait forever, and no other node can write those tasks meanwhile.
+    While the round's thread waits for rows, ``check`` asks PostgreSQL, on a connection of
+    its own, whether that thread's statement on the round's database waits on the round's
+    connection, and if so cancels it: the function raises, and its occurrence fires next
+    round as any whose function failed. A wait on anybody else's lock is left alone. Behind a
+    transaction pooler the backend ids a client sees are the pooler's, and nothing is found
+    to cancel.
+    """
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._lock = threading.Lock()
+        self._planner: Any = None
+        self._task: str | None = None
+        self._cancelled: set[str] = set()
+
+    def started(self) -> None:
+        """In the thread that calls the task functions, before the first: its connection to
+        the round's database (opened, if ever, by a function) is the one watched."""
+        self._planner = connections[self.using]
+
+    def firing(self, task: str) -> None:
+        """In that thread: the function of ``task`` is called next."""
+        self._task = task
+
+    def cancelled(self, task: str) -> bool:
+        """In that thread, once the function of ``task`` returned or raised: whether
+        ``check`` cancelled a statement of it. Waits for a check under way."""
+        with self._lock:
+            return task in self._cancelled
+
+    def check(self) -> str | None:
+        """In the round's thread: cancel the statement the task functions' thread runs, if it
+        waits on the round's connection. The task it was cancelled for, else None; a check
+        that cannot reach the database finds nothing."""
+        planner = self._planner
+        waiting = planner.connection if planner is not None else None
+        own = connections[self.using].connection
+        if waiting is None or own is None:
+            return None
+        if waiting.info.transaction_status != TransactionStatus.ACTIVE:
+            return None  # No statement under way: the function waits on something else.
+        with self._lock:
+            params = {"waiting": [waiting.info.backend_pid], "holder": own.info.backend_pid}
+            try:
+                with dedicated_connection(self.using, "ultimat3_jobs round lock check") as conn:
+                    found = conn.execute(_CANCEL_WAITING_ON, params).fetchall()
+            except psycopg.Error:
+                return None
+            if not found or self._task is None:
+                return None
+            self._cancelled.add(self._task)
+            return self._task

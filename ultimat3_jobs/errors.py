@@ -171,6 +171,13 @@ class TaskEntriesError(UltimateError):
     code = "jobs.task.entries-failed"
 
 
+class RoundLockWaitError(UltimateError):
+    """A task function, called while its round was being written, waited on a lock that round
+    holds: its statement was cancelled (``db.OwnLockWaits``)."""
+
+    code = "jobs.task.waits-on-round"
+
+
 class ConfigurationError(UltimateError):
     """A ``ULTIMAT3_JOBS`` setting with a bad value."""
 

@@ -25,7 +25,8 @@ from . import instruments, tracing
 from .catchup import Decision
 from .checkins import CheckIns
 from .clock import ONE_MS
-from .db import Ahead, instant_texts
+from .db import Ahead, OwnLockWaits, instant_texts
+from .errors import RoundLockWaitError
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
 from .leaders import LeaderElection, SoleLeader
 from .lifecycle import Backoff, Lifecycle
@@ -490,23 +491,35 @@ class Scheduler:
         lines, which that thread makes once every task has fired."""
         lines = self._dispatched_lines(plan.fired, ahead=False)
         watermarks = dict(plan.watermarks)  # Before the thread changes a failed task's.
+        using = self.state.using
+        assert using is not None  # A state that streams writes to a database.
+        waits = OwnLockWaits(using)
         planner: Ahead[Any] = Ahead(
-            self._fire(deferred, plan, traced), lines.tails or (), closes_connections=True
+            self._fire(deferred, plan, traced, waits),
+            lines.tails or (),
+            closes_connections=True,
+            on_wait=functools.partial(self._check_waits, waits),
         )
         lines.made_by(planner, 1)
         occurrences = sum(len(task.decision.fire) for task in deferred)
         return Streamed(watermarks, planner.rows(0), occurrences), lines
 
     def _fire(
-        self, deferred: list[Deferred], plan: RoundPlan, traced: tracing.RoundTrace | None
+        self,
+        deferred: list[Deferred],
+        plan: RoundPlan,
+        traced: tracing.RoundTrace | None,
+        waits: OwnLockWaits,
     ) -> Iterator[PlannedOccurrence]:
         """The occurrences of the tasks ``deferred``, as each task's entries are made.
 
         Runs in a thread of its own (``db.Ahead``) while the round is written, so the task
-        functions use a database connection of that thread, closed when it ends. A stop
-        between two tasks keeps the occurrences not reached for the next round, as a failure
-        does.
+        functions use a database connection of that thread, closed when it ends; one whose
+        statement waited on the round's own locks and was cancelled (``waits``) fails with
+        ``RoundLockWaitError``. A stop between two tasks keeps the occurrences not reached for
+        the next round, as a failure does.
         """
+        waits.started()
         for index, task in enumerate(deferred):
             if not self._dispatching():
                 for rest in deferred[index:]:
@@ -514,13 +527,25 @@ class Scheduler:
                     plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
                     rest.step.next_due = first
                 return
+            waits.firing(task.handle.name)
             fired = fire_task(
                 task.handle, task.watermark, task.decision, task.step, plan, as_text=True
             )
+            if task.step.failed is not None and waits.cancelled(task.handle.name):
+                at, error = task.step.failed
+                task.step.failed = (at, _waited_on_round(task.handle.name, error))
             if traced is not None:
                 for occurrence in fired:
                     traced.fire(occurrence, zone=task.handle.tz, cron=task.handle.cron)
             yield from fired
+
+    def _check_waits(self, waits: OwnLockWaits) -> None:
+        """While the round waits for its rows: a task function waiting on the round's own
+        locks has its statement cancelled, and says so."""
+        task = waits.check()
+        if task is not None:
+            fields = _waited_on_round(task, None).as_fields()
+            emit(logger, "jobs.scheduler.lock-wait-cancelled", logging.WARNING, task=task, **fields)
 
     def _commit(self, plan: RoundPlan, streamed: Streamed | None) -> Enqueued | None:
         """The round's writes; None when another node leads or moved a watermark meanwhile."""
@@ -740,6 +765,17 @@ class Scheduler:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until stopped; True if it is."""
         return self.life.wait(timeout)
+
+
+def _waited_on_round(task: str, cause: Exception | None) -> RoundLockWaitError:
+    return RoundLockWaitError(
+        f'task "{task}" waited on a lock its own round holds (a due task\'s row, the lease '
+        "row) and would have waited forever: its statement was cancelled, and the occurrence "
+        "fires next round",
+        fix="in a task function, do not update or lock the app's Task or Lease rows; return "
+        "the work as entries, or do it in a job the task returns",
+        cause=cause,
+    )
 
 
 def _cached_next_occurrence() -> Callable[[TaskHandle, datetime], datetime]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs import scheduler as scheduler_module
@@ -388,3 +389,119 @@ def test_streamed_round__an_occurrence_a_backfill_enqueued_before_it_gets_nothin
     assert set(Task.objects.values_list("last_fired_at", flat=True)) == {
         OCCURRENCE + timedelta(milliseconds=200)
     }
+
+
+def _ticked_within(scheduler: Scheduler, seconds: float) -> scheduler_module.Report:
+    """``scheduler.tick()``, failing the test rather than hanging it when the round does not end
+    in ``seconds``: the statements still waiting in this database are then cancelled."""
+    done: list[scheduler_module.Report] = []
+
+    def tick() -> None:
+        try:
+            done.append(scheduler.tick())
+        finally:
+            connections.close_all()  # This thread's own.
+
+    ticking = threading.Thread(target=tick, daemon=True)
+    ticking.start()
+    ticking.join(seconds)
+    if ticking.is_alive():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ticking.join(10)
+        pytest.fail(f"the round did not end in {seconds} s")
+    assert done, "the round raised"
+    return done[0]
+
+
+def _round_lock_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [
+        getattr(r, "fields", {})
+        for r in caplog.records
+        if getattr(r, "event", "") == "jobs.scheduler.lock-wait-cancelled"
+    ]
+
+
+def test_streamed_round__a_task_function_waiting_on_the_rounds_own_lock_fails_not_hangs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks = make_tasks(COUNT)
+    touchy, working = tasks[7], tasks[7].func
+
+    def touches_a_due_task(occurrence: datetime) -> list[Any]:
+        # The round holds every due task's row until it commits.
+        Task.objects.filter(name=tasks[0].name).update(paused_note="touched")
+        return list(working(occurrence))
+
+    touchy.func = touches_a_due_task
+    clock = FrozenClock(T0)
+    scheduler = _armed(tasks, clock)
+    seen = _streams(scheduler, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="ultimat3_jobs"):
+        fired = _ticked_within(scheduler, 30)
+    assert seen == [True]
+    assert len(fired) == COUNT - 1
+    assert touchy.name not in {d.task for d in fired}
+    assert not Task.objects.filter(paused_note="touched").exists()  # Its UPDATE was cancelled.
+    watermarks = dict(Task.objects.values_list("name", "last_fired_at"))
+    assert watermarks.pop(touchy.name) == OCCURRENCE - ONE_MS
+    assert set(watermarks.values()) == {clock()}
+    [cancelled] = _round_lock_events(caplog)
+    assert cancelled["task"] == touchy.name
+    assert cancelled["code"] == "jobs.task.waits-on-round"
+    assert "Task or Lease rows" in cancelled["fix"]
+    [failed] = [
+        getattr(r, "fields", {})
+        for r in caplog.records
+        if getattr(r, "event", "") == "jobs.scheduler.task-failed"
+    ]
+    assert (failed["task"], failed["code"]) == (touchy.name, "jobs.task.waits-on-round")
+    assert "canceling statement" in failed["cause"]
+    # Mended, it fires that occurrence next round.
+    touchy.func = working
+    clock.advance(1)
+    [again] = _ticked_within(scheduler, 30)
+    assert (again.task, again.occurrence) == (touchy.name, OCCURRENCE)
+    assert Job.objects.count() == COUNT
+
+
+def test_streamed_round__a_task_function_waiting_on_another_sessions_lock_is_left_to_wait(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ultimat3_jobs.db import AHEAD_WAIT_CHECK, dedicated_connection
+    from ultimat3_jobs.models import Lease
+
+    Lease.objects.create(name="elsewhere", expires_at=T0)
+    tasks = make_tasks(COUNT)
+    patient, working = tasks[7], tasks[7].func
+    waited: list[float] = []
+
+    def waits_for_a_lock_held_elsewhere(occurrence: datetime) -> list[Any]:
+        start = time.monotonic()
+        Lease.objects.filter(name="elsewhere").update(owner="patient")
+        waited.append(time.monotonic() - start)
+        return list(working(occurrence))
+
+    patient.func = waits_for_a_lock_held_elsewhere
+    scheduler = _armed(tasks, FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    holder = dedicated_connection("default", "test lock holder")
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1 FROM ultimat3_jobs_lease WHERE name = 'elsewhere' FOR UPDATE")
+    # Held for several of the round's checks, then let go.
+    release = threading.Timer(4 * AHEAD_WAIT_CHECK, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="ultimat3_jobs"):
+            fired = _ticked_within(scheduler, 30)
+    finally:
+        release.join()
+        holder.close()
+    assert seen == [True]
+    assert len(fired) == COUNT
+    assert waited[-1] >= 3 * AHEAD_WAIT_CHECK  # The round's; the first, the sync's.
+    assert Lease.objects.get(name="elsewhere").owner == "patient"
+    assert _round_lock_events(caplog) == []

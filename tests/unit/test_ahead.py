@@ -9,7 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from ultimat3_jobs.db import AHEAD_BUFFERED, AHEAD_CHUNK, AHEAD_SWITCH_INTERVAL, Ahead
+from ultimat3_jobs.db import (
+    AHEAD_BUFFERED,
+    AHEAD_CHUNK,
+    AHEAD_SWITCH_INTERVAL,
+    AHEAD_WAIT_CHECK,
+    Ahead,
+)
 
 
 def test_ahead__reads_each_source_whole_and_in_order() -> None:
@@ -127,3 +133,35 @@ def test_ahead__leaves_a_shorter_interval_alone() -> None:
         assert sys.getswitchinterval() == shorter
     finally:
         sys.setswitchinterval(before)
+
+
+def test_ahead__on_wait_is_called_while_the_reader_waits_for_rows_and_only_then() -> None:
+    gate = threading.Event()
+    waits: list[float] = []
+
+    def slow() -> Iterator[int]:
+        yield 1
+        gate.wait(10)
+        yield 2
+
+    def waited() -> None:
+        waits.append(time.monotonic())
+        if len(waits) == 2:
+            gate.set()
+
+    ahead: Ahead[int] = Ahead(slow(), on_wait=waited)
+    try:
+        start = time.monotonic()
+        assert list(ahead.rows(0)) == [1, 2]
+    finally:
+        ahead.close()
+    # The first chunk, [1], is handed over only with the second: the waits come before it.
+    assert len(waits) >= 2
+    assert waits[0] - start >= AHEAD_WAIT_CHECK * 0.9
+    waits.clear()
+    ready: Ahead[int] = Ahead(range(3), on_wait=waited)
+    try:
+        assert list(ready.rows(0)) == [0, 1, 2]
+    finally:
+        ready.close()
+    assert waits == []

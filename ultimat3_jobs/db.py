@@ -356,12 +356,11 @@ class Ahead(Generic[T]):
         self._thread.join()
 
 
-# Those of the backends ``waiting`` that wait on a lock ``holder`` holds, their statements
-# cancelled: the CASE asks before it cancels, which an AND need not.
+# The statement of backend ``waiting`` cancelled if it waits on a lock ``holder`` holds: the
+# select list is computed only for a row the WHERE keeps. No row: it was not waiting on it.
 _CANCEL_WAITING_ON = """
-SELECT pid FROM unnest(%(waiting)s::integer[]) AS pid
-WHERE CASE WHEN %(holder)s::integer = ANY(pg_blocking_pids(pid))
-           THEN pg_cancel_backend(pid) ELSE false END
+SELECT pg_cancel_backend(%(waiting)s)
+WHERE %(holder)s::integer = ANY(pg_blocking_pids(%(waiting)s::integer))
 """
 
 
@@ -415,7 +414,7 @@ class OwnLockWaits:
         if waiting.info.transaction_status != TransactionStatus.ACTIVE:
             return None  # No statement under way: the function waits on something else.
         with self._lock:
-            params = {"waiting": [waiting.info.backend_pid], "holder": own.info.backend_pid}
+            params = {"waiting": waiting.info.backend_pid, "holder": own.info.backend_pid}
             try:
                 with dedicated_connection(self.using, "ultimat3_jobs round lock check") as conn:
                     found = conn.execute(_CANCEL_WAITING_ON, params).fetchall()

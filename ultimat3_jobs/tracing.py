@@ -75,7 +75,7 @@ def tracer() -> Tracer | None:
 def _traceparent(span: Span) -> str:
     """``span``'s W3C ``traceparent`` (version 00), as the W3C propagator writes it; "" for a
     span of no trace. Written here rather than by the propagator, which wants the span put in a
-    context first: a round makes one per occurrence, 1.4-1.6 µs against 3.4-4.7 (timeit)."""
+    context first, at twice the cost: a round makes one per occurrence."""
     found = span.get_span_context()
     if not found.is_valid:
         return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -122,6 +123,12 @@ def grow(label: str, megabytes: int) -> None:
 def ping_pid(label: str) -> None:
     """Leave a row naming the process that ran it."""
     Ping.objects.create(label=f"{label} {os.getpid()}")
+
+
+@job
+def ping_frozen(label: str) -> None:
+    """Leave a row naming how many objects its process keeps out of the cyclic collector."""
+    Ping.objects.create(label=f"{label} {gc.get_freeze_count()}")
 
 
 @job

@@ -12,7 +12,7 @@ from django.db import close_old_connections, transaction
 from django.db.models import Count
 
 from testproject.demo.models import Ping
-from testproject.demo.tasks import always_fail, ping, slow_ping
+from testproject.demo.tasks import always_fail, ping, ping_frozen, slow_ping
 from ultimat3_jobs.models import Job, JobStatus
 
 from .helpers import Process, processes, spawn, wait_for
@@ -72,6 +72,20 @@ def test_two_workers__run_500_jobs_exactly_once(tmp_path: Path, processes: list[
     for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [worker.wait(15) for worker in workers] == [0, 0]
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_worker_run_from_the_command_line__keeps_what_setup_built_out_of_the_collector(
+    tmp_path: Path, processes: list[Process], pool: str
+) -> None:
+    # Django, the app and every task live as long as the process: frozen, the collector no
+    # longer walks them, in a long run's full collections nor in those the interpreter runs at
+    # exit. The process pool's child sets Django up itself, and freezes as its worker does.
+    ping_frozen.enqueue({"label": "frozen"})
+    worker = start_worker(tmp_path, processes, "worker", "--burst", "--pool", pool)
+    assert worker.wait(60) == 0, worker.log_path.read_text()
+    (row,) = Ping.objects.filter(label__startswith="frozen ")
+    assert int(row.label.split()[1]) > 10_000
 
 
 def test_failing_job__is_retried_then_ends_failed_with_its_error(

@@ -8,16 +8,17 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import psycopg
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs import backfill
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import MAX_BACKFILL, up_to
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Enqueue every occurrence of a task from --start to --end (both included) under the "
         "scheduler's occurrence keys. An occurrence that already fired (a job or a record of "

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs.celery_beat import read_beat_tasks, render
 from ultimat3_jobs.errors import UltimateError
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error, require_database
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Print @task declarations for the PeriodicTask rows of a django-celery-beat database "
         "(read with plain SQL; the package need not be installed). Nothing is written."

@@ -8,11 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs.health import ROLES, RoleHealth, database_health
 from ultimat3_jobs.humanize import duration
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import database_error, require_migrated
 from ultimat3_jobs.overview import overview
 
@@ -31,7 +32,7 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Print the scheduler's leader and last round, dispatch lateness, jobs by status and "
         "each task's next run (--json for machines). --check exits 1 unless every role is "

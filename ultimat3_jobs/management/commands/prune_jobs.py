@@ -6,16 +6,17 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import MAX_DAYS, up_to
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 from ultimat3_jobs.retention import prune
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Delete finished jobs, occurrence records and silent nodes older than the retention "
         "period. Queued and running jobs are never touched."

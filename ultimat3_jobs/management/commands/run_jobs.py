@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.roles import (
     add_process_arguments,
     add_scheduler_arguments,
@@ -22,7 +23,7 @@ from ultimat3_jobs.management.roles import (
 )
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Run the scheduler and a worker in one process (a small site's one process). The "
         "first SIGTERM/SIGINT drains both; the second exits at once."

@@ -6,17 +6,18 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from ultimat3_jobs import health
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int, positive_seconds
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error
 from ultimat3_jobs.management.roles import add_process_arguments, prepare
 from ultimat3_jobs.relay import DEFAULT_BATCH, Relay
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Hand outbox rows (scheduled Celery tasks, Django Tasks on other backends) to the "
         "engine that runs them. Several may run at once; SIGTERM finishes the row in hand."

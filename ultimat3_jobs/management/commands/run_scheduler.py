@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DatabaseError
 
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import database_error
 from ultimat3_jobs.management.roles import (
     add_process_arguments,
@@ -17,7 +18,7 @@ from ultimat3_jobs.management.roles import (
 )
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = "Run the scheduler loop: one node dispatches each round; SIGTERM/SIGINT drain."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from ultimat3_jobs.management.arguments import positive_int
+from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.roles import (
     add_process_arguments,
     add_worker_arguments,
@@ -16,7 +17,7 @@ from ultimat3_jobs.management.roles import (
 )
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Run the jobs the scheduler enqueues. The first SIGTERM/SIGINT stops claiming and "
         "waits for the jobs in flight; the second exits at once."

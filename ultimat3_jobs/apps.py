@@ -16,7 +16,6 @@ class Ultimat3JobsConfig(AppConfig):
             checks,
             handles,
             outbox,
-            relay_checks,
             store,
             tasks_compat,
         )

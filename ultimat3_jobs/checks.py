@@ -5,12 +5,14 @@ Each hint is the ``fix`` of the matching error, so the wording is the same every
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
+from . import clock
 from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
 from .leaders import leader_problem
@@ -166,7 +168,7 @@ def check_monitors(
 def check_task_backends(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Each ``JobsBackend``'s database exists, and every scheduled Django Task can be enqueued."""
+    """Each ``JobsBackend``'s database exists, and each of its queues can be named to a worker."""
     from django.conf import settings
 
     from .tasks_compat import AVAILABLE
@@ -174,8 +176,6 @@ def check_task_backends(
     if not AVAILABLE:
         return []  # Neither django.tasks nor the backport: no Django Task can be declared.
     from .backends import JobsBackend
-    from .errors import UltimateError
-    from .registry import registry
     from .tasks_compat import task_backends
 
     messages: list[checks.CheckMessage] = []
@@ -196,13 +196,40 @@ def check_task_backends(
                     id="ultimat3_jobs.E005",
                 )
             )
+    return messages
+
+
+@checks.register()
+def check_scheduled_jobs(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """What each task's function schedules now, read once a task for every rule: a job its
+    backend cannot take (W004), an ``ExactlyOnceTask`` that acknowledges early (W006), an
+    ``overlap="skip"`` task on an engine that may never report done (W007).
+
+    The functions run with the inputs they return left unchecked (only the jobs are looked
+    at): a project of 100,000 tasks pays for one call each, not one per rule and a check of
+    every input.
+    """
+    from .errors import UltimateError
+    from .registry import registry
+    from .relay_checks import acks_late_warnings, overlap_warnings
+    from .tasks_compat import AVAILABLE
+
+    # Without Django Tasks or Celery, only an overlap="skip" task's jobs are of interest.
+    every_task = AVAILABLE or "celery" in sys.modules
+    now = clock.now()
+    messages: list[checks.CheckMessage] = []
+    celery_seen: set[str] = set()
     for handle in registry.tasks():
+        if not every_task and handle.overlap != "skip":
+            continue
         try:
-            entries = handle.entries()
+            jobs = [job for job, _ in handle.entries(now, check_inputs=False)]
         except Exception:
             continue  # A failing function is the scheduler's to report, every round.
         seen: set[str] = set()
-        for job, _ in entries:
+        for job in jobs:
             try:
                 job.check_backend(DEFAULT_DB_ALIAS)
             except UltimateError as error:
@@ -211,6 +238,8 @@ def check_task_backends(
                     messages.append(
                         checks.Warning(error.message, hint=error.fix, id="ultimat3_jobs.W004")
                     )
+        messages.extend(acks_late_warnings(handle, jobs, celery_seen))
+        messages.extend(overlap_warnings(handle, jobs))
     return messages
 
 

@@ -1,13 +1,21 @@
-"""``manage.py check`` for relaying: Celery settings that would lose a killed worker's message,
-and ``overlap="skip"`` tasks whose relayed rows no engine would ever report done."""
+"""``manage.py check`` rules for relaying: Celery settings that would lose a killed worker's
+message, and ``overlap="skip"`` tasks whose relayed rows no engine would ever report done.
+
+Each rule reads one task's scheduled jobs; ``checks.check_scheduled_jobs`` calls every task's
+function once and hands its jobs to each rule."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core import checks
+
+from .outbox import CELERY, CELERY_ONCE, TASKS, CeleryTaskHandle
+
+if TYPE_CHECKING:
+    from .handles import TaskHandle
 
 ACKS_LATE_FIX = (
     "set CELERY_TASK_ACKS_LATE = True and CELERY_TASK_REJECT_ON_WORKER_LOST = True (or "
@@ -24,72 +32,53 @@ UNREPORTED_CELERY_FIX = (
 )
 
 
-@checks.register()
-def check_relayed_celery_tasks(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
+def acks_late_warnings(
+    handle: TaskHandle, jobs: Sequence[Any], seen: set[str]
 ) -> list[checks.CheckMessage]:
     """Every scheduled ``ExactlyOnceTask`` acknowledges late: else a killed worker's message is
-    gone until the relay resends it after ``RELAY_RESEND_AFTER``."""
+    gone until the relay resends it after ``RELAY_RESEND_AFTER``. ``seen``: the Celery tasks
+    already looked at, by any task (each is warned about once)."""
     if "celery" not in sys.modules:
         return []
-    from .outbox import CELERY_ONCE, CeleryTaskHandle
-    from .registry import registry
-
     messages: list[checks.CheckMessage] = []
-    seen: set[str] = set()
-    for handle in registry.tasks():
-        try:
-            entries = handle.entries()
-        except Exception:
-            continue  # A failing function is the scheduler's to report, every round.
-        for job, _ in entries:
-            if not isinstance(job, CeleryTaskHandle) or job.name in seen:
-                continue
-            seen.add(job.name)
-            if job.relay == CELERY_ONCE and not getattr(job.task, "acks_late", False):
-                messages.append(
-                    checks.Warning(
-                        f'task "{handle.name}" schedules the ExactlyOnceTask "{job.name}", which '
-                        "acknowledges its message before running: a worker killed mid-body "
-                        "loses it until the relay resends it after RELAY_RESEND_AFTER",
-                        hint=ACKS_LATE_FIX,
-                        id="ultimat3_jobs.W006",
-                    )
+    for job in jobs:
+        if not isinstance(job, CeleryTaskHandle) or job.name in seen:
+            continue
+        seen.add(job.name)
+        if job.relay == CELERY_ONCE and not getattr(job.task, "acks_late", False):
+            messages.append(
+                checks.Warning(
+                    f'task "{handle.name}" schedules the ExactlyOnceTask "{job.name}", which '
+                    "acknowledges its message before running: a worker killed mid-body "
+                    "loses it until the relay resends it after RELAY_RESEND_AFTER",
+                    hint=ACKS_LATE_FIX,
+                    id="ultimat3_jobs.W006",
                 )
+            )
     return messages
 
 
-@checks.register()
-def check_overlap_of_relayed_entries(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
+def overlap_warnings(handle: TaskHandle, jobs: Sequence[Any]) -> list[checks.CheckMessage]:
     """No ``overlap="skip"`` task schedules work on an engine that may never report it done:
     a relayed row counts as busy until it is, so the task would be held back for good."""
-    from .registry import registry
-
+    if handle.overlap != "skip":
+        return []
     messages: list[checks.CheckMessage] = []
-    for handle in registry.tasks():
-        if handle.overlap != "skip":
+    seen: set[str] = set()
+    for job in jobs:
+        problem = _unreported(job)
+        if problem is None or job.name in seen:
             continue
-        try:
-            entries = handle.entries()
-        except Exception:
-            continue  # A failing function is the scheduler's to report, every round.
-        seen: set[str] = set()
-        for job, _ in entries:
-            problem = _unreported(job)
-            if problem is None or job.name in seen:
-                continue
-            seen.add(job.name)
-            why, fix = problem
-            messages.append(
-                checks.Warning(
-                    f'task "{handle.name}" has overlap="skip" and schedules {why}: its row would '
-                    "stay relayed, and the task would never fire again",
-                    hint=fix,
-                    id="ultimat3_jobs.W007",
-                )
+        seen.add(job.name)
+        why, fix = problem
+        messages.append(
+            checks.Warning(
+                f'task "{handle.name}" has overlap="skip" and schedules {why}: its row would '
+                "stay relayed, and the task would never fire again",
+                hint=fix,
+                id="ultimat3_jobs.W007",
             )
+        )
     return messages
 
 
@@ -100,8 +89,6 @@ def _unreported(job: Any) -> tuple[str, str] | None:
     ``ultimat3_jobs.celery``'s signal handlers for a plain Celery task, by a Tasks backend
     that runs the task inside ``enqueue()`` or answers ``get_result`` (``Relay.check_results``).
     """
-    from .outbox import CELERY, TASKS
-
     relay = getattr(job, "relay", "")
     if relay == TASKS:
         from . import tasks_compat

@@ -120,11 +120,11 @@ def test_check_overlap_of_relayed_entries__skip_on_an_engine_that_may_never_repo
     from testproject.demo.celery_tasks import plain_row, write_row
     from ultimat3_jobs import task
     from ultimat3_jobs.celery import _plain_task_succeeded
-    from ultimat3_jobs.relay_checks import (
-        UNREPORTED_CELERY_FIX,
-        UNREPORTED_TASKS_FIX,
-        check_overlap_of_relayed_entries,
-    )
+    from ultimat3_jobs.checks import check_scheduled_jobs
+    from ultimat3_jobs.relay_checks import UNREPORTED_CELERY_FIX, UNREPORTED_TASKS_FIX
+
+    def check_overlap_of_relayed_entries() -> list[checks.CheckMessage]:
+        return [m for m in check_scheduled_jobs() if m.id == "ultimat3_jobs.W007"]
 
     @task(cron="0 3 * * *", tz="UTC", name="checks.exclusive", overlap="skip")
     def exclusive(occurrence: datetime) -> list[Entry]:
@@ -184,3 +184,25 @@ def test_check_overlap_of_relayed_entries__skip_on_an_engine_that_may_never_repo
             id="ultimat3_jobs.W007",
         ),
     ]
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_check_scheduled_jobs__runs_each_tasks_function_once_for_every_rule() -> None:
+    # W004, W006 and W007 all read what a task schedules: one call serves them all, so a
+    # project of many tasks does not pay for each function once a rule.
+    from testproject.demo import background
+    from testproject.demo.celery_tasks import write_row
+    from ultimat3_jobs import task
+
+    calls: list[datetime] = []
+
+    @task(cron="0 3 * * *", tz="UTC", name="checks.counted", overlap="skip")
+    def counted(occurrence: datetime) -> list[Entry]:
+        calls.append(occurrence)
+        # An input no job row could keep: the rules look at the jobs, not at the inputs.
+        return [(background.elsewhere, {"label": float("nan")}), (write_row, {"occurrence": "x"})]
+
+    messages = checks.run_checks()
+    assert len(calls) == 1
+    [overlap] = [m for m in messages if m.id == "ultimat3_jobs.W007"]
+    assert '"checks.counted"' in overlap.msg

@@ -300,13 +300,13 @@ def test_checks__a_schedule_entry_on_another_backend_is_relayed_not_warned_about
     fresh_registry: Any,
 ) -> None:
     from ultimat3_jobs import task
-    from ultimat3_jobs.checks import check_task_backends
+    from ultimat3_jobs.checks import check_scheduled_jobs
 
     @task(cron="0 3 * * *", tz="UTC", name="checks.elsewhere")
     def uses_elsewhere(occurrence: datetime) -> list[Any]:
         return [(background.elsewhere, {"label": "x"}), (background.add, {"a": 1, "b": 2})]
 
-    messages = check_task_backends()
+    messages = check_scheduled_jobs()
     assert [m for m in messages if m.id == "ultimat3_jobs.W004"] == []
     [(relayed, _), (ours, _)] = uses_elsewhere.entries()
     assert (relayed.relay, ours.relay) == ("tasks", "")

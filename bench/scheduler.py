@@ -34,10 +34,12 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 SIZES = (1_000, 10_000)
 LOOP_SIZE = 10_000
+ROOT = Path(__file__).resolve().parents[1]
 COMMAND_SIZE = 10_000
 BIG_SIZE = 100_000
 PROCRASTINATE_SIZE = 1_000
@@ -75,20 +77,9 @@ def _tasks(n: int, cron: str = "* * * * *", tz: str = "Europe/Paris") -> list[An
 def _declared(n: int) -> list[Any]:
     """``_tasks(n)`` as a project declares them: ``@task`` on a function of its own each, in a
     loop, so the registry and the functions are in the process too."""
-    from ultimat3_jobs import task
-    from ultimat3_jobs.registry import registry
+    from .declared.tasks import declare
 
-    ping = registry.get_job("demo.ping")
-
-    def declare(i: int) -> Any:
-        def entries(occurrence: datetime) -> list[Any]:
-            return [(ping, {"label": occurrence.isoformat()})]
-
-        return task(cron="* * * * *", tz="Europe/Paris", name=f"bench.{i:06d}", max_catch_up=10)(
-            entries
-        )
-
-    return [declare(i) for i in range(n)]
+    return declare(n)
 
 
 def _reset() -> None:
@@ -452,6 +443,50 @@ def run_big(n: int) -> dict[str, Any]:
     }
 
 
+# -- run_scheduler as its own process ------------------------------------------------------------
+
+
+def _process_once(n: int) -> tuple[float, float]:
+    """``manage.py run_scheduler --once`` in a process of its own, N tasks in a ``tasks.py``:
+    seconds from its start to its exit, and its peak RSS in MB."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.process_settings",
+        "BENCH_DECLARED_TASKS": str(n),
+    }
+    start = time.perf_counter()
+    # Its log (a line a task at a first start) goes nowhere: what is timed is the command.
+    child = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "run_scheduler", "--once"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(child.pid, 0)
+    elapsed = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"run_scheduler --once exited with status {child.returncode}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def run_process(n: int) -> dict[str, Any]:
+    """``run_scheduler --once`` as a user's shell or cron runs it, N tasks declared in a
+    ``tasks.py``: Python's start, Django's setup (the tasks discovered), the system checks, the
+    round and the interpreter's exit. A first start (nothing stored), then all due."""
+    from ultimat3_jobs.models import Job
+
+    _reset()
+    first_s, first_mb = _process_once(n)
+    _all_due()
+    due_s, due_mb = _process_once(n)
+    jobs = Job.objects.filter(task__startswith="bench.").count()
+    assert jobs == n, (jobs, n)
+    _reset()
+    return {"n": n, "first_s": first_s, "first_mb": first_mb, "due_s": due_s, "due_mb": due_mb}
+
+
 # -- a scheduler process's memory -----------------------------------------------------------------
 
 
@@ -501,7 +536,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--big", type=int, default=BIG_SIZE)
     parser.add_argument(
-        "--child", choices=("round", "command", "fresh", "loop", "big"), help=argparse.SUPPRESS
+        "--child",
+        choices=("round", "command", "fresh", "loop", "big", "process"),
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--without-celery", action="store_true", help=argparse.SUPPRESS)
@@ -528,6 +565,8 @@ def main(argv: list[str] | None = None) -> None:
             _print_result(run_command(args.n, args.repeats or _repeats(args.n)))
         elif args.child == "loop":
             _print_result(run_loop(args.n))
+        elif args.child == "process":
+            _print_result(run_process(args.n))
         else:
             _print_result(run_big(args.n))
         return
@@ -557,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     loop = _child("--child", "loop", "--n", str(LOOP_SIZE))
     big = _child("--child", "big", "--n", str(args.big))
+    process = _child("--child", "process", "--n", str(args.big))
 
     print(
         "\nScheduler rounds (PostgreSQL; median of "
@@ -649,6 +689,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{_ms(big['due_s'])} against its floor {_ms(big['floor_s'])}, "
         f"{big['due_s'] / big['floor_s']:.2f}x (goal: <= 2x), {big['due_queries']} statements; "
         f"peak RSS {big['rss_mb']:.0f} MB (goal: <= 150 MB) (one run each)"
+    )
+    print(
+        f"N={process['n']:,} tasks in a tasks.py, run_scheduler --once as its own process "
+        f"(start to exit: Python, Django's setup, the system checks, the round, the exit): "
+        f"first start {process['first_s']:.1f} s, peak RSS {process['first_mb']:.0f} MB; "
+        f"all due {process['due_s']:.1f} s, peak RSS {process['due_mb']:.0f} MB (one run each)"
     )
 
 

@@ -393,8 +393,10 @@ class OwnLockWaits:
         self._planner = connections[self.using]
 
     def firing(self, task: str) -> None:
-        """In that thread: the function of ``task`` is called next."""
-        self._task = task
+        """In that thread: the function of ``task`` is called next. Not while a check runs, so
+        a statement the check cancels is always the function's it names."""
+        with self._lock:
+            self._task = task
 
     def cancelled(self, task: str) -> bool:
         """In that thread, once the function of ``task`` returned or raised: whether

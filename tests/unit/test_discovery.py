@@ -45,10 +45,3 @@ def test_discover_tasks__leaves_a_collector_the_project_turned_off_off(
         assert not gc.isenabled()
     finally:
         gc.enable()
-
-
-def test_discover_tasks__finds_the_example_projects_tasks() -> None:
-    from ultimat3_jobs.registry import registry
-
-    discover_tasks()  # Again: each module is imported once; nothing is declared twice.
-    assert registry.get_task("demo.every_ten_seconds") is not None

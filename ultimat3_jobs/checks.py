@@ -71,6 +71,12 @@ def check_settings(
     return messages
 
 
+#: Past this many, the tasks no longer declared are one warning rather than one each: a
+#: project that drops a generated family of tasks would otherwise print thousands of lines at
+#: every command's start.
+REMOVED_TASKS_LISTED = 10
+
+
 @checks.register()
 def check_removed_tasks(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
@@ -83,6 +89,20 @@ def check_removed_tasks(
         stored = list(Task.objects.values_list("name", flat=True))
     except (DatabaseError, RuntimeError):
         return []  # Not migrated yet, or no database access here: nothing to compare.
+    removed = sorted(set(stored) - declared)
+    if len(removed) > REMOVED_TASKS_LISTED:
+        named = ", ".join(f'"{name}"' for name in removed[:REMOVED_TASKS_LISTED])
+        return [
+            checks.Warning(
+                f"{len(removed):,} tasks are in the database but no longer declared in code; "
+                f"they are never dispatched: {named} and {len(removed) - REMOVED_TASKS_LISTED:,} "
+                "more",
+                hint="restore their @task declarations, or delete them in the admin (Tasks, "
+                'filter "In code: No", then the action "Delete selected tasks") if they are gone '
+                "for good (their history goes with them)",
+                id="ultimat3_jobs.W003",
+            )
+        ]
     return [
         checks.Warning(
             f'task "{name}" is in the database but no longer declared in code; it is never '
@@ -91,7 +111,7 @@ def check_removed_tasks(
             "for good (its history goes with it)",
             id="ultimat3_jobs.W003",
         )
-        for name in sorted(set(stored) - declared)
+        for name in removed
     ]
 
 

@@ -19,10 +19,11 @@ from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job, task
 from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
-from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence, Task
+from ultimat3_jobs.models import CheckIn, Job, JobStatus, Node, Occurrence, Task
 from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
+from ultimat3_jobs.store import store_for
 
 from .admin_support import (
     DIGEST,
@@ -606,20 +607,78 @@ def test_task_pause__never_writes_back_a_watermark_the_scheduler_moved(
     assert Task.objects.get(pk=stale.pk).paused
 
 
-def test_task_delete__only_for_tasks_removed_from_code(tasks: dict[str, Task]) -> None:
-    admin_user = User.objects.create_superuser("root")
-    gone = Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", declared=False)
-    client = logged_in(admin_user)
+def _removed(name: str) -> Task:
+    """A task no longer declared in code, with a record of its history and a check-in."""
+    at = datetime(2026, 3, 1, 3, 0, tzinfo=UTC)
+    Occurrence.objects.create(task=name, outcome="fired", occurrence=at, recorded_at=at)
+    CheckIn.objects.create(task=name, occurrence=at, status="ok", started_at=at, finished_at=at)
+    return Task.objects.create(name=name, cron="0 3 * * *", tz="UTC", declared=False)
+
+
+def test_task_delete__only_for_tasks_removed_from_code_and_their_history_goes_with_them(
+    tasks: dict[str, Task],
+) -> None:
+    client = logged_in(User.objects.create_superuser("root"))
+    gone = _removed("gone.task")
+    Occurrence.objects.create(task=DIGEST, outcome="fired", recorded_at=NOW)
+    url = reverse("admin:ultimat3_jobs_task_delete", args=[gone.pk])
 
     declared = client.get(reverse("admin:ultimat3_jobs_task_delete", args=[tasks[DIGEST].pk]))
-    removed = client.post(
-        reverse("admin:ultimat3_jobs_task_delete", args=[gone.pk]), {"post": "yes"}
-    )
+    page = client.get(url)
+    removed = client.post(url, {"post": "yes"})
 
     assert declared.status_code == 403
+    assert "Occurrence records: 1" in page.content.decode()
     assert removed.status_code == 302
     assert not Task.objects.filter(name="gone.task").exists()
-    assert "delete_selected" not in client.get(TASKS_URL).content.decode()
+    assert not Occurrence.objects.filter(task="gone.task").exists()
+    assert not CheckIn.objects.filter(task="gone.task").exists()
+    assert Occurrence.objects.filter(task=DIGEST).count() == 1
+
+
+def test_task_delete_selected__refuses_a_selection_with_a_declared_task_and_deletes_nothing(
+    tasks: dict[str, Task],
+) -> None:
+    client = logged_in(User.objects.create_superuser("root"))
+    ids = [_removed("gone.a").pk, tasks[DIGEST].pk]
+    before = Task.objects.count()
+
+    page = client.post(TASKS_URL, {"action": "delete_selected", "_selected_action": ids})
+    confirmed = client.post(
+        TASKS_URL, {"action": "delete_selected", "_selected_action": ids, "post": "yes"}
+    )
+
+    assert "tasks still declared in code (remove their @task first)" in page.content.decode()
+    assert confirmed.status_code == 403
+    assert Task.objects.count() == before
+    assert Occurrence.objects.filter(task="gone.a").exists()
+
+
+def test_task_delete_selected__deletes_tasks_removed_from_code_with_their_history(
+    tasks: dict[str, Task],
+) -> None:
+    client = logged_in(staff_user("cleaner", "view_task", "delete_task"))
+    ids = [_removed("gone.a").pk, _removed("gone.b").pk]
+    kept = _removed("gone.kept")
+
+    client.post(TASKS_URL, {"action": "delete_selected", "_selected_action": ids, "post": "yes"})
+
+    assert not Task.objects.filter(name__in=["gone.a", "gone.b"]).exists()
+    assert list(Occurrence.objects.values_list("task", flat=True)) == [kept.name]
+    assert list(CheckIn.objects.values_list("task", flat=True)) == [kept.name]
+    assert set(tasks) <= set(Task.objects.values_list("name", flat=True))
+
+
+def test_delete_removed_tasks__a_task_declared_again_meanwhile_stays_with_its_history() -> None:
+    gone = _removed("gone.back")
+    selected = Task.objects.filter(pk=gone.pk)  # as the admin's confirmation page read it
+    Task.objects.filter(pk=gone.pk).update(declared=True)  # a scheduler's sync, meanwhile
+
+    deleted = store_for("default").delete_removed_tasks(selected)
+
+    assert deleted == 0
+    assert Task.objects.filter(pk=gone.pk).exists()
+    assert Occurrence.objects.filter(task="gone.back").exists()
 
 
 # -- jobs ----------------------------------------------------------------------------------

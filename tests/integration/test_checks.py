@@ -12,7 +12,7 @@ from django.core import checks
 from django.test import override_settings
 
 from ultimat3_jobs import Entry
-from ultimat3_jobs.checks import check_removed_tasks, check_settings
+from ultimat3_jobs.checks import REMOVED_TASKS_LISTED, check_removed_tasks, check_settings
 from ultimat3_jobs.conf import get_settings
 from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.leaders import ADVISORY_NEEDS_POSTGRES_FIX
@@ -78,6 +78,32 @@ def test_check_removed_tasks__a_stored_task_no_longer_declared_warns() -> None:
     [warning] = check_removed_tasks()
     assert warning.id == "ultimat3_jobs.W003"
     assert "gone.nightly" in warning.msg
+
+
+@pytest.mark.django_db
+def test_check_removed_tasks__past_ten_they_are_one_warning_with_their_count() -> None:
+    Task.objects.bulk_create(
+        Task(name=f"gone.{n:05}", cron="0 3 * * *", tz="UTC") for n in range(2_500)
+    )
+
+    [warning] = check_removed_tasks()
+
+    assert warning.id == "ultimat3_jobs.W003"
+    assert warning.msg.startswith("2,500 tasks are in the database but no longer declared")
+    assert '"gone.00000", "gone.00001"' in warning.msg
+    assert warning.msg.endswith('"gone.00009" and 2,490 more')
+    assert 'filter "In code: No"' in (warning.hint or "")
+
+
+@pytest.mark.django_db
+def test_check_removed_tasks__ten_are_a_warning_each() -> None:
+    Task.objects.bulk_create(
+        Task(name=f"gone.{n}", cron="0 3 * * *", tz="UTC") for n in range(REMOVED_TASKS_LISTED)
+    )
+
+    warnings = check_removed_tasks()
+
+    assert [w.msg.split('"')[1] for w in warnings] == [f"gone.{n}" for n in range(10)]
 
 
 def test_manage_check__advisory_on_sqlite_exits_non_zero_with_id_and_hint(tmp_path: Path) -> None:

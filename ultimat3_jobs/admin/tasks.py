@@ -51,7 +51,7 @@ from ..errors import UltimateError, readable
 from ..handles import TaskHandle
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
 from ..manual import ManualRun, preview, run_now
-from ..models import RunToken, Task
+from ..models import Occurrence, RunToken, Task
 from ..registry import registry
 from ..status import scheduler_status
 from ..store import store_for
@@ -295,11 +295,23 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         """Staff with ``ultimat3_jobs.run_task`` may run tasks now (the admin checks staff)."""
         return request.user.has_perm(f"{self.opts.app_label}.run_task")
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        # The bulk delete would not ask has_delete_permission about each declared task.
-        actions.pop("delete_selected", None)
-        return actions
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # Django asks has_delete_permission of every selected task, in the delete view and the
+        # bulk action alike: a selection with a declared task deletes nothing.
+        deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
+        if refused:
+            refused = {"tasks still declared in code (remove their @task first)"}
+        names = [task.name for task in objs]
+        records = Occurrence.objects.using(self.model.objects.db).filter(task__in=names).count()
+        if records:
+            counts["occurrence records"] = records
+        return deleted, counts, refused, protected
+
+    def delete_model(self, request: HttpRequest, obj: Task) -> None:
+        self.delete_queryset(request, self.model.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        store_for(queryset.db).delete_removed_tasks(queryset)
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         columns: list[Any] = list(super().get_list_display(request))

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ..errors import TaskSyncError
     from ..handles import JobHandle, TaskHandle
     from ..history import HistoryEntry
-    from ..models import Job, Occurrence
+    from ..models import Job, Occurrence, Task
 
 
 class JobStore(Protocol):
@@ -371,6 +371,12 @@ class JobStore(Protocol):
     def delete_finished(self, jobs: QuerySet[Job]) -> int:
         """Delete those of ``jobs`` that are finished (``FINISHED``), freeing their keys; how
         many went. A queued or running one is left alone."""
+        ...
+
+    def delete_removed_tasks(self, tasks: QuerySet[Task]) -> int:
+        """Delete those of ``tasks`` no longer declared in code, with their occurrence records
+        and check-ins; how many went. A declared one is left alone: it would come back at the
+        next scheduler start with no watermark."""
         ...
 
     # -- retention --------------------------------------------------------------------------------

@@ -665,6 +665,18 @@ class PortableStore:
         count, _ = self._of(jobs).filter(status__in=FINISHED).delete()
         return count
 
+    def delete_removed_tasks(self, tasks: QuerySet[Task]) -> int:
+        with transaction.atomic(using=self.using):
+            # Re-checked under the rows' locks: a scheduler may have declared one again since.
+            removed = tasks.using(self.using).filter(declared=False).select_for_update()
+            names = list(removed.values_list("name", flat=True))
+            if not names:
+                return 0
+            Occurrence.objects.using(self.using).filter(task__in=names).delete()
+            CheckIn.objects.using(self.using).filter(task__in=names).delete()
+            count, _ = self._tasks().filter(name__in=names, declared=False).delete()
+        return count
+
     def _of(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         """``jobs`` on this store's database."""
         return jobs.using(self.using)

@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -55,3 +57,14 @@ def logged_in(user: User | None, *, csrf: bool = False) -> Client:
     if user is not None:
         client.force_login(user)
     return client
+
+
+def delete_all(client: Client, listing: str, one: int) -> tuple[list[tuple[str, str]], Any]:
+    """A "select all" on ``listing`` (a list URL with its filters), the action "Delete
+    selected", then "Yes, I'm sure" as a browser posts it: the confirmation's hidden fields, and the
+    answer to them. ``one``: the id of a row on the list's first page, which the select-all
+    checks as a browser does."""
+    selected = {"action": "delete_selected", "select_across": "1", "_selected_action": one}
+    page = client.post(listing, selected).content.decode()
+    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page)
+    return fields, client.post(listing, dict(fields))

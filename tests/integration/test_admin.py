@@ -30,6 +30,7 @@ from .admin_support import (
     JOBS_URL,
     NOW,
     TASKS_URL,
+    delete_all,
     frozen,
     logged_in,
     mirror_demo_tasks,
@@ -676,16 +677,10 @@ def test_task_delete_selected__all_of_thousands_removed_from_code_in_one_confirm
     Task.objects.bulk_create(
         Task(name=f"gone.{n:05}", cron="0 3 * * *", tz="UTC", declared=False) for n in range(1_500)
     )
-    removed = f"{TASKS_URL}?declared__exact=0"
     one = Task.objects.filter(declared=False).first()
     assert one is not None
-    select_all = {"action": "delete_selected", "select_across": "1", "_selected_action": one.pk}
 
-    page = client.post(removed, select_all)
-    fields = re.findall(
-        r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.content.decode()
-    )
-    confirmed = client.post(removed, dict(fields))
+    fields, confirmed = delete_all(client, f"{TASKS_URL}?declared__exact=0", one.pk)
 
     # Django refuses a form of more than 1,000 fields: one per task would never be accepted.
     assert len(fields) < 10

@@ -20,7 +20,15 @@ from ultimat3_jobs.models import Job, JobStatus, Occurrence, RunToken, Task
 from ultimat3_jobs.registry import registry
 from ultimat3_jobs.state import DatabaseState
 
-from .admin_support import DIGEST, JOBS_URL, frozen, logged_in, mirror_demo_tasks, staff_user
+from .admin_support import (
+    DIGEST,
+    JOBS_URL,
+    delete_all,
+    frozen,
+    logged_in,
+    mirror_demo_tasks,
+    staff_user,
+)
 
 __all__ = ["frozen"]
 
@@ -125,6 +133,25 @@ def test_job_delete_selected__deletes_a_selection_of_finished_jobs() -> None:
         {"action": "delete_selected", "_selected_action": [r.pk for r in done], "post": "yes"},
     )
 
+    assert list(Job.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
+def test_job_delete_selected__all_of_thousands_of_failed_jobs_in_one_confirmation() -> None:
+    now = clock.now()
+    Job.objects.bulk_create(
+        Job(name="demo.ping", key=f"failed:{n}", status=JobStatus.FAILED, run_at=now,
+            created_at=now, finished_at=now)
+        for n in range(1_500)
+    )  # fmt: skip
+    kept = _job(JobStatus.QUEUED)
+    one = Job.objects.filter(status=JobStatus.FAILED).first()
+    assert one is not None
+
+    fields, confirmed = delete_all(_superuser(), f"{JOBS_URL}?status__exact=failed", one.pk)
+
+    # Django refuses a form of more than 1,000 fields: one per job would never be accepted.
+    assert len(fields) < 10
+    assert confirmed.status_code == 302
     assert list(Job.objects.values_list("pk", flat=True)) == [kept.pk]
 
 

@@ -18,6 +18,7 @@ from ..attempts import timeout_of
 from ..models import Job, Task
 from ..status import relay_warning
 from ..store import FINISHED, JobStore, store_for
+from .bulk import delete_selected
 from .display import fields_of, timeout_text, utc_column
 
 #: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
@@ -57,7 +58,7 @@ class JobAdmin(admin.ModelAdmin):
     list_display_links = ["id", "name"]
     list_filter = ["status", "task", "queue", "relay", "enqueued_by", "catch_up", "backend"]
     search_fields = ["key", "name", "input", "last_error", "error_class", "engine_id"]
-    actions = ["retry_failed", "cancel_queued"]
+    actions = ["retry_failed", "cancel_queued", delete_selected]
     fieldsets = [
         (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),
         (

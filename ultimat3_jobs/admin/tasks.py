@@ -19,7 +19,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.core import signing
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
@@ -57,6 +56,7 @@ from ..registry import registry
 from ..status import scheduler_status
 from ..store import store_for
 from .backfill import BackfillAdmin
+from .bulk import delete_selected
 from .display import (
     UTC_ZONE,
     both_zones,
@@ -165,7 +165,7 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
     ]
     list_filter = ["paused", "declared", "catch_up", "overlap", "tz"]
     search_fields = ["name", "cron", "tz", "paused_note"]
-    actions = ["run_selected", "delete_selected"]
+    actions = ["run_selected", delete_selected]
     fieldsets = [
         (
             None,
@@ -307,15 +307,6 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         if records:
             counts["occurrence records"] = records
         return deleted, counts, refused, protected
-
-    @admin.action(permissions=["delete"], description="Delete selected tasks")
-    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> Any:
-        """Django's bulk delete; its confirmation keeps a "select all" as one field
-        (``task/delete_selected_confirmation.html``)."""
-        response = django_delete_selected(self, request, queryset)
-        if isinstance(response, TemplateResponse) and response.context_data is not None:
-            response.context_data["select_across"] = request.POST.get("select_across") == "1"
-        return response
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         self.delete_queryset(request, self.model.objects.filter(pk=obj.pk))

@@ -1,0 +1,23 @@
+"""Django's bulk delete, for lists whose "select all" takes thousands of rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.actions import delete_selected as django_delete_selected
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+
+@admin.action(permissions=["delete"], description="Delete selected %(verbose_name_plural)s")
+def delete_selected(
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Model]
+) -> Any:
+    """Django's action; its confirmation keeps a "select all" as one field
+    (``admin/ultimat3_jobs/delete_selected_confirmation.html``)."""
+    response = django_delete_selected(modeladmin, request, queryset)
+    if isinstance(response, TemplateResponse) and response.context_data is not None:
+        response.context_data["select_across"] = request.POST.get("select_across") == "1"
+    return response

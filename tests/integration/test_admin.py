@@ -15,7 +15,7 @@ from django.test import Client, RequestFactory, override_settings
 from django.urls import reverse
 from django.utils.html import strip_tags
 
-from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm
+from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm, filters
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job, task
 from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
@@ -727,6 +727,50 @@ def test_job_list__filters_by_status_task_and_queue(viewer: User) -> None:
     assert keys("?status__exact=failed") == ["a", "c"]
     assert keys(f"?task={DIGEST}") == ["a", "b"]
     assert keys("?queue=mail&status__exact=failed") == ["a", "c"]
+
+
+def _filter_choices(response: Any, title: str) -> list[tuple[str, bool]]:
+    """(display, selected) of the list filter ``title``, as its sidebar shows them."""
+    changelist = response.context["cl"]
+    [spec] = [spec for spec in changelist.filter_specs if spec.title == title]
+    return [(str(c["display"]), c["selected"]) for c in spec.choices(changelist)]
+
+
+def test_job_list__a_filter_lists_fifty_values_and_a_selected_one_whatever_its_count(
+    viewer: User,
+) -> None:
+    for n in range(60):
+        _job(f"k{n}", task=f"family.{n:02}")
+    client = logged_in(viewer)
+
+    listed = _filter_choices(client.get(JOBS_URL), "task")
+    selected = client.get(JOBS_URL, {"task": "family.59"})
+
+    assert listed[0] == ("All", True)
+    assert [display for display, _ in listed[1:51]] == [f"family.{n:02}" for n in range(50)]
+    assert listed[51:] == [("… more: search for task", False)]
+    assert ("family.59", True) in _filter_choices(selected, "task")
+    assert [job.key for job in selected.context["cl"].result_list] == ["k59"]
+    found = client.get(JOBS_URL, {"q": "family.59"}).context["cl"].result_list
+    assert [job.key for job in found] == ["k59"]
+
+
+def test_job_list__a_filter_reads_its_values_from_the_latest_rows_only(
+    viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(filters, "RECENT_ROWS", 3)
+    for n in range(3):
+        _job(f"old{n}", queue="old")
+    for n in range(3):
+        _job(f"new{n}", queue="new")
+    client = logged_in(viewer)
+
+    listed = _filter_choices(client.get(JOBS_URL), "queue")
+    old = client.get(JOBS_URL, {"queue": "old"})
+
+    assert listed == [("All", True), ("new", False)]
+    assert _filter_choices(old, "queue") == [("All", False), ("new", False), ("old", True)]
+    assert sorted(job.key for job in old.context["cl"].result_list) == ["old0", "old1", "old2"]
 
 
 def test_job_list__search_finds_key_input_and_error(viewer: User) -> None:

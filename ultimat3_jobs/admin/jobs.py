@@ -20,6 +20,7 @@ from ..status import relay_warning
 from ..store import FINISHED, JobStore, store_for
 from .bulk import delete_selected
 from .display import fields_of, timeout_text, utc_column
+from .filters import RecentValuesFilter
 
 #: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
 DJANGO_TASK_FIELDS = [
@@ -56,8 +57,18 @@ class JobAdmin(admin.ModelAdmin):
         "result_column",
     ]
     list_display_links = ["id", "name"]
-    list_filter = ["status", "task", "queue", "relay", "enqueued_by", "catch_up", "backend"]
-    search_fields = ["key", "name", "input", "last_error", "error_class", "engine_id"]
+    list_filter = [
+        "status",
+        ("task", RecentValuesFilter),
+        ("queue", RecentValuesFilter),
+        ("relay", RecentValuesFilter),
+        ("enqueued_by", RecentValuesFilter),
+        "catch_up",
+        ("backend", RecentValuesFilter),
+    ]
+    search_fields = ["key", "name", "task", "input", "last_error", "error_class", "engine_id"]
+    # Django counts the whole table once more for "N total" beside a filtered count.
+    show_full_result_count = False
     actions = ["retry_failed", "cancel_queued", delete_selected]
     fieldsets = [
         (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),

@@ -22,7 +22,6 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -70,7 +69,7 @@ class JobsCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from . import clock
         from .conf import get_settings
-        from .models import Job, JobStatus
+        from .models import JobStatus
         from .store import store_for
 
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
@@ -78,34 +77,26 @@ class JobsCollector(Collector):
         opened_here = connection.connection is None
         relay = GaugeMetricFamily(self.RELAY_NAME, self.RELAY_HELP, labels=["state"])
         try:
-            rows = list(
-                Job.objects.using(self.using)
-                .order_by()
-                .values_list("status", "queue")
-                .annotate(n=Count("id"))
-            )
             stuck_before = clock.now() - get_settings().relay_stuck_after
-            for state, count in (
-                store_for(self.using).relay_counts(stuck_before=stuck_before).items()
-            ):
+            by_queue, relay_states = store_for(self.using).job_counts(stuck_before=stuck_before)
+            for state, count in relay_states.items():
                 relay.add_metric([state], count)
         except DatabaseError as error:
             # A scrape must still answer (the process metrics are worth having); say why the
             # table is missing from it.
             emit(logger, "jobs.metrics.collect-failed", logging.WARNING, **failure_fields(error))
-            rows = []
+            by_queue = {}
         finally:
             if opened_here and not connection.in_atomic_block:
                 # The exporter's threads are not requests: nothing else would close it.
                 connection.close()
-        seen = {(status, queue) for status, queue, _ in rows}
-        for status, queue, count in rows:
+        for (status, queue), count in by_queue.items():
             family.add_metric([status, queue], count)
         # Every status of a queue that has jobs, at 0 when empty, so rates and alerts on
         # "failed" work without a series that appears from nowhere.
-        for queue in sorted({queue for _, queue, _ in rows}):
+        for queue in sorted({queue for _, queue in by_queue}):
             for status in JobStatus.values:
-                if (status, queue) not in seen:
+                if (status, queue) not in by_queue:
                     family.add_metric([status, queue], 0)
         yield family
         yield relay

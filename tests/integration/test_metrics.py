@@ -7,7 +7,9 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -103,6 +105,19 @@ def test_jobs_collector__one_series_per_status_and_queue_from_the_table() -> Non
 
 
 @pytest.mark.django_db
+def test_jobs_collector__a_scrape_reads_the_job_table_once() -> None:
+    make_job("demo.ping")
+    collector = metrics.JobsCollector()
+
+    with CaptureQueriesContext(connection) as queries:
+        list(collector.collect())
+
+    # The relay's rows by state come from the same GROUP BY; "stuck" reads relayed rows alone.
+    grouped = [q["sql"] for q in queries.captured_queries if "GROUP BY" in q["sql"]]
+    assert len(grouped) == 1
+
+
+@pytest.mark.django_db
 def test_jobs_collector__counts_outbox_rows_by_state_with_the_stuck_ones() -> None:
     from datetime import timedelta
 
@@ -116,6 +131,11 @@ def test_jobs_collector__counts_outbox_rows_by_state_with_the_stuck_ones() -> No
     assert sample("ultimat3_jobs_relay_rows", state="outbox") == 1
     assert sample("ultimat3_jobs_relay_rows", state="relayed") == 2
     assert sample("ultimat3_jobs_relay_rows", state="stuck") == 1
+    assert sample("ultimat3_jobs_relay_rows", state="done") == 0
+    done = make_job("demo.celery_row", status=JobStatus.SUCCEEDED)
+    Job.objects.filter(pk=done.pk).update(relay="celery")
+    make_job("demo.ping", status=JobStatus.SUCCEEDED)  # run by a worker: not the relay's
+    assert sample("ultimat3_jobs_relay_rows", state="done") == 1
     before = sample("ultimat3_jobs_relay_rows_sent_total")
     instruments.relayed(3)
     assert sample("ultimat3_jobs_relay_rows_sent_total") == before + 3

@@ -344,6 +344,12 @@ class JobStore(Protocol):
         ``stuck_before`` (stuck)."""
         ...
 
+    def job_counts(
+        self, *, stuck_before: datetime
+    ) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """Jobs by (status, queue), and ``relay_counts``, from one read of the job table."""
+        ...
+
     def stuck_relayed(self, *, before: datetime) -> int:
         """Relayed Celery rows handed over before ``before`` and not reported done since.
 

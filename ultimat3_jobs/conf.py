@@ -76,6 +76,9 @@ DEFAULTS: dict[str, Any] = {
     # Health probes: a scheduler whose last round is this many ticks old, or a worker or relay
     # whose last heartbeat is this many heartbeats old, is not alive.
     "HEALTH_TICKS": 3,
+    # Metrics: whether each process's --metrics-port reports the job table's gauges, read at
+    # every scrape (a read of every row); False leaves them to the project's /metrics view.
+    "METRICS_JOB_TABLE": True,
 }
 
 LEADERS = ("advisory", "lease", "sole")
@@ -110,6 +113,7 @@ class Settings:
     sentry_checkin_margin: timedelta
     sentry_max_runtime: timedelta
     health_ticks: int
+    metrics_job_table: bool
     unknown: tuple[str, ...]
 
 
@@ -227,6 +231,7 @@ def get_settings() -> Settings:
         sentry_checkin_margin=_seconds(raw, "SENTRY_CHECKIN_MARGIN"),
         sentry_max_runtime=_seconds(raw, "SENTRY_MAX_RUNTIME"),
         health_ticks=_positive_int(raw, "HEALTH_TICKS"),
+        metrics_job_table=_flag(raw, "METRICS_JOB_TABLE"),
         unknown=tuple(sorted(set(user) - set(DEFAULTS))),
     )
 

@@ -181,9 +181,13 @@ def serve(port: int, addr: str = "0.0.0.0", *, health: ProcessHealth = process) 
 
     Returns the server (``.shutdown()`` stops it). A port in use is a ``MetricsPortError``; an
     address this host cannot listen on (a name that does not resolve, another host's address)
-    is a ``MetricsAddressError``.
+    is a ``MetricsAddressError``. The job table's gauges are among the metrics unless the
+    ``METRICS_JOB_TABLE`` setting is False.
     """
-    register_jobs_collector()
+    from .conf import get_settings
+
+    if get_settings().metrics_job_table:
+        register_jobs_collector()
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(
             addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE

@@ -100,3 +100,37 @@ def test_jobs_status_check__fails_within_three_ticks_of_the_scheduler_being_kill
     assert "scheduler: FAILED" in result.stdout
     assert "worker: ok" in result.stdout
     assert "not healthy: scheduler" in result.stderr
+
+
+def test_metrics_port__reports_the_job_table_unless_metrics_job_table_is_false(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    reporting, quiet = free_port(), free_port()
+    processes.append(role(tmp_path, "worker", reporting))
+    processes.append(
+        spawn(
+            tmp_path,
+            "quiet-worker",
+            "run_worker",
+            "--metrics-port",
+            str(quiet),
+            "--metrics-addr",
+            "127.0.0.1",
+            settings_overrides={**SETTINGS, "METRICS_JOB_TABLE": False},
+        )
+    )
+
+    def exposition(port: int) -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                return str(answer.read().decode())
+        except urllib.error.URLError:
+            return ""  # Not listening yet.
+
+    for port in (reporting, quiet):
+        wait_for(lambda: exposition(port) != "", 60, "the worker's metrics port")  # noqa: B023
+
+    table = "# TYPE ultimat3_jobs_jobs gauge"
+    own = "# TYPE ultimat3_jobs_worker_jobs_processed_total counter"
+    assert table in exposition(reporting) and own in exposition(reporting)
+    assert table not in exposition(quiet) and own in exposition(quiet)

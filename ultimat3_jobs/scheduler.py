@@ -7,6 +7,7 @@ joins the round in flight rather than opening a second one over the same waterma
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import heapq
@@ -50,8 +51,27 @@ logger = logging.getLogger("ultimat3_jobs.scheduler")
 #: thousands of tasks can keep the round summaries and silence these.
 per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
 
-#: Rounds with this many tasks due run with the cyclic garbage collector paused.
+#: Rounds with this many tasks due, and rebuilds of this many tasks' schedule, run with the
+#: cyclic garbage collector paused.
 GC_PAUSE_FROM = 1000
+
+
+@contextlib.contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """The cyclic collector off meanwhile, when ``pause``, and back as it was.
+
+    A big round makes objects by the million that all live until it ends: the collector would
+    walk them again and again for nothing, and now and then every object of the process.
+    """
+    if not (pause and gc.isenabled()):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
 
 #: Rounds firing this many occurrences make their lines in a thread while they commit.
 LINES_AHEAD_FROM = 100
@@ -303,7 +323,9 @@ class Scheduler:
         if not self.is_leader:
             emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
         if not self.is_leader or self._due is None or handles is not self._due_for:
-            self._rebuild(handles)
+            # As a big round: reading every task's row makes objects by the thousand.
+            with _collector_paused(len(handles) >= GC_PAUSE_FROM):
+                self._rebuild(handles)
         self.is_leader = True
         now = self._round_at = self.clock()
         try:
@@ -321,18 +343,14 @@ class Scheduler:
         names = [name for name in self._pop_due(now) if name in handles]
         if not names:
             return NOTHING
-        # A big round makes objects by the million that all live until it ends: the cyclic
-        # collector would walk them again and again for nothing.
-        pause_gc = len(names) >= GC_PAUSE_FROM and gc.isenabled()
-        if pause_gc:
-            gc.disable()
         # Asked once a round: with no tracer provider set the round does no tracing work at all.
         tracer = tracing.tracer()
         traced = None
         if tracer is not None:
             traced = tracing.RoundTrace(tracer, due=len(names), node=self.state.node_id)
         try:
-            return self._dispatch(handles, names, now, traced)
+            with _collector_paused(len(names) >= GC_PAUSE_FROM):
+                return self._dispatch(handles, names, now, traced)
         except BaseException as error:
             if traced is not None:
                 traced.failed(error)
@@ -340,8 +358,6 @@ class Scheduler:
         finally:
             if traced is not None:
                 traced.end()
-            if pause_gc:
-                gc.enable()
 
     def _dispatch(
         self,

@@ -639,7 +639,7 @@ def test_tick__tasks_differing_only_in_dst_repeat_share_no_catch_up_decision() -
     ]
 
 
-def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() -> None:
+def test_tick__a_rebuild_and_a_round_of_many_tasks_pause_the_collector_and_restore_it() -> None:
     import gc
 
     from ultimat3_jobs import scheduler as module
@@ -667,8 +667,20 @@ def test_tick__a_round_of_many_due_tasks_pauses_the_collector_and_restores_it() 
 
     for count, paused in ((module.GC_PAUSE_FROM - 1, False), (module.GC_PAUSE_FROM, True)):
         seen.clear()
-        scheduler, _, clock = build(*handles(count))
-        scheduler.tick()  # arms
+        scheduler, state, clock = build(*handles(count))
+        loaded: list[bool] = []
+
+        def recorded(
+            names: Sequence[str] | None = None,
+            load: Callable[..., dict[str, TaskState]] = state.load,
+            loaded: list[bool] = loaded,
+        ) -> dict[str, TaskState]:
+            loaded.append(gc.isenabled())  # in the rebuild: every task's watermark
+            return load(names)
+
+        state.load = recorded  # type: ignore[method-assign]
+        scheduler.tick()  # rebuilds, and arms
+        assert loaded == [not paused]
         clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
         assert len(scheduler.tick()) == count
         assert set(seen) == {not paused}

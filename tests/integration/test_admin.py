@@ -329,6 +329,28 @@ def test_run_selected__confirms_then_runs_each_task(tasks: dict[str, Task], runn
     assert texts[1].startswith("Ran demo.quarter_hour_ping now: demo.ping")
 
 
+def test_run_selected__more_than_a_hundred_tasks_is_refused_with_nothing_run(
+    tasks: dict[str, Task], runner: User
+) -> None:
+    Task.objects.bulk_create(
+        Task(name=f"family.{n:03}", cron="0 3 * * *", tz="UTC") for n in range(150)
+    )
+    client = logged_in(runner)
+    one = Task.objects.filter(name__startswith="family.").first()
+    assert one is not None
+
+    response = client.post(
+        f"{TASKS_URL}?q=family.",
+        {"action": "run_selected", "select_across": "1", "_selected_action": one.pk},
+        follow=True,
+    )
+
+    [(level, text)] = _messages(response)
+    assert level == constants.WARNING
+    assert text.startswith("Run now takes at most 100 tasks at a time; 150 were selected")
+    assert _nothing_enqueued()
+
+
 def test_run_selected__staff_without_run_task_cannot_trigger_it(
     tasks: dict[str, Task], viewer: User
 ) -> None:

@@ -453,9 +453,21 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         ]
 
     @admin.action(permissions=["run_task"], description="Run selected tasks now")
-    def run_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse:
+    def run_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse | None:
         # Actions are POSTs that act at once; this one only leads to the confirmation page.
-        query = urlencode([("ids", pk) for pk in queryset.values_list("pk", flat=True)])
+        ids = list(queryset.values_list("pk", flat=True)[: RUN_SELECTED_MAX + 1])
+        if len(ids) > RUN_SELECTED_MAX:
+            # The confirmation previews every task (calling its function) and carries their
+            # ids in its address and its form, which servers cap (gunicorn: 4 KB of address).
+            self.message_user(
+                request,
+                f"Run now takes at most {RUN_SELECTED_MAX} tasks at a time; "
+                f"{queryset.count():,} were selected: nothing was run. Filter the list or "
+                "select fewer.",
+                messages.WARNING,
+            )
+            return None
+        query = urlencode([("ids", pk) for pk in ids])
         return HttpResponseRedirect(f"{reverse('admin:ultimat3_jobs_task_run')}?{query}")
 
     def run_view(self, request: HttpRequest, object_id: str | None = None) -> HttpResponse:
@@ -543,6 +555,8 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
 
 #: How long a "Run now" confirmation form stays valid.
 RUN_TOKEN_MAX_AGE = timedelta(hours=12)
+#: The most tasks "Run selected tasks now" takes at once.
+RUN_SELECTED_MAX = 100
 _RUN_TOKEN_SALT = "ultimat3_jobs.run-now"
 ALREADY_SUBMITTED = "This confirmation was already submitted: nothing was run again."
 

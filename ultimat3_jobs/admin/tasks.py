@@ -302,7 +302,8 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
         if refused:
             refused = {"tasks still declared in code (remove their @task first)"}
-        names = [task.name for task in objs]
+        # The bulk action's selection as a subquery: it may hold thousands of tasks.
+        names = objs.values("name") if isinstance(objs, QuerySet) else [t.name for t in objs]
         records = Occurrence.objects.using(self.model.objects.db).filter(task__in=names).count()
         if records:
             counts["occurrence records"] = records

@@ -693,13 +693,14 @@ class PortableStore:
     def delete_removed_tasks(self, tasks: QuerySet[Task]) -> int:
         with transaction.atomic(using=self.using):
             # Re-checked under the rows' locks: a scheduler may have declared one again since.
-            removed = tasks.using(self.using).filter(declared=False).select_for_update()
-            names = list(removed.values_list("name", flat=True))
-            if not names:
+            removed = tasks.using(self.using).filter(declared=False)
+            if not list(removed.select_for_update().values_list("pk", flat=True)):
                 return 0
+            # Their names as a subquery, not as parameters: a selection may hold thousands.
+            names = removed.values("name")
             Occurrence.objects.using(self.using).filter(task__in=names).delete()
             CheckIn.objects.using(self.using).filter(task__in=names).delete()
-            count, _ = self._tasks().filter(name__in=names, declared=False).delete()
+            count, _ = removed.delete()
         return count
 
     def _of(self, jobs: QuerySet[Job]) -> QuerySet[Job]:

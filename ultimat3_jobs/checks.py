@@ -99,7 +99,7 @@ def check_removed_tasks(
                 "more",
                 hint="restore their @task declarations, or delete them in the admin (Tasks, "
                 'filter "In code: No", then the action "Delete selected tasks") if they are gone '
-                "for good (their history goes with them)",
+                "for good (their occurrence records stay until pruned)",
                 id="ultimat3_jobs.W003",
             )
         ]
@@ -108,7 +108,7 @@ def check_removed_tasks(
             f'task "{name}" is in the database but no longer declared in code; it is never '
             "dispatched",
             hint=f'restore its @task declaration, or delete it in the admin if "{name}" is gone '
-            "for good (its history goes with it)",
+            "for good (its occurrence records stay until pruned)",
             id="ultimat3_jobs.W003",
         )
         for name in removed

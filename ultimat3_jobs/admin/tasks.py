@@ -51,7 +51,7 @@ from ..errors import UltimateError, readable
 from ..handles import TaskHandle
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
 from ..manual import ManualRun, preview, run_now
-from ..models import Occurrence, RunToken, Task
+from ..models import RunToken, Task
 from ..registry import registry
 from ..status import scheduler_status
 from ..store import store_for
@@ -302,11 +302,6 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
         deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
         if refused:
             refused = {"tasks still declared in code (remove their @task first)"}
-        # The bulk action's selection as a subquery: it may hold thousands of tasks.
-        names = objs.values("name") if isinstance(objs, QuerySet) else [t.name for t in objs]
-        records = Occurrence.objects.using(self.model.objects.db).filter(task__in=names).count()
-        if records:
-            counts["occurrence records"] = records
         return deleted, counts, refused, protected
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:

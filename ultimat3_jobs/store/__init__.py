@@ -380,9 +380,9 @@ class JobStore(Protocol):
         ...
 
     def delete_removed_tasks(self, tasks: QuerySet[Task]) -> int:
-        """Delete those of ``tasks`` no longer declared in code, with their occurrence records
-        and check-ins; how many went. A declared one is left alone: it would come back at the
-        next scheduler start with no watermark."""
+        """Delete those of ``tasks`` no longer declared in code; how many went. A declared one
+        is left alone: it would come back at the next scheduler start with no watermark. Their
+        occurrence records stay, the audit trail, until pruned."""
         ...
 
     # -- retention --------------------------------------------------------------------------------

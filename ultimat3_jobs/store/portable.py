@@ -696,10 +696,6 @@ class PortableStore:
             removed = tasks.using(self.using).filter(declared=False)
             if not list(removed.select_for_update().values_list("pk", flat=True)):
                 return 0
-            # Their names as a subquery, not as parameters: a selection may hold thousands.
-            names = removed.values("name")
-            Occurrence.objects.using(self.using).filter(task__in=names).delete()
-            CheckIn.objects.using(self.using).filter(task__in=names).delete()
             count, _ = removed.delete()
         return count
 

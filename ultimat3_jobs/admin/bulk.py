@@ -1,4 +1,5 @@
-"""Django's bulk delete, for lists whose "select all" takes thousands of rows."""
+"""Deleting from the admin: Django's bulk delete for lists whose "select all" takes thousands
+of rows, and a delete page that says why some rows may not go."""
 
 from __future__ import annotations
 
@@ -21,3 +22,16 @@ def delete_selected(
     if isinstance(response, TemplateResponse) and response.context_data is not None:
         response.context_data["select_across"] = request.POST.get("select_across") == "1"
     return response
+
+
+class GuardedDelete(admin.ModelAdmin):
+    """An admin whose ``has_delete_permission`` refuses some rows: its delete page names them
+    as ``refused_as`` rather than as the model Django lacks a permission for."""
+
+    refused_as = ""
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # Django asks has_delete_permission of every selected row, in the delete view and the
+        # bulk action alike: a selection holding one refused row deletes nothing.
+        deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, {self.refused_as} if refused else refused, protected

@@ -18,7 +18,7 @@ from ..attempts import timeout_of
 from ..models import Job, Task
 from ..status import relay_warning
 from ..store import FINISHED, JobStore, store_for
-from .bulk import delete_selected
+from .bulk import GuardedDelete, delete_selected
 from .display import fields_of, timeout_text, utc_column
 from .filters import RecentValuesFilter
 
@@ -35,7 +35,7 @@ RESULT_PREVIEW = 60
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(GuardedDelete):
     """Jobs: filter, search, and retry failed or cancel queued ones.
 
     Rows are written by the queue and the workers; the admin only moves a job between
@@ -43,6 +43,7 @@ class JobAdmin(admin.ModelAdmin):
     through ``store`` (default: the job store of the selected jobs' database).
     """
 
+    refused_as = "queued or running jobs (cancel queued ones; running ones finish first)"
     list_display = [
         "id",
         "name",
@@ -238,12 +239,6 @@ class JobAdmin(admin.ModelAdmin):
         if obj is not None and obj.status not in FINISHED:
             return False
         return super().has_delete_permission(request, obj)
-
-    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
-        deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
-        if refused:
-            refused = {"queued or running jobs (cancel queued ones; running ones finish first)"}
-        return deleted, counts, refused, protected
 
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         # Finished only, re-checked in the statement: a worker may have claimed it since.

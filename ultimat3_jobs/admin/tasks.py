@@ -56,7 +56,7 @@ from ..registry import registry
 from ..status import scheduler_status
 from ..store import store_for
 from .backfill import BackfillAdmin
-from .bulk import delete_selected
+from .bulk import GuardedDelete, delete_selected
 from .display import (
     UTC_ZONE,
     both_zones,
@@ -149,8 +149,10 @@ class TaskPauseForm(forms.ModelForm):
 
 
 @admin.register(Task)
-class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
+class TaskAdmin(BackfillAdmin, GuardedDelete):
     """Tasks as declared in code, their next runs and history; pause and "Run now"."""
+
+    refused_as = "tasks still declared in code (remove their @task first)"
 
     form = TaskPauseForm
     list_display = [
@@ -295,14 +297,6 @@ class TaskAdmin(BackfillAdmin, admin.ModelAdmin):
     def has_run_task_permission(self, request: HttpRequest) -> bool:
         """Staff with ``ultimat3_jobs.run_task`` may run tasks now (the admin checks staff)."""
         return request.user.has_perm(f"{self.opts.app_label}.run_task")
-
-    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
-        # Django asks has_delete_permission of every selected task, in the delete view and the
-        # bulk action alike: a selection with a declared task deletes nothing.
-        deleted, counts, refused, protected = super().get_deleted_objects(objs, request)
-        if refused:
-            refused = {"tasks still declared in code (remove their @task first)"}
-        return deleted, counts, refused, protected
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         self.delete_queryset(request, self.model.objects.filter(pk=obj.pk))

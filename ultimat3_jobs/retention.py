@@ -16,7 +16,7 @@ from django.db import DEFAULT_DB_ALIAS
 from . import clock
 from .conf import get_settings
 from .logs import emit
-from .store import JobStore, store_for
+from .store import JobStore, Progress, store_for
 
 logger = logging.getLogger("ultimat3_jobs.retention")
 
@@ -41,16 +41,19 @@ def prune(
     using: str = DEFAULT_DB_ALIAS,
     batch_size: int = BATCH_SIZE,
     store: JobStore | None = None,
+    progress: Progress | None = None,
 ) -> Pruned:
     """Delete finished jobs, occurrence records and silent nodes older than ``older_than``.
 
     ``older_than`` defaults to the ``RETENTION_DAYS`` setting; ``dry_run`` only counts.
-    ``store``: the job store of ``using``.
+    ``store``: the job store of ``using``. ``progress`` hears of each batch deleted.
     """
     keep = older_than if older_than is not None else timedelta(days=get_settings().retention_days)
     cutoff = (now or clock.now()) - keep
     store = store or store_for(using)
-    jobs, occurrences, nodes = store.prune(cutoff, batch_size=batch_size, dry_run=dry_run)
+    jobs, occurrences, nodes = store.prune(
+        cutoff, batch_size=batch_size, dry_run=dry_run, progress=progress
+    )
     result = Pruned(jobs=jobs, occurrences=occurrences, nodes=nodes, cutoff=cutoff)
     emit(
         logger,

@@ -509,6 +509,37 @@ def test_prune__deletes_finished_jobs_and_records_past_retention_only() -> None:
 
 
 @pytest.mark.django_db
+def test_prune__tells_its_progress_after_each_batch() -> None:
+    _old_and_new_rows()
+    heard: list[tuple[str, int]] = []
+
+    prune(older_than=timedelta(days=14), batch_size=2, progress=lambda *said: heard.append(said))
+
+    assert heard == [
+        ("finished jobs", 2),
+        ("finished jobs", 3),
+        ("occurrence records", 1),
+        ("nodes", 1),
+    ]
+
+
+@pytest.mark.django_db
+def test_prune_jobs_command__a_long_prune_prints_its_progress(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ultimat3_jobs.management.commands import prune_jobs
+
+    _old_and_new_rows()
+    monkeypatch.setattr(prune_jobs, "PROGRESS_EVERY", 0.0)  # as if every batch took that long
+
+    call_command("prune_jobs", "--days", "14")
+
+    err = capsys.readouterr().err
+    assert "… 3 finished jobs deleted so far" in err
+    assert "… 1 occurrence records deleted so far" in err
+
+
+@pytest.mark.django_db
 def test_prune__dry_run_counts_and_deletes_nothing() -> None:
     _old_and_new_rows()
     result = prune(older_than=timedelta(days=14), dry_run=True)

@@ -34,6 +34,7 @@ from .values import (
     Finish,
     FiredOccurrence,
     LockedTask,
+    Progress,
     Recovered,
     Rows,
     ScheduledJob,
@@ -388,12 +389,18 @@ class JobStore(Protocol):
     # -- retention --------------------------------------------------------------------------------
 
     def prune(
-        self, cutoff: datetime, *, batch_size: int, dry_run: bool = False
+        self,
+        cutoff: datetime,
+        *,
+        batch_size: int,
+        dry_run: bool = False,
+        progress: Progress | None = None,
     ) -> tuple[int, int, int]:
         """Delete finished jobs, occurrence records and nodes silent since before ``cutoff``,
         ``batch_size`` rows to a statement; how many of each went (``dry_run``: would go).
 
-        Queued and running jobs are never among them, however old.
+        Queued and running jobs are never among them, however old. ``progress`` is told after
+        each batch what it deletes and how many of those went so far.
         """
         ...
 
@@ -513,6 +520,7 @@ __all__ = [
     "LockedTask",
     "PortableStore",
     "PostgresStore",
+    "Progress",
     "Recovered",
     "Rows",
     "ScheduledJob",

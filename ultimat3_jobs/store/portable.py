@@ -59,6 +59,7 @@ from .values import (
     Finish,
     FiredOccurrence,
     LockedTask,
+    Progress,
     Recovered,
     Rows,
     Swapped,
@@ -706,7 +707,12 @@ class PortableStore:
     # -- retention --------------------------------------------------------------------------------
 
     def prune(
-        self, cutoff: datetime, *, batch_size: int, dry_run: bool = False
+        self,
+        cutoff: datetime,
+        *,
+        batch_size: int,
+        dry_run: bool = False,
+        progress: Progress | None = None,
     ) -> tuple[int, int, int]:
         # A job cancelled before it ever ran has no finished_at: its age is its creation.
         old = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff)
@@ -718,11 +724,12 @@ class PortableStore:
         check_ins = CheckIn.objects.using(self.using).filter(finished_at__lt=cutoff)
         if dry_run:
             return jobs.count(), occurrences.count() + check_ins.count(), nodes.count()
-        jobs_deleted = _delete_in_batches(jobs, batch_size)
+        jobs_deleted = _delete_in_batches(jobs, batch_size, progress, "finished jobs")
         return (
             jobs_deleted,
-            _delete_in_batches(occurrences, batch_size) + _delete_in_batches(check_ins, batch_size),
-            _delete_in_batches(nodes, batch_size),
+            _delete_in_batches(occurrences, batch_size, progress, "occurrence records")
+            + _delete_in_batches(check_ins, batch_size, progress, "check-ins"),
+            _delete_in_batches(nodes, batch_size, progress, "nodes"),
         )
 
     # -- occurrence records -----------------------------------------------------------------------
@@ -963,9 +970,11 @@ def _requeue_or_fail(
     return requeued, failed
 
 
-def _delete_in_batches(rows: QuerySet[Any], batch_size: int) -> int:
+def _delete_in_batches(
+    rows: QuerySet[Any], batch_size: int, progress: Progress | None, what: str
+) -> int:
     """Delete ``rows`` a batch at a time, so a first prune of a large table never holds one huge
-    transaction; how many went."""
+    transaction; how many went. ``progress`` hears of each batch as ``what``."""
     model: type[Model] = rows.model
     deleted = 0
     while True:
@@ -974,3 +983,5 @@ def _delete_in_batches(rows: QuerySet[Any], batch_size: int) -> int:
             return deleted
         count, _ = model._default_manager.using(rows.db).filter(pk__in=ids).delete()
         deleted += count
+        if progress is not None:
+            progress(what, deleted)

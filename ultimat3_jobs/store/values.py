@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,6 +18,9 @@ __all__ = ["EnqueueResult"]  # Declared with the handles that return it; re-expo
 
 #: key -> (job id, created)
 Enqueued = Mapping[str, tuple[int, bool]]
+#: Told, during a long delete, what it deletes ("finished jobs", "occurrence records",
+#: "check-ins", "nodes") and how many of those went so far.
+Progress = Callable[[str, int], None]
 
 #: Done with: never claimed or sent again unless retried by hand; only these are deleted.
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +15,10 @@ from ultimat3_jobs.management.arguments import MAX_DAYS, up_to
 from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 from ultimat3_jobs.retention import prune
+from ultimat3_jobs.store import Progress
+
+#: Seconds between two progress lines of a long prune.
+PROGRESS_EVERY = 5.0
 
 
 class Command(JobsCommand):
@@ -40,6 +45,7 @@ class Command(JobsCommand):
                 older_than=None if days is None else timedelta(days=days),
                 dry_run=dry_run,
                 using=database,
+                progress=self._progress(),
             )
         except UltimateError as error:
             raise command_error(error) from error
@@ -51,3 +57,17 @@ class Command(JobsCommand):
             f"{verb} {result.jobs} finished job(s), {result.occurrences} occurrence record(s) "
             f"and {result.nodes} silent node(s) older than {result.cutoff.isoformat()}."
         )
+
+    def _progress(self) -> Progress:
+        """A line on stderr every ``PROGRESS_EVERY`` seconds while rows are being deleted: a
+        first prune of a large table takes minutes. A short prune prints none."""
+        last = time.monotonic()
+
+        def report(what: str, deleted: int) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY:
+                last = now
+                self.stderr.write(f"… {deleted:,} {what} deleted so far")
+
+        return report

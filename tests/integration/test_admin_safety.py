@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from ultimat3_jobs import clock, job, task
+from ultimat3_jobs.admin import bulk
 from ultimat3_jobs.handles import JobHandle
 from ultimat3_jobs.models import Job, JobStatus, Occurrence, RunToken, Task
 from ultimat3_jobs.registry import registry
@@ -153,6 +154,24 @@ def test_job_delete_selected__all_of_thousands_of_failed_jobs_in_one_confirmatio
     assert len(fields) < 10
     assert confirmed.status_code == 302
     assert list(Job.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
+def test_job_delete_selected__past_its_limit_deletes_nothing_and_names_prune_jobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bulk, "DELETE_SELECTED_MAX", 3)
+    done = [_job(JobStatus.SUCCEEDED) for _ in range(4)]
+
+    response = _superuser().post(
+        JOBS_URL,
+        {"action": "delete_selected", "select_across": "1", "_selected_action": done[0].pk},
+        follow=True,
+    )
+
+    [message] = [str(m) for m in response.context["messages"]]
+    assert message.startswith("Delete takes at most 3 jobs at a time: nothing was deleted.")
+    assert "manage.py prune_jobs --days N" in message
+    assert Job.objects.count() == 4
 
 
 def test_occurrence_records__cannot_be_deleted_even_by_a_superuser(

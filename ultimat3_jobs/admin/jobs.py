@@ -44,6 +44,9 @@ class JobAdmin(GuardedDelete):
     """
 
     refused_as = "queued or running jobs (cancel queued ones; running ones finish first)"
+    delete_many_hint = (
+        "; manage.py prune_jobs --days N deletes the finished jobs older than N days, in batches"
+    )
     list_display = [
         "id",
         "name",

@@ -79,6 +79,10 @@ DEFAULTS: dict[str, Any] = {
     # Metrics: whether each process's --metrics-port reports the job table's gauges, read at
     # every scrape (a read of every row); False leaves them to the project's /metrics view.
     "METRICS_JOB_TABLE": True,
+    # Metrics: the scheduler's counters of occurrences and jobs with a series per task; False
+    # sums them, without the task label (tens of thousands of tasks, tens of thousands of
+    # series a scrape).
+    "METRICS_PER_TASK": True,
 }
 
 LEADERS = ("advisory", "lease", "sole")
@@ -114,6 +118,7 @@ class Settings:
     sentry_max_runtime: timedelta
     health_ticks: int
     metrics_job_table: bool
+    metrics_per_task: bool
     unknown: tuple[str, ...]
 
 
@@ -232,6 +237,7 @@ def get_settings() -> Settings:
         sentry_max_runtime=_seconds(raw, "SENTRY_MAX_RUNTIME"),
         health_ticks=_positive_int(raw, "HEALTH_TICKS"),
         metrics_job_table=_flag(raw, "METRICS_JOB_TABLE"),
+        metrics_per_task=_flag(raw, "METRICS_PER_TASK"),
         unknown=tuple(sorted(set(user) - set(DEFAULTS))),
     )
 

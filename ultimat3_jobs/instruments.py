@@ -141,16 +141,26 @@ class TaskCounters(Collector):
             yield CounterMetricFamily(name, help_text, labels=labels)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        from .conf import get_settings
+
+        # A series per task is a series per task per scrape: at 100,000 tasks, more than some
+        # Prometheus setups take from one target. Without, each family sums its tasks.
+        per_task = get_settings().metrics_per_task
         for name, (help_text, labels) in self.FAMILIES.items():
-            family = CounterMetricFamily(name, help_text, labels=labels)
+            family = CounterMetricFamily(name, help_text, labels=labels if per_task else labels[1:])
             with self.lock:
-                series = [
-                    ((task, *rest), count)
-                    for rest, counts in self._counts[name].items()
-                    for task, count in counts.items()
-                ]
+                if per_task:
+                    series = [
+                        ((task, *rest), count)
+                        for rest, counts in self._counts[name].items()
+                        for task, count in counts.items()
+                    ]
+                else:
+                    series = [
+                        (rest, sum(counts.values())) for rest, counts in self._counts[name].items()
+                    ]
             for values, count in series:
-                family.add_metric(values, count)
+                family.add_metric(list(values), count)
             yield family
 
 

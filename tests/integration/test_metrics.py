@@ -5,12 +5,13 @@ from __future__ import annotations
 import socket
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from ultimat3_jobs import clock, instruments, metrics
@@ -102,6 +103,26 @@ def test_jobs_collector__one_series_per_status_and_queue_from_the_table() -> Non
     assert sample("ultimat3_jobs_jobs", status="succeeded", queue="metrics-b") == 1
     Job.objects.filter(queue="metrics-a", status=JobStatus.QUEUED).delete()
     assert sample("ultimat3_jobs_jobs", status="queued", queue="metrics-a") == 0
+
+
+def test_task_counters__without_metrics_per_task_each_family_sums_its_tasks(
+    settings: Any,
+) -> None:
+    counters = instruments.TaskCounters()
+    registry = CollectorRegistry()
+    registry.register(counters)
+    occurrences = f"{instruments.PREFIX}_scheduler_occurrences_dispatched"
+    jobs = f"{instruments.PREFIX}_scheduler_jobs_dispatched"
+    for task in ("a", "b"):
+        counters.add(occurrences, (task,), 1)
+        counters.add(jobs, (task, "true"), 2)
+    assert registry.get_sample_value(f"{occurrences}_total", {"task": "a"}) == 1
+
+    settings.ULTIMAT3_JOBS = {"METRICS_PER_TASK": False}
+
+    assert registry.get_sample_value(f"{occurrences}_total", {}) == 2
+    assert registry.get_sample_value(f"{jobs}_total", {"created": "true"}) == 4
+    assert registry.get_sample_value(f"{occurrences}_total", {"task": "a"}) is None
 
 
 @pytest.mark.django_db

@@ -790,6 +790,29 @@ def test_job_list__a_filter_reads_its_values_from_the_latest_rows_only(
     assert sorted(job.key for job in old.context["cl"].result_list) == ["old0", "old1", "old2"]
 
 
+@pytest.mark.postgres
+def test_job_list__a_whole_big_table_counts_as_postgresqls_estimate_a_filtered_list_exactly(
+    viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connection
+
+    for n in range(5):
+        _job(f"seen{n}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ultimat3_jobs_job")  # the estimate: 5 rows
+    for n in range(3):
+        _job(f"since{n}", JobStatus.FAILED)
+    monkeypatch.setattr(filters, "ESTIMATE_FROM", 5)
+    client = logged_in(viewer)
+
+    whole = client.get(JOBS_URL).context["cl"]
+    failed = client.get(JOBS_URL, {"status__exact": "failed"}).context["cl"]
+
+    assert whole.result_count == 5  # not read row by row: the table holds 8
+    assert len(whole.result_list) == 8
+    assert failed.result_count == 3
+
+
 def test_job_list__search_finds_key_input_and_error(viewer: User) -> None:
     _job("digest:2026-03-08", name="demo.send_digest", input={"day": "2026-03-08"})
     _job("p1", input={"label": "quarter-hour zebra"})

@@ -1,4 +1,5 @@
-"""List filters that stay cheap on tables of millions of rows and lists of thousands of tasks."""
+"""List filters and paging that stay cheap on tables of millions of rows and lists of thousands
+of tasks."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Field, Model, Subquery
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Field, Model, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
+from django.utils.functional import cached_property
 
 #: The rows a filter reads its values from: the latest ones.
 RECENT_ROWS = 10_000
 #: The values a filter lists at most; the others are found with the search box.
 LISTED = 50
+#: From this many rows, PostgreSQL's estimate stands for the count of a whole table.
+ESTIMATE_FROM = 1_000_000
 
 
 class RecentValuesFilter(admin.AllValuesFieldListFilter):
@@ -60,3 +66,30 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
                 "query_string": changelist.get_query_string(),
                 "display": f"… more: search for {self.title}",
             }
+
+
+class EstimatedCountPaginator(Paginator):
+    """Django's paginator, except that a whole PostgreSQL table of ``ESTIMATE_FROM`` rows or
+    more counts as the planner's estimate (``pg_class.reltuples``, which autovacuum keeps).
+
+    An exact count reads every row, at every load of the list: 26 ms a million jobs, seconds
+    at the hundreds of millions a per-minute task per tenant reaches within the retention.
+    A filtered or searched list is counted exactly.
+    """
+
+    @cached_property
+    def count(self) -> int:
+        rows = self.object_list
+        if isinstance(rows, QuerySet) and not rows.query.where:
+            connection = connections[rows.db]
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                        [connection.ops.quote_name(rows.model._meta.db_table)],
+                    )
+                    row = cursor.fetchone()
+                # -1 (or nothing) until the table was first analyzed.
+                if row is not None and row[0] >= ESTIMATE_FROM:
+                    return int(row[0])
+        return int(super().count)

@@ -20,7 +20,7 @@ from ..status import relay_warning
 from ..store import FINISHED, JobStore, store_for
 from .bulk import GuardedDelete, delete_selected
 from .display import fields_of, timeout_text, utc_column
-from .filters import RecentValuesFilter
+from .filters import EstimatedCountPaginator, RecentValuesFilter
 
 #: The fields of a Django Task's row (``backends.JobsBackend``), on its page only.
 DJANGO_TASK_FIELDS = [
@@ -73,6 +73,7 @@ class JobAdmin(GuardedDelete):
     search_fields = ["key", "name", "task", "input", "last_error", "error_class", "engine_id"]
     # Django counts the whole table once more for "N total" beside a filtered count.
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     actions = ["retry_failed", "cancel_queued", delete_selected]
     fieldsets = [
         (None, {"fields": ["name", "key", "status_column", "queue", "input_column"]}),

@@ -12,7 +12,7 @@ from django.utils.safestring import SafeString, mark_safe
 from ..history import outcome_label, recorded_jobs
 from ..models import Node, Occurrence
 from .display import utc_column
-from .filters import RecentValuesFilter
+from .filters import EstimatedCountPaginator, RecentValuesFilter
 
 
 class _ReadOnlyAdmin(admin.ModelAdmin):
@@ -48,6 +48,7 @@ class OccurrenceAdmin(_ReadOnlyAdmin):
     list_filter = ["outcome", ("task", RecentValuesFilter), "catch_up"]
     search_fields = ["task", "detail", "user"]
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     recorded_column = utc_column("recorded_at", "Recorded")
     first_column = utc_column("occurrence", "Occurrence")
     last_column = utc_column("last_occurrence", "Last occurrence")

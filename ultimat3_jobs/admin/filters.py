@@ -72,9 +72,9 @@ class EstimatedCountPaginator(Paginator):
     """Django's paginator, except that a whole PostgreSQL table of ``ESTIMATE_FROM`` rows or
     more counts as the planner's estimate (``pg_class.reltuples``, which autovacuum keeps).
 
-    An exact count reads every row, at every load of the list: 26 ms a million jobs, seconds
-    at the hundreds of millions a per-minute task per tenant reaches within the retention.
-    A filtered or searched list is counted exactly.
+    An exact count reads every row at every load of the list (README, "Figures"), and a
+    per-minute task per tenant makes hundreds of millions of rows within the retention. A
+    filtered or searched list is counted exactly.
     """
 
     @cached_property

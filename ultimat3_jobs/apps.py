@@ -1,8 +1,9 @@
-import gc
 import sys
 
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
+
+from .collector import paused
 
 
 class Ultimat3JobsConfig(AppConfig):
@@ -37,17 +38,7 @@ class Ultimat3JobsConfig(AppConfig):
 
 
 def discover_tasks() -> None:
-    """Import every installed app's ``tasks`` module, the cyclic collector off meanwhile.
-
-    Declaring tasks only allocates, and what it makes lives as long as the process: with tens
-    of thousands of tasks, the collections their growth sets off walk every object made so far,
-    again and again, for nothing to free. The collector is back as it was once they are
-    declared, or once a declaration fails.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    """Import every installed app's ``tasks`` module, the cyclic collector off meanwhile
+    (``collector.paused``): what the declarations make lives as long as the process."""
+    with paused():
         autodiscover_modules("tasks")
-    finally:
-        if enabled:
-            gc.enable()

@@ -7,9 +7,7 @@ joins the round in flight rather than opening a second one over the same waterma
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import heapq
 import logging
 import threading
@@ -22,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import clock as default_clock
-from . import instruments, tracing
+from . import collector, instruments, tracing
 from .catchup import Decision
 from .checkins import CheckIns
 from .clock import ONE_MS
@@ -54,23 +52,6 @@ per_task = logging.getLogger("ultimat3_jobs.scheduler.occurrences")
 #: Rounds with this many tasks due, and rebuilds of this many tasks' schedule, run with the
 #: cyclic garbage collector paused.
 GC_PAUSE_FROM = 1000
-
-
-@contextlib.contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
-    """The cyclic collector off meanwhile, when ``pause``, and back as it was.
-
-    A big round makes objects by the million that all live until it ends: the collector would
-    walk them again and again for nothing, and now and then every object of the process.
-    """
-    if not (pause and gc.isenabled()):
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 #: Rounds firing this many occurrences make their lines in a thread while they commit.
@@ -324,7 +305,7 @@ class Scheduler:
             emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
         if not self.is_leader or self._due is None or handles is not self._due_for:
             # As a big round: reading every task's row makes objects by the thousand.
-            with _collector_paused(len(handles) >= GC_PAUSE_FROM):
+            with collector.paused(len(handles) >= GC_PAUSE_FROM):
                 self._rebuild(handles)
         self.is_leader = True
         now = self._round_at = self.clock()
@@ -349,7 +330,7 @@ class Scheduler:
         if tracer is not None:
             traced = tracing.RoundTrace(tracer, due=len(names), node=self.state.node_id)
         try:
-            with _collector_paused(len(names) >= GC_PAUSE_FROM):
+            with collector.paused(len(names) >= GC_PAUSE_FROM):
                 return self._dispatch(handles, names, now, traced)
         except BaseException as error:
             if traced is not None:

@@ -621,8 +621,8 @@ class PortableStore:
     def job_counts(
         self, *, stuck_before: datetime
     ) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
-        # Each count reads every row of the table (a million jobs: about 90 ms each), so the
-        # relay's come from the same read, grouped by whether a row is relayed too.
+        # Each count reads every row of the table (README, "Figures"), so the relay's come
+        # from the same read, grouped by whether a row is relayed too.
         relayed = ExpressionWrapper(~Q(relay=""), output_field=BooleanField())
         rows = (
             self._jobs()

@@ -71,6 +71,13 @@ class RoundPlan:
     skip_overlap: set[str] = field(default_factory=set)
     #: The database the round is written to, which a Django Task entry's backend must use.
     database: str | None = None
+    #: Tasks whose occurrences from one on are kept for the next round (``hold``): that
+    #: occurrence, and the error its entries raised (None: the round stopped before it).
+    held: dict[str, tuple[datetime, Exception | None]] = field(default_factory=dict)
+    #: Set while the plan's occurrences are fired by another thread as the round is written
+    #: (``Streamed``): ``watermarks`` are then being swapped, and ``hold`` leaves them as they
+    #: are, for the commit to write the held tasks' once they have all fired.
+    streaming: bool = False
     #: Each distinct (read, to write) pair of ``watermarks``, once (``set_watermark``).
     _pairs: dict[tuple[datetime | None, datetime], tuple[datetime | None, datetime]] = field(
         default_factory=dict, repr=False, compare=False
@@ -83,34 +90,50 @@ class RoundPlan:
         pair = (read, new)
         self.watermarks[task] = self._pairs.setdefault(pair, pair)
 
+    def hold(self, task: str, occurrence: datetime, error: Exception | None = None) -> None:
+        """Keep ``task``'s occurrences from ``occurrence`` on for the next round, everything
+        before it decided: its entries raised ``error``, or the round stopped before it. Its
+        watermark becomes the instant before (``held_watermarks``), and it is next due then."""
+        self.held[task] = (occurrence, error)
+        if not self.streaming:
+            self.watermarks[task] = (self.watermarks[task][0], occurrence - ONE_MS)
+
+    def held_watermarks(self) -> dict[str, datetime]:
+        """The watermark each held task is to have, for a streamed round's commit to write once
+        every occurrence has fired; ``watermarks`` then says the same."""
+        moved = {task: at - ONE_MS for task, (at, _) in self.held.items()}
+        for task, new in moved.items():
+            self.watermarks[task] = (self.watermarks[task][0], new)
+        return moved
+
 
 @dataclass(slots=True)
 class TaskStep:
-    """What planning one task did, for the scheduler to log and reschedule.
+    """What planning one task did, for the scheduler to log and reschedule: one step for every
+    task decided alike, never changed once made (a task whose occurrence is held is in
+    ``RoundPlan.held`` instead).
 
     ``next_due`` is when the task is next due; ``armed`` is set on first sight; ``dropped`` is
-    the span the catch-up policy dropped; ``failed`` is the occurrence whose entries raised,
-    with the error (it is retried next round); None as the occurrence when the schedule
-    itself raised, before any occurrence was known.
+    the span the catch-up policy dropped; ``failed``: the schedule itself raised, before any
+    occurrence was known (the task is retried next round).
     """
 
     next_due: datetime
     armed: bool = False
     dropped: Span | None = None
-    failed: tuple[datetime | None, Exception] | None = None
+    failed: Exception | None = None
 
 
 @dataclass(slots=True)
 class Streamed:
     """A round whose occurrences are planned while it is written (``commit_streamed``).
 
-    ``watermarks`` are the plan's once every task is decided, as if every occurrence fires.
+    The plan's watermarks are those of every task decided, as if every occurrence fires.
     ``fired`` yields the occurrences as they are planned (each already in the plan) and ends
-    once the plan is complete: its watermarks final, a failed task's included. ``occurrences``
-    is how many were decided to fire.
+    once the plan is complete: its held tasks known (``RoundPlan.held_watermarks``).
+    ``occurrences`` is how many were decided to fire.
     """
 
-    watermarks: dict[str, tuple[datetime | None, datetime]]
     fired: Iterator[PlannedOccurrence]
     occurrences: int
 
@@ -120,9 +143,7 @@ class Deferred:
     """A task decided to fire whose entries are still to be made (``fire_task``)."""
 
     handle: TaskHandle
-    watermark: datetime
     decision: Decision
-    step: TaskStep
 
 
 def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
@@ -164,15 +185,16 @@ def plan_task(
     misfire_grace: timedelta,
     next_after: NextAfter,
     plan: RoundPlan,
-    decisions: dict[tuple[object, ...], Decision] | None = None,
+    decisions: dict[tuple[object, ...], tuple[Decision, TaskStep]] | None = None,
     deferred: list[Deferred] | None = None,
 ) -> TaskStep:
     """Add one task's share of the round to ``plan``; say when it is next due.
 
-    ``decisions``: one round's catch-up decisions, shared by tasks of the same schedule, zone,
-    DST options, policy and watermark; only for a ``next_after`` that depends on nothing else.
-    ``deferred``: a task due to fire goes there, its watermark written to ``plan`` as if every
-    occurrence fires, for the caller to ``fire_task`` it later; else it fires now.
+    ``decisions``: one round's catch-up decisions and their steps, shared by tasks of the same
+    schedule, zone, DST options, policy and watermark; only for a ``next_after`` that depends
+    on nothing else. ``deferred``: a task due to fire goes there, its watermark written to
+    ``plan`` as if every occurrence fires, for the caller to ``fire_task`` it later; else it
+    fires now. A task whose entries raise is held (``RoundPlan.hold``), its step unchanged.
     """
     name = handle.name
     if watermark is None:
@@ -196,8 +218,8 @@ def plan_task(
         handle.max_catch_up,
         watermark,
     )
-    decision = decisions.get(key) if decisions is not None else None
-    if decision is None:
+    shared = decisions.get(key) if decisions is not None else None
+    if shared is None:
         decision = decide(
             next_after,
             policy=handle.catch_up,
@@ -206,20 +228,23 @@ def plan_task(
             now=now,
             misfire_grace=misfire_grace,
         )
+        # One step for every task decided alike: at 100,000 tasks all due, one object rather
+        # than 100,000.
+        shared = (decision, TaskStep(decision.next_due, dropped=decision.dropped))
         if decisions is not None:
-            decisions[key] = decision
+            decisions[key] = shared
+    decision, step = shared
     if not decision.due or decision.watermark is None:
-        return TaskStep(decision.next_due)
+        return step
     if decision.dropped is not None:
         plan.records.append(
             PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
         )
-    step = TaskStep(decision.next_due, dropped=decision.dropped)
     plan.set_watermark(name, watermark, decision.watermark)
     if deferred is not None:
-        deferred.append(Deferred(handle, watermark, decision, step))
+        deferred.append(Deferred(handle, decision))
         return step
-    fire_task(handle, watermark, decision, step, plan)
+    fire_task(handle, decision, plan)
     return step
 
 
@@ -234,18 +259,12 @@ def input_texts(planned: Sequence[PlannedJob]) -> None:
 
 
 def fire_task(
-    handle: TaskHandle,
-    watermark: datetime,
-    decision: Decision,
-    step: TaskStep,
-    plan: RoundPlan,
-    *,
-    as_text: bool = False,
+    handle: TaskHandle, decision: Decision, plan: RoundPlan, *, as_text: bool = False
 ) -> list[PlannedOccurrence]:
     """Make the entries of each occurrence ``decision`` fires, add them to ``plan``, and
-    return them. An occurrence whose entries fail is kept for the next round: ``plan``'s
-    watermark and ``step`` (its next due instant, its failure) say so. ``as_text``: the
-    inputs are kept as text (``input_texts``)."""
+    return them. An occurrence whose entries fail is kept for the next round, with the ones
+    after it (``RoundPlan.hold``). ``as_text``: the inputs are kept as text
+    (``input_texts``)."""
     name = handle.name
     fired: list[PlannedOccurrence] = []
     for occurrence, catch_up in decision.fire:
@@ -263,8 +282,7 @@ def fire_task(
         except Exception as error:
             # One failing task must not stop the others; its occurrence is retried next round,
             # everything before it stays decided.
-            plan.watermarks[name] = (watermark, occurrence - ONE_MS)
-            step.next_due, step.failed = occurrence, (occurrence, error)
+            plan.hold(name, occurrence, error)
             break
         fired.append(PlannedOccurrence(name, occurrence, catch_up, planned))
         if handle.overlap == "skip":

@@ -23,7 +23,6 @@ from . import clock as default_clock
 from . import collector, instruments, tracing
 from .catchup import Decision
 from .checkins import CheckIns
-from .clock import ONE_MS
 from .db import Ahead, OwnLockWaits, instant_texts
 from .errors import RoundLockWaitError
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
@@ -361,7 +360,9 @@ class Scheduler:
         missing = False
         renew_every = getattr(self.leader, "renew_every", None)
         renewed = time.monotonic()
-        decisions: dict[tuple[object, ...], Decision] | None = {} if self._share_decisions else None
+        decisions: dict[tuple[object, ...], tuple[Decision, TaskStep]] | None = (
+            {} if self._share_decisions else None
+        )
         # A big round is written while its task functions run: every task is decided first,
         # and the ones due to fire are fired in a thread (``_fire``) as the jobs are written.
         deferred: list[Deferred] | None = [] if self._streams(handles, names) else None
@@ -396,7 +397,7 @@ class Scheduler:
             except Exception as error:
                 # Planning writes to the plan only once its decision stands, so a task whose
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
-                step = TaskStep(now, failed=(None, error))
+                step = TaskStep(now, failed=error)
             steps.append(step)
         planned = time.perf_counter()
         if traced is not None and not deferred:
@@ -428,9 +429,15 @@ class Scheduler:
             return NOTHING
         committed = time.perf_counter()
         instruments.recorded(plan.records)
+        held = plan.held
         for name, planned_step in zip(names, steps, strict=True):
-            self._set_due(name, now if planned_step is None else planned_step.next_due)
-        self._log_steps(handles, names, steps, armed)
+            if planned_step is None:
+                self._set_due(name, now)
+            elif held and name in held:
+                self._set_due(name, held[name][0])
+            else:
+                self._set_due(name, planned_step.next_due)
+        self._log_steps(handles, names, steps, armed, held)
         for record in plan.records:
             if record.outcome == "overlap":
                 emit(
@@ -487,7 +494,7 @@ class Scheduler:
         """Start firing ``deferred`` in a thread: the round to write as it comes, and its
         lines, which that thread makes once every task has fired."""
         lines = self._dispatched_lines(plan.fired, ahead=False)
-        watermarks = dict(plan.watermarks)  # Before the thread changes a failed task's.
+        plan.streaming = True  # The thread holds tasks without touching their watermarks.
         using = self.state.using
         assert using is not None  # A state that streams writes to a database.
         waits = OwnLockWaits(using)
@@ -499,7 +506,7 @@ class Scheduler:
         )
         lines.made_by(planner, 1)
         occurrences = sum(len(task.decision.fire) for task in deferred)
-        return Streamed(watermarks, planner.rows(0), occurrences), lines
+        return Streamed(planner.rows(0), occurrences), lines
 
     def _fire(
         self,
@@ -520,17 +527,14 @@ class Scheduler:
         for index, task in enumerate(deferred):
             if not self._dispatching():
                 for rest in deferred[index:]:
-                    first = rest.decision.fire[0][0]
-                    plan.watermarks[rest.handle.name] = (rest.watermark, first - ONE_MS)
-                    rest.step.next_due = first
+                    plan.hold(rest.handle.name, rest.decision.fire[0][0])
                 return
-            waits.firing(task.handle.name)
-            fired = fire_task(
-                task.handle, task.watermark, task.decision, task.step, plan, as_text=True
-            )
-            if task.step.failed is not None and waits.cancelled(task.handle.name):
-                at, error = task.step.failed
-                task.step.failed = (at, _waited_on_round(task.handle.name, error))
+            name = task.handle.name
+            waits.firing(name)
+            fired = fire_task(task.handle, task.decision, plan, as_text=True)
+            held = plan.held.get(name)
+            if held is not None and waits.cancelled(name):
+                plan.held[name] = (held[0], _waited_on_round(name, held[1]))
             if traced is not None:
                 for occurrence in fired:
                     traced.fire(occurrence, zone=task.handle.tz, cron=task.handle.cron)
@@ -590,6 +594,7 @@ class Scheduler:
         names: list[str],
         steps: list[TaskStep | None],
         armed: Lines,
+        held: dict[str, tuple[datetime, Exception | None]],
     ) -> None:
         armed.write()
         for name, step in zip(names, steps, strict=True):
@@ -606,7 +611,10 @@ class Scheduler:
                     catch_up=handles[name].catch_up,
                 )
             if step.failed is not None:
-                self._task_failed(name, *step.failed)
+                self._task_failed(name, None, step.failed)
+            at, error = held.get(name, (None, None)) if held else (None, None)
+            if error is not None:
+                self._task_failed(name, at, error)
 
     def _task_failed(self, name: str, occurrence: datetime | None, error: Exception) -> None:
         fields = failure_fields(error)

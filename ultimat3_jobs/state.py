@@ -156,14 +156,15 @@ class DatabaseState:
         """``commit`` for a round whose occurrences are still being planned, in another thread.
 
         The watermarks are swapped first, as if every occurrence fires; the jobs are written
-        as their occurrences come; once they all have, the watermarks of the tasks that failed
-        are set to what ``plan`` says. One transaction, fence first, as ``commit``.
+        as their occurrences come; once they all have, the watermarks of the tasks held (a
+        failure, a stop) are set to the instant before their held occurrence. One transaction,
+        fence first, as ``commit``.
         """
         config = get_settings()
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
-            backfilled = self._compare_and_set(streamed.watermarks)
+            backfilled = self._compare_and_set(plan.watermarks)
             enqueued: Enqueued | None = None
             if not backfilled:
                 # Ids for one job per occurrence; a round whose tasks return more takes more.
@@ -183,11 +184,7 @@ class DatabaseState:
             elif enqueued is None:
                 # Nothing was written: the whole round goes in again, reporting that key.
                 enqueued = self.store.insert_reporting(list(jobs))
-            moved = {
-                name: new
-                for name, (_, new) in plan.watermarks.items()
-                if streamed.watermarks[name][1] != new
-            }
+            moved = plan.held_watermarks()
             if moved:
                 self.store.set_watermarks(moved)
             self._write_records(plan, enqueued)

@@ -89,6 +89,7 @@ class MemoryState:
         """Not streamed (``can_stream`` says so), but the same writes: the plan once complete."""
         for _ in streamed.fired:
             pass
+        plan.held_watermarks()
         return self.commit(plan, fence)
 
     def _busy(self, tasks: set[str]) -> dict[str, datetime]:

@@ -599,8 +599,8 @@ def test_run__a_django_task_on_a_jobs_backend_of_another_database_is_refused_as_
             next_after=handle.next_after,
             plan=plan,
         )
-        assert step.failed is not None
-        round_error = step.failed[1]
+        assert step.failed is None
+        _, round_error = plan.held[handle.name]
         with pytest.raises(TaskBackendError) as refused:
             backfill.run(
                 handle, at("2026-06-10T12:00Z"), at("2026-06-10T13:00Z"), user="o", via="t"

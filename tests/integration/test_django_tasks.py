@@ -415,7 +415,7 @@ def test_plan__an_entry_on_another_backend_is_planned_as_an_outbox_row() -> None
         next_after=lambda after: MINUTE if after < MINUTE else MINUTE + timedelta(minutes=1),
         plan=plan,
     )
-    assert step.failed is None
+    assert step.failed is None and not plan.held
     [occurrence] = plan.fired
     [planned] = occurrence.jobs
     assert (planned.job.relay, planned.job.backend) == ("tasks", "elsewhere")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -74,10 +75,53 @@ def test_plan_task__paused_records_the_span_and_fires_nothing() -> None:
 def test_plan_task__failing_entries_keep_the_occurrence_for_the_next_round() -> None:
     watermark = T0 - timedelta(minutes=30)
     result, step = plan(hourly("p.fails", fail=True), watermark)
-    assert step.failed is not None and step.failed[0] == T0
-    assert step.next_due == T0
+    held_at, error = result.held["p.fails"]
+    assert held_at == T0 and "no entries today" in str(error)
+    assert step.failed is None  # The step stays the one every task decided alike shares.
     assert result.fired == []
     assert result.watermarks["p.fails"] == (watermark, T0 - ONE_MS)
+
+
+def test_plan_task__tasks_decided_alike_share_one_step_and_a_failing_one_is_held_apart() -> None:
+    watermark = T0 - timedelta(minutes=30)
+    result = RoundPlan(now=T0)
+    decisions: dict[tuple[object, ...], Any] = {}
+    schedule = hourly("p.schedule")  # Every task here has its schedule and zone.
+    steps = [
+        plan_task(
+            handle,
+            watermark=watermark,
+            paused=False,
+            now=T0,
+            misfire_grace=GRACE,
+            next_after=lambda at: next_occurrence(schedule.schedule, schedule.zone, at),
+            plan=result,
+            decisions=decisions,
+        )
+        for handle in (hourly("p.a"), hourly("p.b", fail=True), hourly("p.c"))
+    ]
+    # One object for every task of that schedule and watermark, the failing one's included:
+    # its failure is the plan's, not its step's.
+    assert steps[0] is steps[1] is steps[2]
+    assert steps[0].next_due == T0 + timedelta(hours=1) and steps[0].failed is None
+    assert list(result.held) == ["p.b"]
+    assert [f.task for f in result.fired] == ["p.a", "p.c"]
+    assert result.watermarks["p.b"] == (watermark, T0 - ONE_MS)
+    assert result.watermarks["p.a"] == result.watermarks["p.c"] == (watermark, T0)
+
+
+def test_round_plan__streaming_holds_tasks_without_touching_watermarks_being_swapped() -> None:
+    watermark = T0 - timedelta(minutes=30)
+    result = RoundPlan(now=T0)
+    result.set_watermark("p.a", watermark, T0)
+    result.set_watermark("p.b", watermark, T0)
+    result.streaming = True
+    swapped = result.watermarks["p.b"]
+    result.hold("p.b", T0, RuntimeError("boom"))
+    assert result.watermarks["p.b"] is swapped  # What the commit is swapping meanwhile.
+    # Once every task has fired, the held ones' watermarks are the instant before.
+    assert result.held_watermarks() == {"p.b": T0 - ONE_MS}
+    assert result.watermarks == {"p.a": (watermark, T0), "p.b": (watermark, T0 - ONE_MS)}
 
 
 def test_input_texts__inputs_become_their_json_text_but_a_tasks_backends_keep_their_dict() -> None:
@@ -111,7 +155,7 @@ def test_fire_task__as_text_keeps_each_input_as_the_text_of_what_the_function_re
         misfire_grace=GRACE,
     )  # fmt: skip
     result = RoundPlan(now=T0)
-    [fired] = fire_task(handle, watermark, decision, TaskStep(T0), result, as_text=True)
+    [fired] = fire_task(handle, decision, result, as_text=True)
     [planned] = fired.jobs
     assert planned.data == dumps({"label": T0.isoformat()})
     assert result.fired == [fired]

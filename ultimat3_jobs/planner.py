@@ -28,7 +28,8 @@ from .inputs import KEY_LIMIT, check_columns, occurrence_prefix
 @dataclass(slots=True)
 class PlannedJob:
     job: JobHandle
-    #: The input, or its JSON text (``input_texts``).
+    #: The input, or its JSON text (``input_texts``); "" once a streamed round wrote its row
+    #: (``PlannedOccurrence.let_go``).
     data: dict[str, Any] | str
     key: str
 
@@ -47,6 +48,14 @@ class PlannedOccurrence:
     #: The ``traceparent`` of the occurrence's span, which its jobs' runs continue; "" while
     #: tracing is off (``tracing.RoundTrace.fire`` sets it).
     trace_context: str = ""
+
+    def let_go(self) -> None:
+        """Let go of the inputs kept as text once their rows are made: a big round holds
+        every occurrence until its report, and need not hold what it wrote already. A Django
+        Task's keeps its dict, which its backend is handed after commit."""
+        for planned in self.jobs:
+            if isinstance(planned.data, str):
+                planned.data = ""
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ from .planner import (
     plan_task,
 )
 from .registry import registry
-from .state import FencingLost, SchedulerState, WatermarkMoved
+from .state import FencingLost, KeyExisted, SchedulerState, WatermarkMoved
 from .store import Enqueued, TaskState
 
 logger = logging.getLogger("ultimat3_jobs.scheduler")
@@ -345,7 +345,11 @@ class Scheduler:
         names: list[str],
         now: datetime,
         traced: tracing.RoundTrace | None,
+        *,
+        stream: bool = True,
     ) -> Report:
+        """Plan and write the round of ``names``; ``stream``: a big one may be written while
+        its task functions run (``_streams``)."""
         started = time.perf_counter()
         # Watermarks a rebuild read in this round are the ones to plan from: at a start (and
         # each run of --once) one read of every task rather than two. Taken, not kept: the
@@ -365,7 +369,7 @@ class Scheduler:
         )
         # A big round is written while its task functions run: every task is decided first,
         # and the ones due to fire are fired in a thread (``_fire``) as the jobs are written.
-        deferred: list[Deferred] | None = [] if self._streams(handles, names) else None
+        deferred: list[Deferred] | None = [] if stream and self._streams(handles, names) else None
         for name in names:
             if renew_every is not None and time.monotonic() - renewed > renew_every.total_seconds():
                 # A long round (slow task functions) must not outlive its lease: renew between
@@ -417,14 +421,24 @@ class Scheduler:
         # Read and decided: what the rest of the round need not hold.
         del states, deferred
         enqueued: Enqueued | None = None
+        replan = False
         try:
             enqueued = self._commit(plan, streamed)
-            streamed = None  # Its watermarks, as planned: another entry per task.
+        except KeyExisted:
+            replan = True
         finally:
             if enqueued is None:
                 armed.close()
                 if lines is not None:
                     lines.close()
+        if replan:
+            # Nothing was written, and the inputs were let go as their rows were made: the
+            # round is planned again (its task functions called again) and written once
+            # planned, reporting the keys that exist.
+            emit(logger, "jobs.scheduler.replanned", logging.WARNING, due=len(names))
+            if traced is not None:
+                traced.replanned()
+            return self._dispatch(handles, names, now, traced, stream=False)
         if enqueued is None:
             return NOTHING
         committed = time.perf_counter()

@@ -20,6 +20,7 @@ from .conf import Settings, get_settings
 from .errors import TaskSyncError
 from .handles import TaskHandle
 from .planner import (
+    PlannedOccurrence,
     RoundPlan,
     Streamed,
     keep_present_jobs,
@@ -35,6 +36,12 @@ class FencingLost(Exception):
 
 class WatermarkMoved(Exception):
     """Another node advanced a watermark since this round read it; the round wrote nothing."""
+
+
+class KeyExisted(Exception):
+    """A streamed round met a job key written already (a watermark moved back by hand): the
+    inputs it let go as their rows were made cannot be written again, so the round wrote
+    nothing, for the scheduler to plan it again and write it unstreamed (``commit``)."""
 
 
 Fence = Callable[[str], bool]
@@ -156,34 +163,31 @@ class DatabaseState:
         """``commit`` for a round whose occurrences are still being planned, in another thread.
 
         The watermarks are swapped first, as if every occurrence fires; the jobs are written
-        as their occurrences come; once they all have, the watermarks of the tasks held (a
-        failure, a stop) are set to the instant before their held occurrence. One transaction,
-        fence first, as ``commit``.
+        as their occurrences come, each letting go of its inputs once its rows are made; once
+        they all have, the watermarks of the tasks held (a failure, a stop) are set to the
+        instant before their held occurrence. One transaction, fence first, as ``commit``.
+        Raises ``KeyExisted`` when a key exists, having written nothing.
         """
         config = get_settings()
         with transaction.atomic(using=self.using):
             if not fence(self.using):
                 raise FencingLost()
             backfilled = self._compare_and_set(plan.watermarks)
-            enqueued: Enqueued | None = None
-            if not backfilled:
-                # Ids for one job per occurrence; a round whose tasks return more takes more.
-                enqueued = self.store.insert_streamed(
-                    streamed.fired, streamed.occurrences, now=plan.now
-                )
-            for _ in streamed.fired:
-                # Read to its end already, unless a key existed or a backfill came first: then
-                # the rest of the round is planned here, before the whole round is written.
-                pass
             if backfilled:
+                for _ in streamed.fired:
+                    pass  # The rest of the round planned here, before it is written.
                 self._keep_backfilled(plan, backfilled)
-            jobs = _RoundJobs(plan, config)
-            if backfilled:
+                jobs = _RoundJobs(plan, config)
                 # Written as ``commit`` writes a round, once its occurrences are all planned.
                 enqueued = self.store.insert_round(jobs)
-            elif enqueued is None:
-                # Nothing was written: the whole round goes in again, reporting that key.
-                enqueued = self.store.insert_reporting(list(jobs))
+            else:
+                # Ids for one job per occurrence; a round whose tasks return more takes more.
+                found = self.store.insert_streamed(
+                    _letting_go(streamed.fired), streamed.occurrences, now=plan.now
+                )
+                if found is None:
+                    raise KeyExisted()
+                enqueued, jobs = found, _RoundJobs(plan, config)
             moved = plan.held_watermarks()
             if moved:
                 self.store.set_watermarks(moved)
@@ -199,7 +203,7 @@ class DatabaseState:
             from .backends import announce_round
 
             # Django Tasks: after commit, as enqueue() does. Only their rows are made again.
-            announce_round([row for row in jobs if row["backend"]], enqueued)
+            announce_round(list(jobs.of_backends()), enqueued)
 
     def _compare_and_set(
         self, watermarks: dict[str, tuple[datetime | None, datetime]]
@@ -253,6 +257,14 @@ class DatabaseState:
         self.node.stopped(is_leader=False)
 
 
+def _letting_go(fired: Iterator[PlannedOccurrence]) -> Iterator[PlannedOccurrence]:
+    """``fired``, each occurrence letting go of its inputs once the store asks for the next
+    one: its rows are made by then."""
+    for occurrence in fired:
+        yield occurrence
+        occurrence.let_go()
+
+
 class _RoundJobs:
     """The job rows of a round, made as they are written: a round's thousands of rows need not
     be held at once."""
@@ -265,8 +277,17 @@ class _RoundJobs:
         return self.count
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._rows(backends_only=False)
+
+    def of_backends(self) -> Iterator[dict[str, Any]]:
+        """The rows of Django Tasks' jobs alone (those whose inputs a round never lets go)."""
+        return self._rows(backends_only=True)
+
+    def _rows(self, *, backends_only: bool) -> Iterator[dict[str, Any]]:
         for fired in self.plan.fired:
             for planned in fired.jobs:
+                if backends_only and not planned.job.backend:
+                    continue
                 yield scheduled_fields(
                     fired, planned, planned.row_input(), now=self.plan.now, config=self.config
                 )

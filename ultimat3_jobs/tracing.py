@@ -289,6 +289,14 @@ class RoundTrace:
         for _, span in self._fired:
             span.set_status(trace.Status(trace.StatusCode.ERROR, "the round was not written"))
 
+    def replanned(self) -> None:
+        """The round's writes were given up, to plan it again: the occurrences fired so far
+        end as not written, and those planned next get spans of their own."""
+        for _, span in self._fired:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, "the round was planned again"))
+            span.end()
+        self._fired = []
+
     def end(self) -> None:
         """End every span of the round; a round that wrote nothing says so."""
         self.span.set_attribute("ultimat3_jobs.round.committed", self._committed)

@@ -201,25 +201,40 @@ def test_streamed_round__a_failing_task_keeps_its_occurrence_and_the_others_fire
 
 
 def test_streamed_round__a_key_already_there_is_reported_and_the_rest_written(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     tasks = make_tasks(COUNT)
     scheduler = _armed(tasks, FrozenClock(T0))
     seen = _streams(scheduler, monkeypatch)
+    calls: list[datetime] = []
+    last = tasks[-1]
+    entries = last.func
+
+    def counted(occurrence: datetime) -> Any:
+        calls.append(occurrence)
+        return entries(occurrence)
+
+    last.func = counted
     ping = demo_ping()
     data = {"label": OCCURRENCE.isoformat()}
     key = occurrence_key(tasks[3].name, OCCURRENCE, ping.occurrence_part(data))
     existing = Job.objects.create(name="demo.ping", key=key, input=data, run_at=T0, created_at=T0)
-    fired = scheduler.tick()
+    with caplog.at_level(logging.WARNING, logger="ultimat3_jobs.scheduler"):
+        fired = scheduler.tick()
     assert seen == [True]
     results = {d.task: d.jobs[0].result for d in fired}
     assert (results[tasks[3].name].created, results[tasks[3].name].job_id) == (False, existing.pk)
     assert sum(result.created for result in results.values()) == COUNT - 1
     assert Job.objects.count() == COUNT
-    # Written again from the inputs the round kept as text.
+    # The streamed round let go of each input as its row was made, and wrote nothing: the
+    # round was planned again, its task functions called again, and written once planned.
+    assert calls == [OCCURRENCE, OCCURRENCE]
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert events.count("jobs.scheduler.replanned") == 1
     assert all(value == data for value in Job.objects.values_list("input", flat=True))
     record = Occurrence.objects.get(task=tasks[3].name)
     assert record.jobs == [{"job": "demo.ping", "key": key, "created": False}]
+    assert Occurrence.objects.count() == COUNT
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -26,6 +26,7 @@ from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.handles import TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Job
+from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.relay import Relay
 from ultimat3_jobs.scheduler import STREAM_FROM, Scheduler
 from ultimat3_jobs.state import DatabaseState
@@ -170,6 +171,28 @@ def test_round__streamed_each_job_keeps_its_occurrences_traceparent(
     for job in Job.objects.all():
         assert job.trace_context == traceparent_of(fired[job.task])
         assert parent_id(fired[job.task]) == round_span.context.span_id
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_round__streamed_and_planned_again_each_job_keeps_the_span_that_wrote_it(
+    spans: InMemorySpanExporter,
+) -> None:
+    tasks = make_tasks(STREAM_FROM + 20)
+    scheduler, _ = armed(tasks)
+    spans.clear()
+    data = {"label": OCCURRENCE.isoformat()}
+    key = occurrence_key(tasks[3].name, OCCURRENCE, ping.occurrence_part(data))
+    Job.objects.create(name="demo.ping", key=key, input=data, run_at=T0, created_at=T0)
+    assert len(scheduler.tick()) == len(tasks)
+    fires = named(spans, "fire ")
+    given_up = [s for s in fires if s.status.status_code == trace.StatusCode.ERROR]
+    written = {s.name.removeprefix("fire "): s for s in fires if s not in given_up}
+    # The streamed attempt's spans end as given up; the round planned again has one per task.
+    assert given_up and {s.status.description for s in given_up} == {"the round was planned again"}
+    assert len(written) == len(tasks)
+    for job in Job.objects.exclude(key=key):
+        assert job.trace_context == traceparent_of(written[job.task])
 
 
 # -- the worker -----------------------------------------------------------------------------------

@@ -626,9 +626,9 @@ class Scheduler:
                 )
             if step.failed is not None:
                 self._task_failed(name, None, step.failed)
-            at, error = held.get(name, (None, None)) if held else (None, None)
-            if error is not None:
-                self._task_failed(name, at, error)
+            found = held.get(name)
+            if found is not None and found[1] is not None:
+                self._task_failed(name, found[0], found[1])
 
     def _task_failed(self, name: str, occurrence: datetime | None, error: Exception) -> None:
         fields = failure_fields(error)

@@ -34,9 +34,15 @@ def hourly(name: str, *, fail: bool = False) -> TaskHandle:
 
 
 def plan(
-    handle: TaskHandle, watermark: datetime | None, *, paused: bool = False
+    handle: TaskHandle,
+    watermark: datetime | None,
+    *,
+    paused: bool = False,
+    into: RoundPlan | None = None,
+    decisions: dict[tuple[object, ...], Any] | None = None,
 ) -> tuple[RoundPlan, TaskStep]:
-    result = RoundPlan(now=T0)
+    """``handle``'s share of a round at T0, added to ``into`` (else a plan of its own)."""
+    result = into or RoundPlan(now=T0)
     step = plan_task(
         handle,
         watermark=watermark,
@@ -45,6 +51,7 @@ def plan(
         misfire_grace=GRACE,
         next_after=lambda at: next_occurrence(handle.schedule, handle.zone, at),
         plan=result,
+        decisions=decisions,
     )
     return result, step
 
@@ -86,18 +93,8 @@ def test_plan_task__tasks_decided_alike_share_one_step_and_a_failing_one_is_held
     watermark = T0 - timedelta(minutes=30)
     result = RoundPlan(now=T0)
     decisions: dict[tuple[object, ...], Any] = {}
-    schedule = hourly("p.schedule")  # Every task here has its schedule and zone.
     steps = [
-        plan_task(
-            handle,
-            watermark=watermark,
-            paused=False,
-            now=T0,
-            misfire_grace=GRACE,
-            next_after=lambda at: next_occurrence(schedule.schedule, schedule.zone, at),
-            plan=result,
-            decisions=decisions,
-        )
+        plan(handle, watermark, into=result, decisions=decisions)[1]
         for handle in (hourly("p.a"), hourly("p.b", fail=True), hourly("p.c"))
     ]
     # One object for every task of that schedule and watermark, the failing one's included:

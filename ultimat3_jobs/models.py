@@ -178,7 +178,12 @@ class Occurrence(models.Model):
 
     class Meta:
         ordering = ["-recorded_at", "-id"]
-        indexes = [models.Index(fields=["task", "-recorded_at"], name="u3j_occ_task")]
+        indexes = [
+            models.Index(fields=["task", "-recorded_at"], name="u3j_occ_task"),
+            # The newest records first, whatever the task: the admin's history list, the
+            # lateness of jobs_status and the metrics, the prune, without reading it all.
+            models.Index(fields=["-recorded_at"], name="u3j_occ_recorded"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task} {self.outcome} {self.occurrence}"

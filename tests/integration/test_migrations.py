@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
@@ -287,3 +289,39 @@ def test_0012__keeps_every_task_and_leaves_room_for_its_watermark_updates() -> N
     # Back again: the pages fill as before.
     migrate_to(before)
     assert _task_table_options() == []
+
+
+def _occurrence_indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, "ultimat3_jobs_occurrence")
+    return {name for name, found in constraints.items() if found["index"]}
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0013__keeps_every_record_and_indexes_them_by_when_they_were_recorded() -> None:
+    before, after = "0012_task_fillfactor", "0013_occurrence_recorded_index"
+    executor = migrate_to(before)
+    old_apps = executor.loader.project_state([("ultimat3_jobs", before)]).apps
+    for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill"):
+        old_apps.get_model("ultimat3_jobs", "Occurrence").objects.create(
+            task="t.a", outcome=outcome, occurrence=AT, recorded_at=AT
+        )
+    assert "u3j_occ_recorded" not in _occurrence_indexes()
+
+    executor = migrate_to(after)
+
+    assert "u3j_occ_recorded" in _occurrence_indexes()
+    records = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Occurrence"
+    )
+    assert records.objects.filter(task="t.a", recorded_at=AT).count() == 6
+    migrate_to(before)
+    assert "u3j_occ_recorded" not in _occurrence_indexes()
+
+
+def test_0013__builds_the_index_without_locking_the_table_on_postgresql() -> None:
+    out = StringIO()
+    call_command("sqlmigrate", "ultimat3_jobs", "0013", stdout=out)
+    concurrently = connection.vendor == "postgresql"
+    assert ("CREATE INDEX CONCURRENTLY" in out.getvalue()) is concurrently
+    assert '"u3j_occ_recorded"' in out.getvalue()

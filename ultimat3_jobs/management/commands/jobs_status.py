@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -129,8 +130,10 @@ class Command(JobsCommand):
             lines.append(f"WARNING: {warning['message']}\n  fix: {warning['fix']}")
         lines.append("")
         rows = [("TASK", "CRON", "TZ", "STATE", "NEXT RUN", "LAST FIRED")]
+        # Tasks of one schedule share their instants: each written once.
+        when = functools.lru_cache(maxsize=4096)(_when)
         for t in report["tasks"]:
-            next_run, last_fired = _when(t["next_run"]), _when(t["last_fired"])
+            next_run, last_fired = when(t["next_run"]), when(t["last_fired"])
             rows.append((t["name"], t["cron"], t["tz"], t["state"], next_run, last_fired))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:

@@ -325,3 +325,24 @@ def test_0013__builds_the_index_without_locking_the_table_on_postgresql() -> Non
     concurrently = connection.vendor == "postgresql"
     assert ("CREATE INDEX CONCURRENTLY" in out.getvalue()) is concurrently
     assert '"u3j_occ_recorded"' in out.getvalue()
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0013__builds_again_over_an_index_a_killed_build_left_invalid() -> None:
+    migrate_to("0013_occurrence_recorded_index")
+    with connection.cursor() as cursor:
+        # What CREATE INDEX CONCURRENTLY leaves when it is killed halfway.
+        cursor.execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'u3j_occ_recorded'::regclass"
+        )
+    executor = MigrationExecutor(connection)
+    executor.recorder.record_unapplied("ultimat3_jobs", "0013_occurrence_recorded_index")
+
+    migrate_to("0013_occurrence_recorded_index")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'u3j_occ_recorded'::regclass"
+        )
+        assert cursor.fetchall() == [(True,)]

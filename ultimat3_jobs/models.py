@@ -131,6 +131,13 @@ class Job(models.Model):
             # A task's jobs: its admin list, the overlap check of its live occurrences, and the
             # jobs of one occurrence, which a Sentry check-in closes once they have all ended.
             models.Index(fields=["task", "occurrence"], name="u3j_job_task_occurrence"),
+            # Jobs that ended failed or cancelled, newest first: the admin's lists of them and
+            # their counts, which would otherwise walk every finished job. Only such rows enter.
+            models.Index(
+                fields=["status", "-id"],
+                condition=models.Q(status__in=["failed", "cancelled"]),
+                name="u3j_job_failed",
+            ),
             # The relay's claim: outbox rows, oldest first, and relayed ones to resend.
             models.Index(
                 "status",

@@ -1094,3 +1094,36 @@ def test_describe_cron__follows_the_language() -> None:
 )
 def test_duration__is_short(seconds: int, text: str) -> None:
     assert duration(timedelta(seconds=seconds)) == text
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("listing", "statement_of", "index"),
+    [
+        # The failed jobs and their count, however many finished jobs the table keeps.
+        (JOBS_URL + "?status__exact=failed", "'failed'", "u3j_job_failed"),
+        (JOBS_URL + "?status__exact=cancelled", "'cancelled'", "u3j_job_failed"),
+        # The history, newest first, however long it is (its filters read the newest rows by
+        # id).
+        ("/admin/ultimat3_jobs/occurrence/", '"recorded_at" DESC', "u3j_occ_recorded"),
+    ],
+)
+def test_lists__read_by_an_index_not_the_whole_table(
+    listing: str, statement_of: str, index: str
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from .plans import plans_of
+
+    Job.objects.create(
+        name="demo.ping", key="k1", status=JobStatus.FAILED, run_at=NOW, created_at=NOW
+    )
+    Occurrence.objects.create(task=DIGEST, outcome="fired", occurrence=NOW, recorded_at=NOW)
+    with CaptureQueriesContext(connection) as queries:
+        response = logged_in(User.objects.create_superuser("root")).get(listing)
+    assert response.status_code == 200
+    reads = [q["sql"] for q in queries if statement_of in q["sql"]]
+    assert reads
+    for plan in plans_of(reads):
+        assert index in plan

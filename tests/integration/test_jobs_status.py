@@ -16,6 +16,8 @@ from ultimat3_jobs.models import Job, JobStatus, Occurrence, Task
 from ultimat3_jobs.registry import registry
 from ultimat3_jobs.state import DatabaseState
 
+from .plans import plans_of
+
 pytestmark = pytest.mark.django_db
 
 
@@ -121,20 +123,6 @@ def test_jobs_status__without_a_scheduler_warns_with_the_fix() -> None:
     assert "run_scheduler" in report["warnings"][0]["fix"]
 
 
-def _plans_of(statements: list[str]) -> list[str]:
-    """Each statement's plan as PostgreSQL would run it with every index at hand (sequential
-    scans priced out, as on a table of millions of records)."""
-    from django.db import connection, transaction
-
-    plans = []
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        for sql in statements:
-            cursor.execute(f"EXPLAIN {sql}")
-            plans.append("\n".join(row[0] for row in cursor.fetchall()))
-    return plans
-
-
 @pytest.mark.postgres
 def test_jobs_status__reads_the_history_by_its_indexes_not_all_of_it(
     leader: DatabaseState,
@@ -150,9 +138,6 @@ def test_jobs_status__reads_the_history_by_its_indexes_not_all_of_it(
     reads = [q["sql"] for q in queries if '"ultimat3_jobs_occurrence"' in q["sql"]]
     # The last hour's records for the lateness, and each task's newest fired one.
     assert len(reads) == 2
-    lateness, per_task = _plans_of(reads)
+    lateness, per_task = plans_of(reads)
     assert "u3j_occ_recorded" in lateness
     assert "u3j_occ_task" in per_task
-    # The admin's history list, newest first: its default order.
-    [listed] = _plans_of([str(Occurrence.objects.all()[:100].query)])
-    assert "u3j_occ_recorded" in listed

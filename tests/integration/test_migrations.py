@@ -319,12 +319,17 @@ def test_0013__keeps_every_record_and_indexes_them_by_when_they_were_recorded() 
     assert "u3j_occ_recorded" not in _occurrence_indexes()
 
 
-def test_0013__builds_the_index_without_locking_the_table_on_postgresql() -> None:
+@pytest.mark.parametrize(
+    ("migration", "index"), [("0013", "u3j_occ_recorded"), ("0014", "u3j_job_failed")]
+)
+def test_0013_0014__build_their_index_without_locking_the_table_on_postgresql(
+    migration: str, index: str
+) -> None:
     out = StringIO()
-    call_command("sqlmigrate", "ultimat3_jobs", "0013", stdout=out)
+    call_command("sqlmigrate", "ultimat3_jobs", migration, stdout=out)
     concurrently = connection.vendor == "postgresql"
     assert ("CREATE INDEX CONCURRENTLY" in out.getvalue()) is concurrently
-    assert '"u3j_occ_recorded"' in out.getvalue()
+    assert f'"{index}"' in out.getvalue()
 
 
 @pytest.mark.postgres
@@ -346,3 +351,36 @@ def test_0013__builds_again_over_an_index_a_killed_build_left_invalid() -> None:
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'u3j_occ_recorded'::regclass"
         )
         assert cursor.fetchall() == [(True,)]
+
+
+def _job_indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, "ultimat3_jobs_job")
+    return {name for name, found in constraints.items() if found["index"]}
+
+
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0014__keeps_every_job_and_indexes_those_that_failed_or_were_cancelled() -> None:
+    before, after = "0013_occurrence_recorded_index", "0014_job_failed_index"
+    executor = migrate_to(before)
+    jobs = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    statuses = ("queued", "running", "succeeded", "failed", "cancelled", "outbox")
+    for status in statuses:
+        jobs.objects.create(
+            name="m.job", key=f"k:{status}", status=status, run_at=AT, created_at=AT
+        )
+    assert "u3j_job_failed" not in _job_indexes()
+
+    executor = migrate_to(after)
+
+    assert "u3j_job_failed" in _job_indexes()
+    jobs = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", "Job"
+    )
+    assert sorted(jobs.objects.values_list("key", "status")) == sorted(
+        (f"k:{s}", s) for s in statuses
+    )
+    migrate_to(before)
+    assert "u3j_job_failed" not in _job_indexes()

@@ -291,32 +291,58 @@ def test_0012__keeps_every_task_and_leaves_room_for_its_watermark_updates() -> N
     assert _task_table_options() == []
 
 
-def _occurrence_indexes() -> set[str]:
+def _indexes(table: str) -> set[str]:
     with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, "ultimat3_jobs_occurrence")
+        constraints = connection.introspection.get_constraints(cursor, table)
     return {name for name, found in constraints.items() if found["index"]}
 
 
+#: The migrations that add an index: the one before each, its model, its index, and rows of
+#: every kind that must all stay.
+INDEXING = {
+    "0013_occurrence_recorded_index": (
+        "0012_task_fillfactor",
+        "Occurrence",
+        "u3j_occ_recorded",
+        [
+            {"task": "t.a", "outcome": outcome, "occurrence": AT, "recorded_at": AT}
+            for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill")
+        ],
+    ),
+    "0014_job_failed_index": (
+        "0013_occurrence_recorded_index",
+        "Job",
+        "u3j_job_failed",
+        [
+            {"key": f"k:{status}", "status": status, "name": "j", "run_at": AT, "created_at": AT}
+            for status in ("queued", "running", "succeeded", "failed", "cancelled", "outbox")
+        ],
+    ),
+}
+
+
 @pytest.mark.usefixtures("leave_at_latest")
-def test_0013__keeps_every_record_and_indexes_them_by_when_they_were_recorded() -> None:
-    before, after = "0012_task_fillfactor", "0013_occurrence_recorded_index"
+@pytest.mark.parametrize("after", list(INDEXING))
+def test_0013_0014__keep_every_row_and_add_their_index(after: str) -> None:
+    before, model, index, rows = INDEXING[after]
     executor = migrate_to(before)
-    old_apps = executor.loader.project_state([("ultimat3_jobs", before)]).apps
-    for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill"):
-        old_apps.get_model("ultimat3_jobs", "Occurrence").objects.create(
-            task="t.a", outcome=outcome, occurrence=AT, recorded_at=AT
-        )
-    assert "u3j_occ_recorded" not in _occurrence_indexes()
+    old = executor.loader.project_state([("ultimat3_jobs", before)]).apps
+    made = old.get_model("ultimat3_jobs", model)
+    for row in rows:
+        made.objects.create(**row)
+    table = made._meta.db_table
+    assert index not in _indexes(table)
 
     executor = migrate_to(after)
 
-    assert "u3j_occ_recorded" in _occurrence_indexes()
-    records = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
-        "ultimat3_jobs", "Occurrence"
+    assert index in _indexes(table)
+    kept = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
+        "ultimat3_jobs", model
     )
-    assert records.objects.filter(task="t.a", recorded_at=AT).count() == 6
+    fields = list(rows[0])
+    assert sorted(kept.objects.values_list(*fields)) == sorted(tuple(r.values()) for r in rows)
     migrate_to(before)
-    assert "u3j_occ_recorded" not in _occurrence_indexes()
+    assert index not in _indexes(table)
 
 
 @pytest.mark.parametrize(
@@ -351,36 +377,3 @@ def test_0013__builds_again_over_an_index_a_killed_build_left_invalid() -> None:
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'u3j_occ_recorded'::regclass"
         )
         assert cursor.fetchall() == [(True,)]
-
-
-def _job_indexes() -> set[str]:
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, "ultimat3_jobs_job")
-    return {name for name, found in constraints.items() if found["index"]}
-
-
-@pytest.mark.usefixtures("leave_at_latest")
-def test_0014__keeps_every_job_and_indexes_those_that_failed_or_were_cancelled() -> None:
-    before, after = "0013_occurrence_recorded_index", "0014_job_failed_index"
-    executor = migrate_to(before)
-    jobs = executor.loader.project_state([("ultimat3_jobs", before)]).apps.get_model(
-        "ultimat3_jobs", "Job"
-    )
-    statuses = ("queued", "running", "succeeded", "failed", "cancelled", "outbox")
-    for status in statuses:
-        jobs.objects.create(
-            name="m.job", key=f"k:{status}", status=status, run_at=AT, created_at=AT
-        )
-    assert "u3j_job_failed" not in _job_indexes()
-
-    executor = migrate_to(after)
-
-    assert "u3j_job_failed" in _job_indexes()
-    jobs = executor.loader.project_state([("ultimat3_jobs", after)]).apps.get_model(
-        "ultimat3_jobs", "Job"
-    )
-    assert sorted(jobs.objects.values_list("key", "status")) == sorted(
-        (f"k:{s}", s) for s in statuses
-    )
-    migrate_to(before)
-    assert "u3j_job_failed" not in _job_indexes()

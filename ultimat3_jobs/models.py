@@ -188,8 +188,16 @@ class Occurrence(models.Model):
         indexes = [
             models.Index(fields=["task", "-recorded_at"], name="u3j_occ_task"),
             # The newest records first, whatever the task: the admin's history list, the
-            # lateness of jobs_status and the metrics, the prune, without reading it all.
+            # lateness of jobs_status, the prune, without reading it all.
             models.Index(fields=["-recorded_at"], name="u3j_occ_recorded"),
+            # The same for the few records that are not of a fired occurrence (dropped,
+            # paused, manual, overlap, backfill): the history list filtered by one of them
+            # and its count. A fired occurrence's record writes nothing to it.
+            models.Index(
+                fields=["-recorded_at"],
+                condition=~models.Q(outcome="fired"),
+                name="u3j_occ_unfired",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1106,6 +1106,8 @@ def test_duration__is_short(seconds: int, text: str) -> None:
         # The history, newest first, however long it is (its filters read the newest rows by
         # id).
         ("/admin/ultimat3_jobs/occurrence/", '"recorded_at" DESC', "u3j_occ_recorded"),
+        # The few records not of a fired occurrence, and their count.
+        ("/admin/ultimat3_jobs/occurrence/?outcome__exact=dropped", "'dropped'", "u3j_occ_unfired"),
     ],
 )
 def test_lists__read_by_an_index_not_the_whole_table(

@@ -309,6 +309,15 @@ INDEXING = {
             for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill")
         ],
     ),
+    "0015_occurrence_unfired_index": (
+        "0014_job_failed_index",
+        "Occurrence",
+        "u3j_occ_unfired",
+        [
+            {"task": "t.a", "outcome": outcome, "occurrence": AT, "recorded_at": AT}
+            for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill")
+        ],
+    ),
     "0014_job_failed_index": (
         "0013_occurrence_recorded_index",
         "Job",
@@ -323,7 +332,7 @@ INDEXING = {
 
 @pytest.mark.usefixtures("leave_at_latest")
 @pytest.mark.parametrize("after", list(INDEXING))
-def test_0013_0014__keep_every_row_and_add_their_index(after: str) -> None:
+def test_0013_to_0015__keep_every_row_and_add_their_index(after: str) -> None:
     before, model, index, rows = INDEXING[after]
     executor = migrate_to(before)
     old = executor.loader.project_state([("ultimat3_jobs", before)]).apps
@@ -346,9 +355,10 @@ def test_0013_0014__keep_every_row_and_add_their_index(after: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("migration", "index"), [("0013", "u3j_occ_recorded"), ("0014", "u3j_job_failed")]
+    ("migration", "index"),
+    [("0013", "u3j_occ_recorded"), ("0014", "u3j_job_failed"), ("0015", "u3j_occ_unfired")],
 )
-def test_0013_0014__build_their_index_without_locking_the_table_on_postgresql(
+def test_0013_to_0015__build_their_index_without_locking_the_table_on_postgresql(
     migration: str, index: str
 ) -> None:
     out = StringIO()
@@ -377,3 +387,22 @@ def test_0013__builds_again_over_an_index_a_killed_build_left_invalid() -> None:
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'u3j_occ_recorded'::regclass"
         )
         assert cursor.fetchall() == [(True,)]
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("leave_at_latest")
+def test_0013__run_again_keeps_the_index_a_killed_run_had_finished() -> None:
+    migrate_to("0013_occurrence_recorded_index")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 'u3j_occ_recorded'::regclass::oid")
+        [(built,)] = cursor.fetchall()
+    # Killed after its index was built, before it was recorded as applied.
+    MigrationExecutor(connection).recorder.record_unapplied(
+        "ultimat3_jobs", "0013_occurrence_recorded_index"
+    )
+
+    migrate_to("0013_occurrence_recorded_index")
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 'u3j_occ_recorded'::regclass::oid")
+        assert cursor.fetchall() == [(built,)]

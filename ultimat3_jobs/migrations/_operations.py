@@ -14,8 +14,8 @@ class AddIndexWithoutLocking(migrations.AddIndex):
             return super().database_forwards(app_label, schema_editor, from_state, to_state)
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
-            _drop_if_left_invalid(schema_editor, self.index.name)
-            schema_editor.add_index(model, self.index, concurrently=True)
+            if _to_build(schema_editor, self.index.name):
+                schema_editor.add_index(model, self.index, concurrently=True)
         return None
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):  # type: ignore[no-untyped-def]
@@ -27,11 +27,19 @@ class AddIndexWithoutLocking(migrations.AddIndex):
         return None
 
 
-def _drop_if_left_invalid(schema_editor, name):  # type: ignore[no-untyped-def]
-    """A build killed halfway (a deploy's timeout, a lost connection) leaves an invalid index of
-    that name behind, and the next CREATE INDEX would fail on it: it goes first."""
+def _to_build(schema_editor, name):  # type: ignore[no-untyped-def]
+    """Whether the index ``name`` is still to build. A migration that is not atomic and was
+    killed halfway (a deploy's timeout, a lost connection) is run again whole: an index it
+    finished is kept, and one whose build was cut off, left invalid, is dropped to build again
+    (CREATE INDEX would fail on either). Showing the SQL (``sqlmigrate``), always."""
+    if schema_editor.collect_sql:
+        return True
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name])
+        cursor.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name])
         row = cursor.fetchone()
-    if row is not None and row[0]:
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY {schema_editor.quote_name(name)}")
+    if row is None:
+        return True
+    if row[0]:
+        return False
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY {schema_editor.quote_name(name)}")
+    return True

@@ -297,6 +297,12 @@ def _indexes(table: str) -> set[str]:
     return {name for name, found in constraints.items() if found["index"]}
 
 
+#: An occurrence record of every outcome.
+RECORDS = [
+    {"task": "t.a", "outcome": outcome, "occurrence": AT, "recorded_at": AT}
+    for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill")
+]
+
 #: The migrations that add an index: the one before each, its model, its index, and rows of
 #: every kind that must all stay.
 INDEXING = {
@@ -304,19 +310,13 @@ INDEXING = {
         "0012_task_fillfactor",
         "Occurrence",
         "u3j_occ_recorded",
-        [
-            {"task": "t.a", "outcome": outcome, "occurrence": AT, "recorded_at": AT}
-            for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill")
-        ],
+        RECORDS,
     ),
     "0015_occurrence_unfired_index": (
         "0014_job_failed_index",
         "Occurrence",
         "u3j_occ_unfired",
-        [
-            {"task": "t.a", "outcome": outcome, "occurrence": AT, "recorded_at": AT}
-            for outcome in ("fired", "dropped", "paused", "manual", "overlap", "backfill")
-        ],
+        RECORDS,
     ),
     "0014_job_failed_index": (
         "0013_occurrence_recorded_index",

@@ -626,7 +626,7 @@ class Scheduler:
                 )
             if step.failed is not None:
                 self._task_failed(name, None, step.failed)
-            found = held.get(name)
+            found = held.get(name) if held else None
             if found is not None and found[1] is not None:
                 self._task_failed(name, found[0], found[1])
 

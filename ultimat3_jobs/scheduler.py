@@ -226,20 +226,26 @@ class Scheduler:
             names.append(name)
 
     def _rebuild(self, handles: dict[str, TaskHandle]) -> None:
-        """Every task's next due instant from the stored watermarks: one read, kept for the
-        round that rebuilt to plan from rather than read again (``_states_read``).
+        """Every task's next due instant from the stored watermarks: one read (at a start, the
+        sync's own), kept for the round that rebuilt to plan from rather than read again
+        (``_states_read``).
 
         The declarations are mirrored first, once per process (and again if they change), here
         in the loop rather than at start, so a database down at start is retried like any other.
         """
+        states = None
         if self._synced_for is not handles:
+            synced = self.state.sync(list(handles.values()))
             # A declaration the database refused stays out of the schedule, logged; the
             # others dispatch. It is tried again when the declarations change.
-            self._refused = dict(self.state.sync(list(handles.values())) or {})
+            self._refused = dict(synced.refused) if synced is not None else {}
             self._synced_for = handles
             for name, error in self._refused.items():
                 self._task_failed(name, None, error)
-        states = self.state.load(list(handles))
+            # What the sync read, when it wrote nothing: every row's state as it stands now.
+            states = synced.states if synced is not None else None
+        if states is None:
+            states = self.state.load(list(handles))
         now = self.clock()
         due: dict[str, datetime] = {}
         for name, handle in handles.items():

@@ -17,7 +17,6 @@ from django.db import close_old_connections, transaction
 from . import clock as default_clock
 from . import nodes
 from .conf import Settings, get_settings
-from .errors import TaskSyncError
 from .handles import TaskHandle
 from .planner import (
     PlannedOccurrence,
@@ -26,7 +25,7 @@ from .planner import (
     keep_present_jobs,
     skip_overlaps,
 )
-from .store import Enqueued, JobStore, TaskState, store_for
+from .store import Enqueued, JobStore, Synced, TaskState, store_for
 from .store.columns import scheduled_fields
 
 
@@ -60,10 +59,11 @@ class SchedulerState(Protocol):
     def node_id(self) -> str:
         """This node, as its heartbeat, records and metrics name it."""
 
-    def sync(self, tasks: Sequence[TaskHandle]) -> Mapping[str, Exception] | None:
+    def sync(self, tasks: Sequence[TaskHandle]) -> Synced | None:
         """Mirror the declarations; mark stored tasks no longer declared.
 
-        May return the tasks whose declaration could not be stored: they are not dispatched.
+        May return the tasks whose declaration could not be stored (they are not dispatched),
+        and every stored task's state as read meanwhile, which ``load`` would read again.
         """
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
@@ -126,10 +126,11 @@ class DatabaseState:
         )
         self._last_leader: bool | None = None
 
-    def sync(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
+    def sync(self, tasks: Sequence[TaskHandle]) -> Synced:
         """Mirror the declarations; mark stored tasks no longer declared.
 
-        Returns the tasks whose declaration the database refused (``JobStore.sync_tasks``).
+        Returns the tasks whose declaration the database refused, and the states it read
+        (``JobStore.sync_tasks``).
         """
         return self.store.sync_tasks(tasks)
 

@@ -15,6 +15,7 @@ from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import TaskState
 from ultimat3_jobs.store import postgres as postgres_store
 
 from .factories import make_tasks
@@ -236,7 +237,7 @@ def _backends() -> int:
 def _task_writes(state: DatabaseState, tasks: list[Any]) -> list[str]:
     """``state.sync(tasks)``, which refuses none of them; the statements writing task rows."""
     with CaptureQueriesContext(connection) as queries:
-        assert state.sync(tasks) == {}
+        assert state.sync(tasks).refused == {}
     return [q["sql"].split()[0] for q in queries if "ultimat3_jobs_task (" in q["sql"]]
 
 
@@ -366,6 +367,49 @@ def test_sync__a_changed_declaration_is_rewritten_and_keeps_its_watermark() -> N
         True,
         T0,
     )
+
+
+@pytest.mark.django_db
+def test_sync__that_wrote_nothing_returns_every_row_state_as_it_read_them() -> None:
+    tasks = make_tasks(3, prefix="read")
+    state = DatabaseState(node_id="n", leader="sole")
+    assert state.sync(tasks).states is None  # A first start wrote every row.
+    Task.objects.filter(name="read.00001").update(last_fired_at=T0, paused=True)
+    Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", last_fired_at=T0)
+    synced = state.sync(tasks)
+    assert synced.refused == {}
+    assert synced.states == state.load()
+    assert synced.states["read.00001"] == TaskState(T0, paused=True)
+    assert synced.states["read.00000"] == TaskState(None)
+    [changed] = make_tasks(1, cron="0 3 * * *", prefix="read")
+    assert state.sync([*tasks[:1], changed, *tasks[2:]]).states is None  # A row rewritten.
+
+
+def _reads_of_every_row(queries: CaptureQueriesContext) -> list[str]:
+    """The statements reading task rows' declarations or pauses (the sync's, the states')."""
+    selected = [q["sql"].replace('"', "").partition("FROM ultimat3_jobs_task") for q in queries]
+    return [s for s, table, _ in selected if table and ("declared" in s or "paused" in s)]
+
+
+@pytest.mark.django_db
+def test_start__a_restart_plans_from_the_rows_its_sync_read_reading_them_once() -> None:
+    clock = FrozenClock(T0)
+    tasks = make_tasks(20, prefix="restart")
+    DatabaseState(node_id="before", leader="sole").sync(tasks)
+    Task.objects.filter(name__startswith="restart.").update(last_fired_at=T0)
+    Task.objects.filter(name="restart.00003").update(paused=True)
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+    )
+    with CaptureQueriesContext(connection) as queries:
+        fired = scheduler.tick()
+    assert sorted(f.task for f in fired) == [t.name for t in tasks if t.name != "restart.00003"]
+    assert Occurrence.objects.filter(task="restart.00003", outcome="paused").count() == 1
+    # The sync's read, and no second one of the watermarks.
+    [read] = _reads_of_every_row(queries)
+    assert "declared" in read and "last_fired_at" in read
 
 
 def _nested_loops(plan: dict[str, Any]) -> list[dict[str, Any]]:

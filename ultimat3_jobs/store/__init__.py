@@ -40,6 +40,7 @@ from .values import (
     ScheduledJob,
     StartedTask,
     Swapped,
+    Synced,
     TaskResultColumns,
     TaskState,
 )
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
     from django.db.models import QuerySet
 
-    from ..errors import TaskSyncError
     from ..handles import JobHandle, TaskHandle
     from ..history import HistoryEntry
     from ..models import Job, Occurrence, Task
@@ -425,11 +425,12 @@ class JobStore(Protocol):
 
     # -- the task table: declarations and watermarks ---------------------------------------------
 
-    def sync_tasks(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
+    def sync_tasks(self, tasks: Sequence[TaskHandle]) -> Synced:
         """Mirror the declarations in the task table; mark stored tasks no longer declared.
 
         Returns the tasks whose declaration the database refused (a value past a column's
         limit that slipped past ``@task``): each is tried alone so the others still sync.
+        And, when it wrote no declaration, every stored task's state as it read them.
         """
         ...
 
@@ -526,6 +527,7 @@ __all__ = [
     "ScheduledJob",
     "StartedTask",
     "Swapped",
+    "Synced",
     "TaskResultColumns",
     "TaskState",
     "enqueue",

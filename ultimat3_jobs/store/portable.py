@@ -63,6 +63,7 @@ from .values import (
     Recovered,
     Rows,
     Swapped,
+    Synced,
     TaskState,
 )
 
@@ -74,6 +75,26 @@ RECOVER_BATCH = 1000
 #: Past this many names, ``task_states`` reads every row: a long IN list costs more to build
 #: and plan than reading every row does.
 EVERY_TASK_FROM = 500
+
+# Where ``_declarations`` puts each column after the name and the declaration.
+DECLARED_AT = 1 + len(DECLARED)
+HAS_JOBS_AT = DECLARED_AT + 1
+WATERMARK_AT = DECLARED_AT + 2
+PAUSED_AT = DECLARED_AT + 3
+
+
+def shared_states(rows: Iterable[tuple[str, datetime | None, bool]]) -> dict[str, TaskState]:
+    """Task states by name from (name, watermark, paused) rows, one record per watermark and
+    pause, shared (it is never changed): tasks that fire together share their watermark, and
+    a record each is memory a round holds for every task."""
+    shared: dict[tuple[datetime | None, bool], TaskState] = {}
+    states = {}
+    for name, watermark, paused in rows:
+        state = shared.get((watermark, paused))
+        if state is None:
+            state = shared[watermark, paused] = TaskState(watermark, paused)
+        states[name] = state
+    return states
 
 
 #: The tables a migrated database has, which every command looks for first.
@@ -765,15 +786,18 @@ class PortableStore:
 
     # -- the task table ---------------------------------------------------------------------------
 
-    def sync_tasks(self, tasks: Sequence[TaskHandle]) -> dict[str, TaskSyncError]:
+    def sync_tasks(self, tasks: Sequence[TaskHandle]) -> Synced:
         try:
             with transaction.atomic(using=self.using):
-                stored = self._sync(tasks, every=True)
+                stored, wrote = self._sync(tasks, every=True)
                 names = {handle.name for handle in tasks}
-                gone = [name for name, row in stored.items() if name not in names and row[-2]]
+                gone = [
+                    name for name, row in stored.items() if name not in names and row[DECLARED_AT]
+                ]
                 if gone:
                     self._tasks().filter(name__in=gone).update(declared=False)
-            return {}
+            # Unless a row was written, the states read are every row's as it stands.
+            return Synced({}, None if wrote else self._states_of(stored))
         except (DataError, IntegrityError):
             pass
         refused: dict[str, TaskSyncError] = {}
@@ -791,17 +815,19 @@ class PortableStore:
                         cause=error,
                     )
             self._mark_gone(tasks)
-        return refused
+        return Synced(refused)
 
     def _tasks(self) -> QuerySet[Task]:
         return Task.objects.using(self.using)
 
-    def _sync(self, tasks: Sequence[TaskHandle], *, every: bool) -> dict[str, Sequence[Any]]:
+    def _sync(
+        self, tasks: Sequence[TaskHandle], *, every: bool
+    ) -> tuple[dict[str, Sequence[Any]], bool]:
         """Create or update the rows of ``tasks``, reading ``every`` row or only theirs.
 
-        Returns the rows read by name, as ``_declarations`` reads them. Declarations are
-        compared as plain tuples: model instances for every row would cost most of a start
-        with many tasks.
+        Returns the rows read by name, as ``_declarations`` reads them, and whether a row was
+        written. Declarations are compared as plain tuples: model instances for every row
+        would cost most of a start with many tasks.
         """
         mirrored = (
             self._every_declaration()
@@ -811,13 +837,16 @@ class PortableStore:
         # The rows as read, sliced only to compare: at 100,000 tasks a tuple made of each
         # row's declaration was about 60 ms and 14 MB more of a start.
         stored = {row[0]: row for row in mirrored}
-        end = 1 + len(DECLARED)
         new, changed = [], []
         for handle in tasks:
             found = stored.get(handle.name)
             if found is None:
                 new.append(handle)
-            elif not (found[end + 1] and found[end] and tuple(found[1:end]) == declared(handle)):
+            elif not (
+                found[HAS_JOBS_AT]
+                and found[DECLARED_AT]
+                and tuple(found[1:DECLARED_AT]) == declared(handle)
+            ):
                 changed.append(handle)
             # Unchanged: a restart does not call every task's function.
         if new:
@@ -834,18 +863,26 @@ class PortableStore:
                 task.declared = True
                 task.jobs = job_names(handle, at)
             rows.bulk_update(current, [*DECLARED, "jobs", "declared"])
-        return stored
+        return stored, bool(new or changed)
 
     def _every_declaration(self) -> Iterable[Sequence[Any]]:
-        """Every task row as (name, *DECLARED, declared, jobs or anything that is as truthy)."""
+        """Every task row as ``_declarations`` reads them."""
         return self._declarations(None)
 
     def _declarations(self, names: list[str] | None) -> Iterable[Sequence[Any]]:
+        """Task rows as (name, *DECLARED, declared, jobs or anything that is as truthy,
+        watermark, paused)."""
         # Unordered: sorting every row by name is work nobody reads.
         rows = self._tasks().order_by()
         if names is not None:
             rows = rows.filter(name__in=names)
-        return rows.values_list("name", *DECLARED, "declared", "jobs")
+        return rows.values_list("name", *DECLARED, "declared", "jobs", "last_fired_at", "paused")
+
+    def _states_of(self, stored: Mapping[str, Sequence[Any]]) -> dict[str, TaskState]:
+        """The states of the rows ``_declarations`` read."""
+        return shared_states(
+            (name, row[WATERMARK_AT], row[PAUSED_AT]) for name, row in stored.items()
+        )
 
     def _mark_gone(self, tasks: Sequence[TaskHandle]) -> None:
         rows = self._tasks()
@@ -867,18 +904,10 @@ class PortableStore:
     def task_states(self, names: Sequence[str] | None = None) -> dict[str, TaskState]:
         every = names is None or len(names) > EVERY_TASK_FROM
         found = self._every_task_state() if every else self._task_states(list(names or ()))
-        wanted = None if names is None else set(names)
-        # One record per watermark and pause, shared (it is frozen): tasks that fire together
-        # share their watermark, and a record each is memory a round holds for every task.
-        shared: dict[tuple[datetime | None, bool], TaskState] = {}
-        states = {}
-        for name, watermark, paused in found:
-            if wanted is None or name in wanted:
-                state = shared.get((watermark, paused))
-                if state is None:
-                    state = shared[watermark, paused] = TaskState(watermark, paused)
-                states[name] = state
-        return states
+        if names is not None:
+            wanted = set(names)
+            found = (row for row in found if row[0] in wanted)
+        return shared_states(found)
 
     def _every_task_state(self) -> Iterable[tuple[str, datetime | None, bool]]:
         return self._task_states(None)

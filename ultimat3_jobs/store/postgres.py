@@ -43,7 +43,7 @@ from .columns import (
     scheduled_row,
     wake_payload,
 )
-from .portable import APP_TABLES, PortableStore
+from .portable import APP_TABLES, PAUSED_AT, WATERMARK_AT, PortableStore, shared_states
 from .values import (
     ClaimedJob,
     ClosedOccurrence,
@@ -55,6 +55,7 @@ from .values import (
     LockedTask,
     Rows,
     Swapped,
+    TaskState,
 )
 
 if TYPE_CHECKING:
@@ -331,6 +332,13 @@ class PostgresStore(PortableStore):
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql.TASK_DECLARATIONS)
             return cursor.fetchall()
+
+    def _states_of(self, stored: Mapping[str, Sequence[Any]]) -> dict[str, TaskState]:
+        # Every row, as ``TASK_DECLARATIONS`` reads the watermark: as ``TASK_STATES`` does.
+        instant = instants_from_microseconds()
+        return shared_states(
+            (name, instant(row[WATERMARK_AT]), row[PAUSED_AT]) for name, row in stored.items()
+        )
 
     def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
         # One COPY, in a savepoint: it takes new tasks far faster than INSERT from JSON

@@ -29,9 +29,11 @@ TASK_STATES = f"""
 SELECT name, (extract(epoch FROM last_fired_at) * 1000000)::bigint, paused FROM {_TASK}
 """
 
-#: Every task's declaration as last mirrored; ``has_jobs`` stands in for the list itself.
+#: Every task's declaration as last mirrored, then its state as ``TASK_STATES`` reads it;
+#: ``has_jobs`` stands in for the list itself.
 TASK_DECLARATIONS = f"""
-SELECT name, cron, tz, catch_up, max_catch_up, overlap, declared, jobs <> '[]'::jsonb AS has_jobs
+SELECT name, cron, tz, catch_up, max_catch_up, overlap, declared, jobs <> '[]'::jsonb AS has_jobs,
+       (extract(epoch FROM last_fired_at) * 1000000)::bigint, paused
 FROM {_TASK}
 """
 

@@ -183,6 +183,16 @@ class TaskState:
 
 
 @dataclass(frozen=True, slots=True)
+class Synced:
+    """What ``JobStore.sync_tasks`` did: the declarations the database refused, and every
+    stored task's state as the sync read it, for the round that follows to plan from rather
+    than read every row again; None when the sync wrote a row, which may have moved one."""
+
+    refused: Mapping[str, Exception]
+    states: dict[str, TaskState] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LockedTask:
     """A task's row as ``JobStore.lock_task`` read it, locked until the caller's transaction
     ends: its watermark, whether it is paused, and ``Task.backfilled_to``."""

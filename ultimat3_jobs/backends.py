@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
@@ -370,6 +371,22 @@ def django_task_handle(task: Any) -> DjangoTaskHandle:
     return DjangoTaskHandle(task)
 
 
+@functools.cache
+def backend_class(alias: str) -> type[BaseTaskBackend]:
+    """The class of the backend ``alias`` names in ``TASKS``, the sender of its signals: looked
+    up once (the framework keeps a backend per thread, behind a lookup that costs a worker more
+    per task than running a no-op does), again once ``TASKS`` changes."""
+    return type(task_backends[alias])
+
+
+def _tasks_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TASKS":
+        backend_class.cache_clear()
+
+
+setting_changed.connect(_tasks_changed)
+
+
 def backend_of(task: Any, *, owner: str) -> Any:
     """The backend a Django Task is declared on, or a ``TaskBackendError`` naming the alias."""
     try:
@@ -433,8 +450,7 @@ def run_task(job: StartedTask) -> TaskRun:
     """
     run = TaskRun(job)
     try:
-        backend = task_backends[job.backend]
-        run.backend = type(backend)
+        run.backend = backend_class(job.backend)
         run.task = load_task(job.name)
         run.result = result = result_of(job, run.task, job.backend)
         task_started.send(run.backend, task_result=result)

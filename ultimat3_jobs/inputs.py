@@ -50,6 +50,9 @@ MAX_RESULT_BYTES = MAX_INPUT_BYTES
 
 # Built once: ``json.dumps`` with any non-default option builds a new encoder per call.
 _STRICT_ENCODE = json.JSONEncoder(allow_nan=False).encode
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: The longest JSON text of None, a bool or a 64-bit integer (an int, as JSON writes it).
+_SCALAR_BYTES = len(str(_INT64_MIN))
 _DIGEST_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
@@ -105,6 +108,9 @@ def value_problem(value: object, limit: int) -> str | None:
     """Why no JSON column can keep ``value`` as it is, or None: not JSON (``NaN`` included),
     text PostgreSQL refuses (NUL, a lone surrogate), nesting deeper than ``MAX_INPUT_DEPTH``,
     over ``limit`` bytes as JSON."""
+    scalar = value is None or (isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX)
+    if scalar and limit >= _SCALAR_BYTES:
+        return None  # What most tasks return, which any JSON column keeps: nothing to encode.
     problem = _input_problem(value)
     if problem is not None:
         return problem

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.dispatch import Signal
@@ -20,6 +21,7 @@ from django_tasks.signals import task_enqueued, task_finished, task_started
 
 from testproject.demo import background
 from testproject.demo.models import Ping
+from ultimat3_jobs.backends import JobsBackend
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError
@@ -320,6 +322,35 @@ def test_describe__a_task_our_worker_runs_has_the_default_timeout_a_relayed_one_
     relayed = RelayedTaskHandle(background.elsewhere).describe()
     assert (ours["kind"], ours["timeout"]) == ("django-task", 45.0)
     assert (relayed["kind"], relayed["timeout"]) == ("relayed-django-task", None)
+
+
+class RenamedJobsBackend(JobsBackend):
+    """A ``JobsBackend`` under a class of its own: the sender of its tasks' signals."""
+
+
+@pytest.mark.django_db
+def test_run__signals_are_sent_by_the_backend_class_tasks_names_now() -> None:
+    senders: list[type] = []
+
+    def receive(sender: type, **kwargs: Any) -> None:
+        senders.append(sender)
+
+    renamed = {
+        **settings.TASKS,
+        "default": {**settings.TASKS["default"], "BACKEND": f"{__name__}.RenamedJobsBackend"},
+    }
+    task_started.connect(receive, weak=False)
+    try:
+        background.add.enqueue(1, 2)
+        burst()
+        with override_settings(TASKS=renamed):
+            background.add.enqueue(3, 4)
+            burst()
+        background.add.enqueue(5, 6)
+        burst()
+    finally:
+        task_started.disconnect(receive)
+    assert senders == [JobsBackend, RenamedJobsBackend, JobsBackend]
 
 
 # -- scheduled: a @task whose entries are Django Tasks ----------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ultimat3_jobs.inputs import canonical_input, input_digest
+from ultimat3_jobs.inputs import canonical_input, input_digest, value_problem
 
 # What every release so far digested: json with sorted keys and no spaces.
 _REFERENCE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
@@ -56,3 +56,12 @@ def _without_nul(value: dict[str, Any]) -> bool:
 def test_canonical_input__flat_input_comes_back_as_json_reads_it(value: dict[str, Any]) -> None:
     # Hypothesis text holds no lone surrogate: without NUL, every value is storable.
     assert canonical_input("unit.job", value) == json.loads(json.dumps(value))
+
+
+@given(
+    st.one_of(st.integers(), st.integers(min_value=2**62), st.booleans(), st.none()),
+    st.integers(1, 40),
+)
+def test_value_problem__a_scalar_is_judged_by_its_json_text(value: Any, limit: int) -> None:
+    # None, bools and 64-bit integers skip the encoding: the answer must be the same.
+    assert (value_problem(value, limit) is None) == (len(json.dumps(value)) <= limit)

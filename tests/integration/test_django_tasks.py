@@ -335,9 +335,10 @@ def test_run__signals_are_sent_by_the_backend_class_tasks_names_now() -> None:
     def receive(sender: type, **kwargs: Any) -> None:
         senders.append(sender)
 
+    tasks: dict[str, dict[str, Any]] = settings.TASKS
     renamed = {
-        **settings.TASKS,
-        "default": {**settings.TASKS["default"], "BACKEND": f"{__name__}.RenamedJobsBackend"},
+        **tasks,
+        "default": {**tasks["default"], "BACKEND": f"{__name__}.RenamedJobsBackend"},
     }
     task_started.connect(receive, weak=False)
     try:

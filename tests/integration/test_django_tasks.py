@@ -335,7 +335,7 @@ def test_run__signals_are_sent_by_the_backend_class_tasks_names_now() -> None:
     def receive(sender: type, **kwargs: Any) -> None:
         senders.append(sender)
 
-    tasks: dict[str, dict[str, Any]] = settings.TASKS
+    tasks: dict[str, Any] = dict(settings.TASKS)
     renamed = {
         **tasks,
         "default": {**tasks["default"], "BACKEND": f"{__name__}.RenamedJobsBackend"},

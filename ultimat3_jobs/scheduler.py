@@ -242,7 +242,7 @@ class Scheduler:
             self._synced_for = handles
             for name, error in self._refused.items():
                 self._task_failed(name, None, error)
-            # What the sync read, when it wrote nothing: every row's state as it stands now.
+            # What the sync read, unless it added a row: every row's state as it stands now.
             states = synced.states if synced is not None else None
         if states is None:
             states = self.state.load(list(handles))

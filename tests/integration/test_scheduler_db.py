@@ -370,10 +370,10 @@ def test_sync__a_changed_declaration_is_rewritten_and_keeps_its_watermark() -> N
 
 
 @pytest.mark.django_db
-def test_sync__that_wrote_nothing_returns_every_row_state_as_it_read_them() -> None:
+def test_sync__that_added_no_row_returns_every_row_state_as_it_read_them() -> None:
     tasks = make_tasks(3, prefix="read")
     state = DatabaseState(node_id="n", leader="sole")
-    assert state.sync(tasks).states is None  # A first start wrote every row.
+    assert state.sync(tasks).states is None  # A first start added every row.
     Task.objects.filter(name="read.00001").update(last_fired_at=T0, paused=True)
     Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", last_fired_at=T0)
     synced = state.sync(tasks)
@@ -381,8 +381,13 @@ def test_sync__that_wrote_nothing_returns_every_row_state_as_it_read_them() -> N
     assert synced.states == state.load()
     assert synced.states["read.00001"] == TaskState(T0, paused=True)
     assert synced.states["read.00000"] == TaskState(None)
+    # A declaration rewritten keeps its row's state; a new task's row was not there to read.
     [changed] = make_tasks(1, cron="0 3 * * *", prefix="read")
-    assert state.sync([*tasks[:1], changed, *tasks[2:]]).states is None  # A row rewritten.
+    rewritten = state.sync([changed, *tasks[1:]])
+    assert Task.objects.get(name="read.00000").cron == "0 3 * * *"
+    assert rewritten.states == state.load()
+    assert rewritten.states["read.00001"] == TaskState(T0, paused=True)
+    assert state.sync([*tasks, *make_tasks(1, prefix="added")]).states is None
 
 
 def _reads_of_every_row(queries: CaptureQueriesContext) -> list[str]:

@@ -430,7 +430,7 @@ class JobStore(Protocol):
 
         Returns the tasks whose declaration the database refused (a value past a column's
         limit that slipped past ``@task``): each is tried alone so the others still sync.
-        And, when it wrote no declaration, every stored task's state as it read them.
+        And, unless it added a row, every stored task's state as it read them.
         """
         ...
 

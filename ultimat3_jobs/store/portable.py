@@ -789,15 +789,15 @@ class PortableStore:
     def sync_tasks(self, tasks: Sequence[TaskHandle]) -> Synced:
         try:
             with transaction.atomic(using=self.using):
-                stored, wrote = self._sync(tasks, every=True)
+                stored, added = self._sync(tasks, every=True)
                 names = {handle.name for handle in tasks}
                 gone = [
                     name for name, row in stored.items() if name not in names and row[DECLARED_AT]
                 ]
                 if gone:
                     self._tasks().filter(name__in=gone).update(declared=False)
-            # Unless a row was written, the states read are every row's as it stands.
-            return Synced({}, None if wrote else self._states_of(stored))
+            # A new row is not among the rows read: the caller then reads every state again.
+            return Synced({}, None if added else self._states_of(stored))
         except (DataError, IntegrityError):
             pass
         refused: dict[str, TaskSyncError] = {}
@@ -825,9 +825,9 @@ class PortableStore:
     ) -> tuple[dict[str, Sequence[Any]], bool]:
         """Create or update the rows of ``tasks``, reading ``every`` row or only theirs.
 
-        Returns the rows read by name, as ``_declarations`` reads them, and whether a row was
-        written. Declarations are compared as plain tuples: model instances for every row
-        would cost most of a start with many tasks.
+        Returns the rows read by name, as ``_declarations`` reads them, and whether it added a
+        row. Declarations are compared as plain tuples: model instances for every row would
+        cost most of a start with many tasks.
         """
         mirrored = (
             self._every_declaration()
@@ -863,7 +863,7 @@ class PortableStore:
                 task.declared = True
                 task.jobs = job_names(handle, at)
             rows.bulk_update(current, [*DECLARED, "jobs", "declared"])
-        return stored, bool(new or changed)
+        return stored, bool(new)
 
     def _every_declaration(self) -> Iterable[Sequence[Any]]:
         """Every task row as ``_declarations`` reads them."""

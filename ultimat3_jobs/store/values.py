@@ -186,7 +186,7 @@ class TaskState:
 class Synced:
     """What ``JobStore.sync_tasks`` did: the declarations the database refused, and every
     stored task's state as the sync read it, for the round that follows to plan from rather
-    than read every row again; None when the sync wrote a row, which may have moved one."""
+    than read every row again; None when it added a row, which that read did not see."""
 
     refused: Mapping[str, Exception]
     states: dict[str, TaskState] | None = None

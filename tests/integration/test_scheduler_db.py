@@ -16,6 +16,7 @@ from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.store import TaskState
+from ultimat3_jobs.store import portable as portable_store
 from ultimat3_jobs.store import postgres as postgres_store
 
 from .factories import make_tasks
@@ -388,6 +389,46 @@ def test_sync__that_added_no_row_returns_every_row_state_as_it_read_them() -> No
     assert rewritten.states == state.load()
     assert rewritten.states["read.00001"] == TaskState(T0, paused=True)
     assert state.sync([*tasks, *make_tasks(1, prefix="added")]).states is None
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+@pytest.mark.parametrize("server_side", [True, False], ids=["server-side", "disabled"])
+def test_sync__reads_the_rows_a_slice_at_a_time_keeping_each_state_under_its_handles_name(
+    monkeypatch: pytest.MonkeyPatch, server_side: bool
+) -> None:
+    monkeypatch.setattr(postgres_store, "DECLARATIONS_READ", 2)
+    if not server_side:
+        monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    tasks = make_tasks(6, prefix="slice")
+    state = DatabaseState(node_id="n", leader="sole")
+    state.sync(tasks)
+    Task.objects.filter(name="slice.00002").update(last_fired_at=T0, paused=True)
+    Task.objects.create(name="gone.task", cron="0 3 * * *", tz="UTC", last_fired_at=T0)
+    [changed] = make_tasks(1, cron="0 3 * * *", prefix="slice")
+    declared = [changed, *tasks[1:]]
+    compare = portable_store.declared
+    cursors_open: list[int] = []
+
+    def comparing(handle: Any) -> tuple[Any, ...]:
+        # While the sync compares a row, its read is still open on the server (or, with
+        # server-side cursors disabled, was read whole by then).
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_cursors WHERE statement LIKE '%%declared%%'")
+            cursors_open.append(cursor.fetchone()[0])
+        return compare(handle)
+
+    monkeypatch.setattr(portable_store, "declared", comparing)
+    synced = state.sync(declared)
+    # Every row compared as read, then the changed declaration's rewrite once it is done.
+    assert cursors_open == [1 if server_side else 0] * len(declared) + [0]
+    assert synced.states == state.load()
+    assert synced.states["slice.00002"] == TaskState(T0, paused=True)
+    assert Task.objects.get(name="slice.00000").cron == "0 3 * * *"
+    assert not Task.objects.get(name="gone.task").declared
+    # Each state is kept under the handle's own name, not a copy read from its row.
+    keys = {name: name for name in synced.states}
+    assert all(keys[handle.name] is handle.name for handle in declared)
 
 
 def _reads_of_every_row(queries: CaptureQueriesContext) -> list[str]:

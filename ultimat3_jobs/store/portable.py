@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,8 @@ RECOVER_BATCH = 1000
 #: Past this many names, ``task_states`` reads every row: a long IN list costs more to build
 #: and plan than reading every row does.
 EVERY_TASK_FROM = 500
+#: Task rows a sync reads at a time (``_every_declaration``).
+DECLARATIONS_READ = 2000
 
 # Where ``_declarations`` puts each column after the name and the declaration.
 DECLARED_AT = 1 + len(DECLARED)
@@ -95,6 +97,20 @@ def shared_states(rows: Iterable[tuple[str, datetime | None, bool]]) -> dict[str
             state = shared[watermark, paused] = TaskState(watermark, paused)
         states[name] = state
     return states
+
+
+def _as_read(watermark: datetime | None) -> datetime | None:
+    return watermark
+
+
+@dataclass(frozen=True, slots=True)
+class _SyncRead:
+    """What ``PortableStore._sync`` read and did: every row's state, by name; the rows still
+    marked declared whose task no longer is; whether it added a row (which it did not read)."""
+
+    states: dict[str, TaskState]
+    gone: list[str]
+    added: bool
 
 
 #: The tables a migrated database has, which every command looks for first.
@@ -789,15 +805,11 @@ class PortableStore:
     def sync_tasks(self, tasks: Sequence[TaskHandle]) -> Synced:
         try:
             with transaction.atomic(using=self.using):
-                stored, added = self._sync(tasks, every=True)
-                names = {handle.name for handle in tasks}
-                gone = [
-                    name for name, row in stored.items() if name not in names and row[DECLARED_AT]
-                ]
-                if gone:
-                    self._tasks().filter(name__in=gone).update(declared=False)
+                read = self._sync(tasks, every=True)
+                if read.gone:
+                    self._tasks().filter(name__in=read.gone).update(declared=False)
             # A new row is not among the rows read: the caller then reads every state again.
-            return Synced({}, None if added else self._states_of(stored))
+            return Synced({}, None if read.added else read.states)
         except (DataError, IntegrityError):
             pass
         refused: dict[str, TaskSyncError] = {}
@@ -820,40 +832,47 @@ class PortableStore:
     def _tasks(self) -> QuerySet[Task]:
         return Task.objects.using(self.using)
 
-    def _sync(
-        self, tasks: Sequence[TaskHandle], *, every: bool
-    ) -> tuple[dict[str, Sequence[Any]], bool]:
+    def _sync(self, tasks: Sequence[TaskHandle], *, every: bool) -> _SyncRead:
         """Create or update the rows of ``tasks``, reading ``every`` row or only theirs.
 
-        Returns the rows read by name, as ``_declarations`` reads them, and whether it added a
-        row. Declarations are compared as plain tuples: model instances for every row would
-        cost most of a start with many tasks.
+        The rows are compared as they are read and let go: what is kept of each is its state
+        (under the name its handle holds, when declared). Declarations are compared as plain
+        tuples: model instances for every row would cost most of a start with many tasks.
         """
-        mirrored = (
+        rows = (
             self._every_declaration()
             if every
             else self._declarations([handle.name for handle in tasks])
         )
-        # The rows as read, sliced only to compare: at 100,000 tasks a tuple made of each
-        # row's declaration was about 60 ms and 14 MB more of a start.
-        stored = {row[0]: row for row in mirrored}
-        new, changed = [], []
-        for handle in tasks:
-            found = stored.get(handle.name)
-            if found is None:
-                new.append(handle)
-            elif not (
-                found[HAS_JOBS_AT]
-                and found[DECLARED_AT]
-                and tuple(found[1:DECLARED_AT]) == declared(handle)
-            ):
-                changed.append(handle)
-            # Unchanged: a restart does not call every task's function.
+        unseen = {handle.name: handle for handle in tasks}
+        changed: list[TaskHandle] = []
+        gone: list[str] = []
+        instant = self._watermarks()
+
+        def compared() -> Iterator[tuple[str, datetime | None, bool]]:
+            for row in rows:
+                name = row[0]
+                handle = unseen.pop(name, None)
+                if handle is not None:
+                    name = handle.name  # Kept rather than the row's own copy.
+                    # Unchanged: a restart does not call every task's function.
+                    if not (
+                        row[HAS_JOBS_AT]
+                        and row[DECLARED_AT]
+                        and tuple(row[1:DECLARED_AT]) == declared(handle)
+                    ):
+                        changed.append(handle)
+                elif row[DECLARED_AT]:
+                    gone.append(name)
+                yield name, instant(row[WATERMARK_AT]), row[PAUSED_AT]
+
+        states = shared_states(compared())
+        new = list(unseen.values())
         if new:
             self._insert_tasks(new)
         if changed:
-            rows = self._tasks().order_by()
-            current = list(rows.filter(name__in=[handle.name for handle in changed]))
+            query = self._tasks().order_by()
+            current = list(query.filter(name__in=[handle.name for handle in changed]))
             by_name = {handle.name: handle for handle in changed}
             at = clock.now()
             for task in current:
@@ -862,14 +881,15 @@ class PortableStore:
                     setattr(task, key, value)
                 task.declared = True
                 task.jobs = job_names(handle, at)
-            rows.bulk_update(current, [*DECLARED, "jobs", "declared"])
-        return stored, bool(new)
+            query.bulk_update(current, [*DECLARED, "jobs", "declared"])
+        return _SyncRead(states, gone, bool(new))
 
     def _every_declaration(self) -> Iterable[Sequence[Any]]:
-        """Every task row as ``_declarations`` reads them."""
-        return self._declarations(None)
+        """Every task row as ``_declarations`` reads them, a slice at a time: at 100,000 tasks,
+        all of them at once were about 45 MB more of a start's peak."""
+        return self._declarations(None).iterator(chunk_size=DECLARATIONS_READ)
 
-    def _declarations(self, names: list[str] | None) -> Iterable[Sequence[Any]]:
+    def _declarations(self, names: list[str] | None) -> QuerySet[Task, tuple[Any, ...]]:
         """Task rows as (name, *DECLARED, declared, jobs or anything that is as truthy,
         watermark, paused)."""
         # Unordered: sorting every row by name is work nobody reads.
@@ -878,11 +898,9 @@ class PortableStore:
             rows = rows.filter(name__in=names)
         return rows.values_list("name", *DECLARED, "declared", "jobs", "last_fired_at", "paused")
 
-    def _states_of(self, stored: Mapping[str, Sequence[Any]]) -> dict[str, TaskState]:
-        """The states of the rows ``_declarations`` read."""
-        return shared_states(
-            (name, row[WATERMARK_AT], row[PAUSED_AT]) for name, row in stored.items()
-        )
+    def _watermarks(self) -> Callable[[Any], datetime | None]:
+        """The aware instant of a watermark as ``_declarations`` reads it."""
+        return _as_read
 
     def _mark_gone(self, tasks: Sequence[TaskHandle]) -> None:
         rows = self._tasks()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,7 +43,7 @@ from .columns import (
     scheduled_row,
     wake_payload,
 )
-from .portable import APP_TABLES, PAUSED_AT, WATERMARK_AT, PortableStore, shared_states
+from .portable import APP_TABLES, DECLARATIONS_READ, PortableStore
 from .values import (
     ClaimedJob,
     ClosedOccurrence,
@@ -55,7 +55,6 @@ from .values import (
     LockedTask,
     Rows,
     Swapped,
-    TaskState,
 )
 
 if TYPE_CHECKING:
@@ -328,17 +327,19 @@ class PostgresStore(PortableStore):
 
     # -- the task table ---------------------------------------------------------------------------
 
-    def _every_declaration(self) -> Iterable[Sequence[Any]]:
-        with connections[self.using].cursor() as cursor:
+    def _every_declaration(self) -> Iterator[Sequence[Any]]:
+        # A server-side cursor, as Django's ``QuerySet.iterator`` reads (unless the database's
+        # DISABLE_SERVER_SIDE_CURSORS says not to): the rows come a slice at a time.
+        connection = connections[self.using]
+        chunked = not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        with connection.chunked_cursor() if chunked else connection.cursor() as cursor:
             cursor.execute(sql.TASK_DECLARATIONS)
-            return cursor.fetchall()
+            while rows := cursor.fetchmany(DECLARATIONS_READ):
+                yield from rows
 
-    def _states_of(self, stored: Mapping[str, Sequence[Any]]) -> dict[str, TaskState]:
-        # Every row, as ``TASK_DECLARATIONS`` reads the watermark: as ``TASK_STATES`` does.
-        instant = instants_from_microseconds()
-        return shared_states(
-            (name, instant(row[WATERMARK_AT]), row[PAUSED_AT]) for name, row in stored.items()
-        )
+    def _watermarks(self) -> Callable[[Any], datetime | None]:
+        # As ``TASK_DECLARATIONS`` reads the watermark: as ``TASK_STATES`` does.
+        return instants_from_microseconds()
 
     def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
         # One COPY, in a savepoint: it takes new tasks far faster than INSERT from JSON

@@ -279,7 +279,7 @@ def test_sync__a_name_another_node_wrote_since_the_read_is_left_alone_and_the_re
     Task.objects.create(name=tasks[4].name, cron="0 3 * * *", tz="Europe/Paris")
     state = DatabaseState(node_id="n", leader="sole")
     # The table as read before the other node wrote its row: every task looks new.
-    monkeypatch.setattr(state.store, "_every_declaration", lambda: [])
+    monkeypatch.setattr(state.store, "_every_declaration", lambda declared: [])
     # The COPY gave way to the INSERTs: 3 + 3 + 1.
     assert _task_writes(state, tasks) == ["COPY", "INSERT", "INSERT", "INSERT"]
     crons = dict(Task.objects.filter(name__startswith="race.").values_list("name", "cron"))
@@ -393,12 +393,16 @@ def test_sync__that_added_no_row_returns_every_row_state_as_it_read_them() -> No
 
 @pytest.mark.postgres
 @pytest.mark.django_db
-@pytest.mark.parametrize("server_side", [True, False], ids=["server-side", "disabled"])
+@pytest.mark.parametrize(
+    ("read", "disabled", "server_side"),
+    [(2, False, True), (2, True, False), (100, False, False)],
+    ids=["server-side", "server-side-disabled", "fewer-than-a-slice"],
+)
 def test_sync__reads_the_rows_a_slice_at_a_time_keeping_each_state_under_its_handles_name(
-    monkeypatch: pytest.MonkeyPatch, server_side: bool
+    monkeypatch: pytest.MonkeyPatch, read: int, disabled: bool, server_side: bool
 ) -> None:
-    monkeypatch.setattr(postgres_store, "DECLARATIONS_READ", 2)
-    if not server_side:
+    monkeypatch.setattr(postgres_store, "DECLARATIONS_READ", read)
+    if disabled:
         monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     tasks = make_tasks(6, prefix="slice")
     state = DatabaseState(node_id="n", leader="sole")
@@ -412,7 +416,7 @@ def test_sync__reads_the_rows_a_slice_at_a_time_keeping_each_state_under_its_han
 
     def comparing(handle: Any) -> tuple[Any, ...]:
         # While the sync compares a row, its read is still open on the server (or, with
-        # server-side cursors disabled, was read whole by then).
+        # server-side cursors disabled or few tasks, was read whole by then).
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_cursors WHERE statement LIKE '%%declared%%'")
             cursors_open.append(cursor.fetchone()[0])

@@ -279,7 +279,7 @@ def test_sync__a_name_another_node_wrote_since_the_read_is_left_alone_and_the_re
     Task.objects.create(name=tasks[4].name, cron="0 3 * * *", tz="Europe/Paris")
     state = DatabaseState(node_id="n", leader="sole")
     # The table as read before the other node wrote its row: every task looks new.
-    monkeypatch.setattr(state.store, "_every_declaration", lambda declared: [])
+    monkeypatch.setattr(state.store, "_every_declaration", lambda expected: [])
     # The COPY gave way to the INSERTs: 3 + 3 + 1.
     assert _task_writes(state, tasks) == ["COPY", "INSERT", "INSERT", "INSERT"]
     crons = dict(Task.objects.filter(name__startswith="race.").values_list("name", "cron"))

@@ -884,10 +884,10 @@ class PortableStore:
             query.bulk_update(current, [*DECLARED, "jobs", "declared"])
         return _SyncRead(states, gone, bool(new))
 
-    def _every_declaration(self, declared: int) -> Iterable[Sequence[Any]]:
-        """Every task row as ``_declarations`` reads them, a slice at a time (``declared``
-        tasks are expected): at 100,000 tasks, all of them at once were about 45 MB more of a
-        start's peak."""
+    def _every_declaration(self, expected: int) -> Iterable[Sequence[Any]]:
+        """Every task row as ``_declarations`` reads them, a slice at a time (``expected``:
+        how many tasks are declared): at 100,000 tasks, all of them at once were about 40 MB
+        more of a restart's peak."""
         return self._declarations(None).iterator(chunk_size=DECLARATIONS_READ)
 
     def _declarations(self, names: list[str] | None) -> QuerySet[Task, tuple[Any, ...]]:

@@ -327,12 +327,12 @@ class PostgresStore(PortableStore):
 
     # -- the task table ---------------------------------------------------------------------------
 
-    def _every_declaration(self, declared: int) -> Iterator[Sequence[Any]]:
+    def _every_declaration(self, expected: int) -> Iterator[Sequence[Any]]:
         # Past a slice's worth of tasks, through a server-side cursor as Django's
         # ``QuerySet.iterator`` reads (unless the database's DISABLE_SERVER_SIDE_CURSORS says
         # not to); fewer are read whole, in one round trip rather than four.
         connection = connections[self.using]
-        sliced = declared > DECLARATIONS_READ and not connection.settings_dict.get(
+        sliced = expected > DECLARATIONS_READ and not connection.settings_dict.get(
             "DISABLE_SERVER_SIDE_CURSORS"
         )
         with connection.chunked_cursor() if sliced else connection.cursor() as cursor:

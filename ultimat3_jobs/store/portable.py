@@ -76,7 +76,7 @@ RECOVER_BATCH = 1000
 #: and plan than reading every row does.
 EVERY_TASK_FROM = 500
 #: Task rows a sync reads at a time (``_every_declaration``).
-DECLARATIONS_READ = 10_000
+DECLARATIONS_READ = 20_000
 
 # Where ``_declarations`` puts each column after the name and the declaration.
 DECLARED_AT = 1 + len(DECLARED)

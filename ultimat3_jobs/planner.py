@@ -259,9 +259,9 @@ def plan_task(
 
 def input_texts(planned: Sequence[PlannedJob]) -> None:
     """Each job's input as its JSON text, for a round whose rows COPY writes as they come: the
-    dicts are let go as their task fires, not once the COPY has taken them (at 10,000 jobs,
-    1.4 MB less at the round's peak). A job of a Django Tasks backend keeps its dict, which
-    that backend is handed after commit."""
+    dicts are let go as their task fires, not once the COPY has taken them (README,
+    "Figures"). A job of a Django Tasks backend keeps its dict, which that backend is handed
+    after commit."""
     for p in planned:
         if not p.job.backend:
             p.data = dumps(p.data)

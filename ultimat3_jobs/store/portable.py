@@ -886,8 +886,8 @@ class PortableStore:
 
     def _every_declaration(self, expected: int) -> Iterable[Sequence[Any]]:
         """Every task row as ``_declarations`` reads them, a slice at a time (``expected``:
-        how many tasks are declared): at 100,000 tasks, all of them at once were about 40 MB
-        more of a restart's peak."""
+        how many tasks are declared): with many tasks, the rows read at once were most of a
+        restart's peak (README, "Figures")."""
         return self._declarations(None).iterator(chunk_size=DECLARATIONS_READ)
 
     def _declarations(self, names: list[str] | None) -> QuerySet[Task, tuple[Any, ...]]:

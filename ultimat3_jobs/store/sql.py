@@ -241,8 +241,8 @@ SORT_AGAIN = "SET LOCAL enable_sort TO DEFAULT"
 # The jobs come as two arrays, ids and their attempts in the same order: the threads that take
 # jobs at the same moment share one statement. Each row is matched to its attempt by its
 # position rather than joined to a set of pairs: PostgreSQL plans the statement at every run
-# (never prepared by Django's default), and this form plans in about 93 µs against 158 µs for a
-# join to ``jsonb_to_recordset``, and runs in 75 against 110 (``EXPLAIN ANALYZE``, 3 rows).
+# (never prepared by Django's default), and this form plans and runs faster than a join to
+# ``jsonb_to_recordset`` (README, "Figures").
 # The setting is made in the row filter, right after the id test (``EXPLAIN VERBOSE``, by index
 # and by scan alike): a mark none of whose ids exists does not make it. Either way it is local
 # to the mark's own transaction.

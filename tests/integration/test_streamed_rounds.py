@@ -158,7 +158,9 @@ def test_streamed_round__the_same_statements_at_two_sizes() -> None:
     large = _statements(10 * COUNT, "b")
     assert small == large
     assert sum(s.startswith("COPY") for s in small) == 2  # the jobs and the records
-    assert len(small) <= 13, small
+    # No savepoint around the jobs' COPY: a key that exists rolls the whole round back.
+    assert not {"SAVEPOINT", "RELEASE"} & set(small), small
+    assert len(small) <= 11, small
 
 
 def _failing(occurrence: datetime) -> list[Any]:

@@ -120,8 +120,8 @@ class JobStore(Protocol):
         ...
 
     def insert_reporting(self, rows: Sequence[dict[str, Any]]) -> Enqueued:
-        """``insert_round``, for rows some of whose keys are known to exist: after an
-        ``insert_streamed`` that returned None."""
+        """``insert_round``, for rows some of whose keys are known to exist: what its COPY
+        falls back to once it met one."""
         ...
 
     def insert_streamed(
@@ -131,8 +131,9 @@ class JobStore(Protocol):
         them (a streamed round knows how many it fires, not how many jobs their tasks return),
         in the caller's transaction.
 
-        None when a key exists: nothing is written, and the caller writes the round again with
-        ``insert_reporting``, which reports the existing jobs.
+        None when a key exists: nothing is written, and the caller's transaction can only roll
+        back (no savepoint is paid for on the way: a round that meets a key is planned again
+        and written by ``insert_round``, which reports the existing jobs).
         """
         ...
 

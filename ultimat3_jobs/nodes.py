@@ -36,15 +36,28 @@ def new_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def heartbeat(*, using: str, node_id: str, role: Role, started_at: datetime, **fields: Any) -> None:
+def heartbeat(
+    *,
+    using: str,
+    node_id: str,
+    role: Role,
+    started_at: datetime,
+    first: bool = False,
+    **fields: Any,
+) -> None:
     """Record that ``node_id`` is alive now, with ``fields`` (``last_error``, ``is_leader``...).
 
-    One UPDATE once the row exists; the first heartbeat of a process creates it.
+    One UPDATE once the row exists, and one INSERT for a row missing (deleted in the admin).
+    ``first``: the process's first heartbeat, whose row is new since node ids name processes:
+    one INSERT that brings a row already there under this id up to date, rather than an
+    UPDATE that finds nothing first.
     """
     rows = Node.objects.using(using)
-    if rows.filter(node_id=node_id).update(last_seen_at=Now(), stopped_at=None, **fields):
+    if not first and rows.filter(node_id=node_id).update(
+        last_seen_at=Now(), stopped_at=None, **fields
+    ):
         return
-    rows.create(
+    row = Node(
         node_id=node_id,
         role=role,
         host=socket.gethostname(),
@@ -52,6 +65,12 @@ def heartbeat(*, using: str, node_id: str, role: Role, started_at: datetime, **f
         started_at=started_at,
         last_seen_at=Now(),
         **fields,
+    )
+    rows.bulk_create(
+        [row],
+        update_conflicts=True,
+        unique_fields=["node_id"],
+        update_fields=["last_seen_at", "stopped_at", *fields],
     )
 
 
@@ -115,6 +134,7 @@ class Heartbeat:
             node_id=self.node_id,
             role=self.role,
             started_at=self.started_at,
+            first=self.written is None,
             **fields,
         )
         self.written = moment

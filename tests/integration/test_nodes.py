@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.db import database_now
 from ultimat3_jobs.models import Node
+from ultimat3_jobs.nodes import Heartbeat
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.worker import Worker
 
@@ -31,3 +35,47 @@ def test_heartbeat__workers_and_schedulers_write_the_same_row_shape() -> None:
     rows = {row.node_id: row for row in Node.objects.filter(node_id__in=["s1", "w1"])}
     assert (rows["s1"].role, rows["w1"].role) == ("scheduler", "worker")
     assert all(row.stopped_at is None and row.pid > 0 and row.host for row in rows.values())
+
+
+def _beat(heartbeat: Heartbeat, **fields: object) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        heartbeat.beat(**fields)
+    return [query["sql"].split()[0].upper() for query in queries]
+
+
+@pytest.mark.django_db
+def test_heartbeat__a_process_writes_its_first_in_one_insert_and_the_next_in_one_update() -> None:
+    heartbeat = Heartbeat(using="default", node_id="n1", role="worker", every=timedelta(0))
+    assert _beat(heartbeat, last_error="") == ["INSERT"]
+    first = Node.objects.get(node_id="n1")
+    assert (first.role, first.pid, first.stopped_at) == ("worker", os.getpid(), None)
+    assert first.started_at == heartbeat.started_at
+    assert _beat(heartbeat, last_error="boom") == ["UPDATE"]
+    again = Node.objects.get(node_id="n1")
+    assert again.last_error == "boom"
+    assert again.last_seen_at >= first.last_seen_at
+
+
+@pytest.mark.django_db
+def test_heartbeat__a_first_one_over_a_row_of_its_id_brings_it_up_to_date() -> None:
+    # A node id used again (a fixed one, or a first INSERT whose reply was lost): one statement.
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    Node.objects.create(
+        node_id="n2", role="worker", host="h", pid=1, started_at=old, last_seen_at=old,
+        last_error="old", stopped_at=old,
+    )  # fmt: skip
+    heartbeat = Heartbeat(using="default", node_id="n2", role="worker", every=timedelta(0))
+    assert _beat(heartbeat, last_error="") == ["INSERT"]
+    row = Node.objects.get(node_id="n2")
+    assert (row.stopped_at, row.last_error) == (None, "")
+    assert row.last_seen_at > old
+    assert Node.objects.filter(node_id="n2").count() == 1
+
+
+@pytest.mark.django_db
+def test_heartbeat__a_row_deleted_meanwhile_is_written_again() -> None:
+    heartbeat = Heartbeat(using="default", node_id="n3", role="relay", every=timedelta(0))
+    heartbeat.beat()
+    Node.objects.filter(node_id="n3").delete()  # the admin's delete action
+    assert _beat(heartbeat) == ["UPDATE", "INSERT"]
+    assert Node.objects.get(node_id="n3").role == "relay"

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from django.db import IntegrityError, connections
 from django.db.models.functions import Now
 
 from . import clock as default_clock
@@ -47,31 +48,31 @@ def heartbeat(
 ) -> None:
     """Record that ``node_id`` is alive now, with ``fields`` (``last_error``, ``is_leader``...).
 
-    One UPDATE once the row exists, and one INSERT for a row missing (deleted in the admin).
+    One UPDATE once the row exists, and an INSERT for a row missing (deleted in the admin).
     ``first``: the process's first heartbeat, whose row is new since node ids name processes:
-    one INSERT that brings a row already there under this id up to date, rather than an
-    UPDATE that finds nothing first.
+    outside a transaction it is one INSERT, and a row already there under this id (an INSERT
+    whose reply was lost) is then brought up to date by the UPDATE.
     """
     rows = Node.objects.using(using)
-    if not first and rows.filter(node_id=node_id).update(
-        last_seen_at=Now(), stopped_at=None, **fields
-    ):
-        return
-    row = Node(
-        node_id=node_id,
-        role=role,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        started_at=started_at,
-        last_seen_at=Now(),
+    row = {
+        "node_id": node_id,
+        "role": role,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": started_at,
+        "last_seen_at": Now(),
         **fields,
-    )
-    rows.bulk_create(
-        [row],
-        update_conflicts=True,
-        unique_fields=["node_id"],
-        update_fields=["last_seen_at", "stopped_at", *fields],
-    )
+    }
+    # Inside a caller's transaction a refused INSERT would spoil it: the UPDATE comes first.
+    if first and not connections[using].in_atomic_block:
+        try:
+            rows.create(**row)
+            return
+        except IntegrityError:
+            pass
+    if rows.filter(node_id=node_id).update(last_seen_at=Now(), stopped_at=None, **fields):
+        return
+    rows.create(**row)
 
 
 def stopped(*, using: str, node_id: str, **fields: Any) -> None:

@@ -43,7 +43,7 @@ def _beat(heartbeat: Heartbeat, **fields: object) -> list[str]:
     return [query["sql"].split()[0].upper() for query in queries]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_heartbeat__a_process_writes_its_first_in_one_insert_and_the_next_in_one_update() -> None:
     heartbeat = Heartbeat(using="default", node_id="n1", role="worker", every=timedelta(0))
     assert _beat(heartbeat, last_error="") == ["INSERT"]
@@ -56,26 +56,37 @@ def test_heartbeat__a_process_writes_its_first_in_one_insert_and_the_next_in_one
     assert again.last_seen_at >= first.last_seen_at
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_heartbeat__a_first_one_over_a_row_of_its_id_brings_it_up_to_date() -> None:
-    # A node id used again (a fixed one, or a first INSERT whose reply was lost): one statement.
+    # An id used again: a first INSERT whose reply was lost, or a node id fixed by its caller.
     old = datetime(2020, 1, 1, tzinfo=UTC)
     Node.objects.create(
         node_id="n2", role="worker", host="h", pid=1, started_at=old, last_seen_at=old,
         last_error="old", stopped_at=old,
     )  # fmt: skip
     heartbeat = Heartbeat(using="default", node_id="n2", role="worker", every=timedelta(0))
-    assert _beat(heartbeat, last_error="") == ["INSERT"]
+    assert _beat(heartbeat, last_error="") == ["INSERT", "UPDATE"]
     row = Node.objects.get(node_id="n2")
     assert (row.stopped_at, row.last_error) == (None, "")
     assert row.last_seen_at > old
-    assert Node.objects.filter(node_id="n2").count() == 1
+
+
+@pytest.mark.django_db
+def test_heartbeat__a_first_one_inside_a_callers_transaction_leaves_it_usable() -> None:
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    Node.objects.create(
+        node_id="n3", role="relay", host="h", pid=1, started_at=old, last_seen_at=old
+    )
+    heartbeat = Heartbeat(using="default", node_id="n3", role="relay", every=timedelta(0))
+    assert connection.in_atomic_block
+    assert _beat(heartbeat) == ["UPDATE"]
+    assert Node.objects.get(node_id="n3").last_seen_at > old  # the transaction goes on
 
 
 @pytest.mark.django_db
 def test_heartbeat__a_row_deleted_meanwhile_is_written_again() -> None:
-    heartbeat = Heartbeat(using="default", node_id="n3", role="relay", every=timedelta(0))
+    heartbeat = Heartbeat(using="default", node_id="n4", role="relay", every=timedelta(0))
     heartbeat.beat()
-    Node.objects.filter(node_id="n3").delete()  # the admin's delete action
+    Node.objects.filter(node_id="n4").delete()  # the admin's delete action
     assert _beat(heartbeat) == ["UPDATE", "INSERT"]
-    assert Node.objects.get(node_id="n3").role == "relay"
+    assert Node.objects.get(node_id="n4").role == "relay"

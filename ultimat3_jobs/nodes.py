@@ -54,25 +54,28 @@ def heartbeat(
     whose reply was lost) is then brought up to date by the UPDATE.
     """
     rows = Node.objects.using(using)
-    row = {
-        "node_id": node_id,
-        "role": role,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started_at": started_at,
-        "last_seen_at": Now(),
-        **fields,
-    }
+
+    def create() -> None:
+        rows.create(
+            node_id=node_id,
+            role=role,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=started_at,
+            last_seen_at=Now(),
+            **fields,
+        )
+
     # Inside a caller's transaction a refused INSERT would spoil it: the UPDATE comes first.
     if first and not connections[using].in_atomic_block:
         try:
-            rows.create(**row)
+            create()
             return
         except IntegrityError:
             pass
     if rows.filter(node_id=node_id).update(last_seen_at=Now(), stopped_at=None, **fields):
         return
-    rows.create(**row)
+    create()
 
 
 def stopped(*, using: str, node_id: str, **fields: Any) -> None:

@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
@@ -25,6 +26,8 @@ from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.scheduler import STREAM_FROM, Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.store import postgres as postgres_store
+from ultimat3_jobs.store.columns import QUEUE
 
 from .factories import demo_ping, make_tasks
 
@@ -272,6 +275,36 @@ def test_round__a_watermark_moved_meanwhile_writes_nothing_and_names_its_task(
 
 def _planners() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "ultimat3-rows-ahead"]
+
+
+def test_streamed_round__a_row_the_database_refuses_writes_nothing_and_the_next_round_fires_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The jobs' COPY has no savepoint: a refused row must still roll the whole round back,
+    # watermarks included, and leave the connection usable for the next round.
+    tasks = make_tasks(COUNT)
+    scheduler = _armed(tasks, FrozenClock(T0))
+    seen = _streams(scheduler, monkeypatch)
+    poisoned = tasks[COUNT // 2].name
+    made = postgres_store.scheduled_row
+
+    def poison(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        row = made(*args, **kwargs)
+        if kwargs["task"] != poisoned:
+            return row
+        return (*row[:QUEUE], "q" * 1000, *row[QUEUE + 1 :])  # past the column's length
+
+    with monkeypatch.context() as patch:
+        patch.setattr(postgres_store, "scheduled_row", poison)
+        with pytest.raises(psycopg.errors.DataError):  # COPY's own, as psycopg raises it
+            scheduler.tick()
+    assert seen == [True]
+    armed = OCCURRENCE - ONE_MS
+    assert (Job.objects.count(), Occurrence.objects.count()) == (0, 0)
+    assert set(Task.objects.values_list("last_fired_at", flat=True)) == {armed}
+    fired = scheduler.tick()
+    assert sorted(d.task for d in fired) == sorted(t.name for t in tasks)
+    assert Job.objects.count() == Occurrence.objects.count() == COUNT
 
 
 def test_streamed_round__lost_leadership_writes_nothing(

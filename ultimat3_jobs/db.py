@@ -73,6 +73,21 @@ def dumps(value: Any) -> str:
         return json.dumps(value, default=_json_default)
 
 
+#: The version of PostgreSQL's binary jsonb, the byte before its JSON text.
+_JSONB_VERSION = b"\x01"
+
+
+def jsonb_field(value: Any) -> bytes:
+    """A jsonb field of a binary COPY row (``copy_rows``): ``value`` as ``dumps`` encodes it,
+    or JSON text already, after the format's version byte."""
+    if isinstance(value, str):
+        return _JSONB_VERSION + value.encode()
+    try:
+        return _JSONB_VERSION + orjson.dumps(value)
+    except TypeError:
+        return _JSONB_VERSION + json.dumps(value, default=_json_default).encode()
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, orjson.Fragment):
         # A job's input kept as its JSON text (``PlannedJob.row_input``).
@@ -104,11 +119,8 @@ def _each_once(convert: Callable[[K], V]) -> Callable[[K | None], V | None]:
 
 
 def instant_texts() -> Callable[[datetime | None], str | None]:
-    """ISO 8601 text of instants for COPY rows and log lines, each formatted once.
-
-    psycopg's own datetime adaptation costs more than a job row's other fields together, and a
-    round's rows share a handful of instants (now, each occurrence).
-    """
+    """ISO 8601 text of instants for JSON parameters and log lines, each formatted once: a
+    round's rows share a handful of instants (now, each occurrence)."""
     return _each_once(datetime.isoformat)
 
 
@@ -125,8 +137,16 @@ def instants_from_microseconds() -> Callable[[int | None], datetime | None]:
     return _each_once(lambda us: EPOCH + timedelta(microseconds=us))
 
 
-def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None:
-    """``COPY ... FROM STDIN`` on Django's connection, in the caller's transaction.
+def copy_rows(
+    using: str, statement: str, rows: Iterable[Sequence[Any]], types: Sequence[str] = ()
+) -> None:
+    """``COPY ... FROM STDIN`` on Django's connection, in the caller's transaction: in text, or
+    in binary given its columns' ``types`` (for a statement that says ``FORMAT BINARY``).
+
+    In binary, PostgreSQL reads no text for instants and numbers, which it otherwise parses
+    field by field. Its fields are: aware datetimes for timestamptz, ``jsonb_field``'s bytes
+    for jsonb (sent as they are), and integers that fit their column, since psycopg wraps a
+    larger one past 32 bits where the text format would have it refused.
 
     Logged like any other statement while Django records queries (``CaptureQueriesContext``,
     DEBUG), so statement counts and debug tooling see it.
@@ -135,10 +155,17 @@ def copy_rows(using: str, statement: str, rows: Iterable[Sequence[Any]]) -> None
     start = time.monotonic()
     try:
         with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+            if types:
+                copy.set_types([_AS_SENT.get(name, name) for name in types])
             for row in rows:
                 copy.write_row(row)
     finally:
         _logged(connection, statement, start)  # A refused COPY too, as Django logs its own.
+
+
+#: How a binary COPY's field is dumped where it is not as its column's type: a jsonb field
+#: comes ready (``jsonb_field``), and the server reads it with jsonb's own binary input.
+_AS_SENT = {"jsonb": "bytea"}
 
 
 def execute_bound(

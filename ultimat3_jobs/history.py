@@ -8,13 +8,13 @@ history back (``JobStore.recent_records``) with the ids of the jobs each record 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .catchup import Span
-from .db import dumps
+from .db import jsonb_field
 from .models import Occurrence, Outcome
 
 #: How each outcome reads in the admin.
@@ -126,20 +126,18 @@ def fired_copy_row(
     *,
     at: datetime,
     node: str,
-    text: Callable[[datetime | None], str | None],
 ) -> tuple[Any, ...]:
-    """``copy_row(fired(...), text)`` from jobs already in the shape of ``Occurrence.jobs``
+    """``copy_row(fired(...))`` from jobs already in the shape of ``Occurrence.jobs``
     (``job``, ``key``, ``created``), made without the dict: a round makes thousands.
 
     In the column order of ``store.sql.COPY_OCCURRENCES``, as ``copy_row``."""
-    when = text(occurrence)
-    return (task, _FIRED, when, when, 1, catch_up, dumps(jobs), text(at), node, "", "")
+    return (task, _FIRED, occurrence, occurrence, 1, catch_up, jsonb_field(jobs), at, node, "", "")
 
 
-def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
-    """A record as a row of ``store.sql.COPY_OCCURRENCES``; ``at`` formats instants."""
-    return (r["task"], r["outcome"], at(r["occurrence"]), at(r["last_occurrence"]), r["count"],
-            r["catch_up"], dumps(r["jobs"]), at(r["recorded_at"]), r["node"], r["user"],
+def copy_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A record as a binary row of ``store.sql.COPY_OCCURRENCES`` (``db.copy_rows``)."""
+    return (r["task"], r["outcome"], r["occurrence"], r["last_occurrence"], r["count"],
+            r["catch_up"], jsonb_field(r["jobs"]), r["recorded_at"], r["node"], r["user"],
             r["detail"])  # fmt: skip
 
 

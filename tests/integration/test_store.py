@@ -7,6 +7,7 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import transaction
@@ -214,7 +215,6 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
     kind: str, settings: Any
 ) -> None:
     from ultimat3_jobs.conf import get_settings
-    from ultimat3_jobs.db import instant_texts
     from ultimat3_jobs.handles import JobHandle
 
     def noop(label: str) -> None:
@@ -230,9 +230,9 @@ def test_scheduled_row__is_the_copy_row_of_the_job_fields_of_the_same_entry(
         "config": get_settings(), "trace_context": TRACEPARENT,
     }  # fmt: skip
     data = {"label": "x", "n": 1}
-    made = scheduled_row(handle, data, **fields, at=instant_texts())
+    made = scheduled_row(handle, data, **fields)
     row = job_fields(handle, data, run_at=None, queue=None, enqueued_by="scheduler", **fields)
-    expected = copy_row(row, instant_texts())
+    expected = copy_row(row)
     assert made == expected
     assert made[3] == ("outbox" if kind == "outbox" else "queued")
 
@@ -274,20 +274,79 @@ def test_copy_row__puts_each_column_where_new_job_columns_says() -> None:
     }  # fmt: skip
     assert set(row) == {column.name for column in CARRIED}
 
-    def at(value: datetime | None) -> str | None:
-        return None if value is None else f"at {value.isoformat()}"
-
-    made = dict(zip(NEW_JOB_NAMES, copy_row(row, at), strict=True))
+    made = dict(zip(NEW_JOB_NAMES, copy_row(row), strict=True))
     assert made == {
         **row,
-        "input": '{"label":"x"}',
-        "run_at": at(instant["run"]),
-        "created_at": at(instant["created"]),
-        "occurrence": at(instant["occ"]),
+        "input": b'\x01{"label":"x"}',  # jsonb's binary form: its version, then the text
         "attempts": 0,
         "last_error": "",
         "worker": "",
     }
+
+
+#: Values a binary COPY must carry as the text forms do: every character JSON and the COPY's
+#: text format escape, an integer past 64 bits (``json``'s, not orjson's), an instant in a
+#: zone other than UTC, with microseconds.
+AWKWARD_INPUT = {"text": 'tab\tline\nback\\slash "quoted" é ✓', "big": 2**70, "nested": [None]}
+AWKWARD_AT = datetime(2026, 3, 29, 1, 59, 59, 999_999, tzinfo=ZoneInfo("Europe/Paris"))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_insert_round__the_copy_writes_what_the_insert_writes_whatever_the_values() -> None:
+    ping = demo_ping()
+
+    def row(key: str) -> dict[str, Any]:
+        return job_fields(
+            ping, AWKWARD_INPUT, key=key, run_at=AWKWARD_AT, queue=None, enqueued_by="by\tme",
+            now=AWKWARD_AT, task="tâche\n1", occurrence=AWKWARD_AT, catch_up=True,
+        )  # fmt: skip
+
+    store_for().insert_round([row("copied")])  # No key taken yet: one COPY.
+    store_for().insert_round([row("copied"), row("inserted")])  # A taken key: INSERT.
+    columns = [name for name in NEW_JOB_NAMES if name != "key"]
+    rows = Job.objects.filter(key__in=["copied", "inserted"]).values_list("key", *columns)
+    stored = {key: values for key, *values in rows}
+    assert stored["copied"] == stored["inserted"]
+    written = dict(zip(columns, stored["copied"], strict=True))
+    assert written["input"] == AWKWARD_INPUT
+    assert written["run_at"] == written["created_at"] == written["occurrence"] == AWKWARD_AT
+    assert (written["task"], written["enqueued_by"]) == ("tâche\n1", "by\tme")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_write_records__the_copy_writes_what_the_orm_writes_whatever_the_values() -> None:
+    from ultimat3_jobs.catchup import Span
+    from ultimat3_jobs.models import Occurrence
+    from ultimat3_jobs.planner import PlannedJob, PlannedOccurrence
+    from ultimat3_jobs.store.values import Copied
+
+    @dataclasses.dataclass
+    class Decided:
+        task: str
+        outcome: str
+        span: Span
+        detail: str
+
+    fired = [
+        PlannedOccurrence("t\tfired", AWKWARD_AT, True, (PlannedJob(demo_ping(), "{}", 'k\\"1'),))
+    ]
+    decided = [Decided("t.dropped", "dropped", Span(T0, AWKWARD_AT, 2**31 - 1), "é\nwhy")]
+    enqueued = Copied()
+    enqueued.ids['k\\"1'] = 1
+    fields = [field.name for field in Occurrence._meta.concrete_fields if field.name != "id"]
+    written = []
+    for store in (store_for(), PortableStore("default")):
+        store.write_records(fired, decided, enqueued, at=AWKWARD_AT, node="n\\1")
+        written.append(sorted(Occurrence.objects.values_list(*fields), key=str))
+        Occurrence.objects.all().delete()
+    assert isinstance(store_for(), PostgresStore)
+    assert written[0] == written[1]
+    by_task = {row[0]: dict(zip(fields, row, strict=True)) for row in written[0]}
+    assert by_task["t\tfired"]["jobs"] == [{"job": "demo.ping", "key": 'k\\"1', "created": True}]
+    assert by_task["t\tfired"]["recorded_at"] == AWKWARD_AT
+    assert by_task["t.dropped"]["last_occurrence"] == AWKWARD_AT
 
 
 def _planned(keys: list[str]) -> list[Any]:

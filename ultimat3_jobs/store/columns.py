@@ -11,7 +11,6 @@ a declaration sets are ``DECLARED``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..conf import Settings, get_settings
-from ..db import dumps
+from ..db import jsonb_field
 from ..listener import RELAY_PAYLOAD
 from ..models import Job, JobStatus
 from .values import ClaimedJob, StartedTask
@@ -167,15 +166,15 @@ def build_job(handle: JobHandle, data: dict[str, Any], **fields: Any) -> Job:
 # column by column. tests/integration/test_store.py holds them to the list, column by column.
 
 
-def copy_row(r: dict[str, Any], at: Callable[[datetime | None], str | None]) -> tuple[Any, ...]:
-    """A ``job_fields`` dict as a COPY row; ``at`` formats instants (``db.instant_texts``).
+def copy_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A ``job_fields`` dict as a binary COPY row (``db.copy_rows``).
 
     A column's ``default`` stands in for what the dict leaves out; str(): a status may be a
     ``JobStatus``.
     """
-    return (r["name"], r["key"], dumps(r["input"]), str(r.get("status") or JobStatus.QUEUED),
-            r["queue"], 0, r["max_attempts"], at(r["run_at"]), at(r["created_at"]), "",
-            r["task"], at(r["occurrence"]), r["catch_up"], r["enqueued_by"], "",
+    return (r["name"], r["key"], jsonb_field(r["input"]), str(r.get("status") or JobStatus.QUEUED),
+            r["queue"], 0, r["max_attempts"], r["run_at"], r["created_at"], "",
+            r["task"], r["occurrence"], r["catch_up"], r["enqueued_by"], "",
             r.get("priority", 0), r.get("backend", ""), r.get("relay", ""),
             r.get("trace_context", ""))  # fmt: skip
 
@@ -190,7 +189,6 @@ def scheduled_row(
     catch_up: bool,
     now: datetime,
     config: Settings,
-    at: Callable[[datetime | None], str | None],
     trace_context: str = "",
     defaults: dict[JobHandle, tuple[str, int, str]] | None = None,
 ) -> tuple[Any, ...]:
@@ -203,10 +201,8 @@ def scheduled_row(
         if defaults is not None:
             defaults[handle] = found
     queue, max_attempts, status = found
-    when = at(now)
-    text = data if isinstance(data, str) else dumps(data)
-    return (handle.name, key, text, status, queue, 0, max_attempts, when, when, "", task,
-            at(occurrence), catch_up, "scheduler", "", handle.priority, handle.backend,
+    return (handle.name, key, jsonb_field(data), status, queue, 0, max_attempts, now, now, "",
+            task, occurrence, catch_up, "scheduler", "", handle.priority, handle.backend,
             handle.relay, trace_context)  # fmt: skip
 
 

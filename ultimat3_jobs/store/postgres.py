@@ -130,8 +130,7 @@ class PostgresStore(PortableStore):
         to ``insert_reporting``."""
         if not len(rows):
             return {}
-        at = instant_texts()
-        enqueued = self._copy_new((copy_row(row, at) for row in rows), len(rows))
+        enqueued = self._copy_new((copy_row(row) for row in rows), len(rows))
         return enqueued if enqueued is not None else self.insert_reporting(list(rows))
 
     def insert_reporting(self, rows: Sequence[dict[str, Any]]) -> Enqueued:
@@ -151,12 +150,12 @@ class PostgresStore(PortableStore):
     ) -> Enqueued | None:
         """Each row is written as its occurrence comes, in one COPY (see ``_copy_new``), with
         no savepoint: a key that exists spoils the caller's transaction (``JobStore``)."""
-        config, at = get_settings(), instant_texts()
+        config = get_settings()
         defaults: dict[JobHandle, tuple[str, int, str]] = {}
         rows = (
             scheduled_row(
                 p.job, p.data, key=p.key, task=f.task, occurrence=f.occurrence,
-                catch_up=f.catch_up, now=now, config=config, at=at,
+                catch_up=f.catch_up, now=now, config=config,
                 trace_context=f.trace_context, defaults=defaults,
             )
             for f in fired
@@ -193,12 +192,14 @@ class PostgresStore(PortableStore):
                 wakes.add(wake_payload(row[QUEUE], row[RELAY]))
                 yield (pk, *row)
 
+        def copy_jobs(rows: Iterable[tuple[Any, ...]], ids: list[int]) -> None:
+            copy_rows(self.using, sql.COPY_JOBS, with_ids(rows, ids), sql.COPY_JOBS_TYPES)
+
         try:
             with transaction.atomic(using=self.using, savepoint=savepoint):
-                copy_rows(self.using, sql.COPY_JOBS, with_ids(copied, self._reserve_ids(expected)))
+                copy_jobs(copied, self._reserve_ids(expected))
                 if beyond:
-                    more = self._reserve_ids(len(beyond))
-                    copy_rows(self.using, sql.COPY_JOBS, with_ids(beyond, more))
+                    copy_jobs(beyond, self._reserve_ids(len(beyond)))
         except psycopg.errors.UniqueViolation:
             return None
         self._notify(wakes)
@@ -312,7 +313,6 @@ class PostgresStore(PortableStore):
         node: str,
     ) -> None:
         """One COPY, a fired occurrence's row made without its dict."""
-        text = instant_texts()
 
         def rows() -> Iterator[tuple[Any, ...]]:
             for f in fired:
@@ -320,15 +320,15 @@ class PostgresStore(PortableStore):
                     {"job": p.job.name, "key": p.key, "created": enqueued[p.key][1]} for p in f.jobs
                 ]
                 yield history.fired_copy_row(
-                    f.task, f.occurrence, f.catch_up, jobs, at=at, node=node, text=text
+                    f.task, f.occurrence, f.catch_up, jobs, at=at, node=node
                 )
             for r in decided:
                 record = history.decided(
                     r.task, r.outcome, r.span, detail=r.detail, at=at, node=node
                 )
-                yield history.copy_row(record, text)
+                yield history.copy_row(record)
 
-        copy_rows(self.using, sql.COPY_OCCURRENCES, rows())
+        copy_rows(self.using, sql.COPY_OCCURRENCES, rows(), sql.COPY_OCCURRENCES_TYPES)
 
     # -- the task table ---------------------------------------------------------------------------
 

@@ -41,7 +41,8 @@ FROM {_TASK}
 _NEW_TASK = """name, cron, tz, catch_up, max_catch_up, overlap, jobs, paused, paused_note,
 paused_by, declared, first_seen_at, synced_at"""
 
-#: Rows for newly declared tasks, each as ``_NEW_TASK`` lists its columns.
+#: Rows for newly declared tasks, each as ``_NEW_TASK`` lists its columns. In text, not
+#: binary: the table refuses a ``max_catch_up`` past its column, where binary would wrap it.
 COPY_TASKS = f"COPY {_TASK} ({_NEW_TASK}) FROM STDIN"
 
 #: The instant ``INSERT_TASKS`` writes as ``now()``, for rows COPY writes in the same
@@ -124,8 +125,11 @@ FROM generate_series(1, %s)
 """
 
 _NEW_JOB = ", ".join(NEW_JOB_NAMES)
-#: A round's jobs in one COPY, with their ids: no key may exist yet (else ``INSERT_JOBS``).
-COPY_JOBS = f"COPY {_JOB} (id, {_NEW_JOB}) FROM STDIN"
+#: A round's jobs in one binary COPY, with their ids: no key may exist yet (else
+#: ``INSERT_JOBS``). Binary: PostgreSQL parses no text for a row's three instants.
+COPY_JOBS = f"COPY {_JOB} (id, {_NEW_JOB}) FROM STDIN (FORMAT BINARY)"
+#: ``COPY_JOBS``' column types, in its order (``db.copy_rows``).
+COPY_JOBS_TYPES = ("bigint", *(column.type for column in NEW_JOB_COLUMNS))
 # What INSERT_JOBS writes to each column from its JSON row ``r``.
 _FROM_JSON = ", ".join(
     column.new
@@ -176,11 +180,16 @@ WHERE task = ANY(%s) AND status IN ('queued', 'running', 'outbox', 'relayed')
 GROUP BY task
 """
 
-#: Occurrence records in one COPY; rows in this column order.
+#: Occurrence records in one binary COPY; rows in this column order.
 COPY_OCCURRENCES = f"""
 COPY {_OCCURRENCE} (task, outcome, occurrence, last_occurrence, count, catch_up, jobs,
-                    recorded_at, node, "user", detail) FROM STDIN
+                    recorded_at, node, "user", detail) FROM STDIN (FORMAT BINARY)
 """
+#: ``COPY_OCCURRENCES``' column types, in its order.
+COPY_OCCURRENCES_TYPES = (
+    "text", "text", "timestamptz", "timestamptz", "integer", "boolean", "jsonb", "timestamptz",
+    "text", "text", "text",
+)  # fmt: skip
 
 # What a claim returns: ``CLAIMED_COLUMNS``, then started_at (NULL unless the claim marked the
 # row started); instants as microseconds since the epoch (see ``db.instants_from_microseconds``).

@@ -122,6 +122,16 @@ class Job(models.Model):
                 condition=models.Q(status="queued"),
                 name="u3j_job_ready",
             ),
+            # The same behind the queue's name, for a worker of given queues: on the ready
+            # index alone, its claim read every due row of the other queues first.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_at",
+                "id",
+                condition=models.Q(status="queued"),
+                name="u3j_job_queue_ready",
+            ),
             # The running rows by worker: finishes, recovery, release. A status index over
             # every row would take an entry at each claim and each finish, and its scan
             # through the entries of finished rows cost a busy worker more than the jobs.

@@ -327,12 +327,29 @@ INDEXING = {
             for status in ("queued", "running", "succeeded", "failed", "cancelled", "outbox")
         ],
     ),
+    "0016_job_queue_ready_index": (
+        "0015_occurrence_unfired_index",
+        "Job",
+        "u3j_job_queue_ready",
+        [
+            {
+                "key": f"k:{status}:{queue}",
+                "status": status,
+                "queue": queue,
+                "name": "j",
+                "run_at": AT,
+                "created_at": AT,
+            }
+            for status in ("queued", "running", "succeeded", "failed", "cancelled", "outbox")
+            for queue in ("default", "emails")
+        ],
+    ),
 }
 
 
 @pytest.mark.usefixtures("leave_at_latest")
 @pytest.mark.parametrize("after", list(INDEXING))
-def test_0013_to_0015__keep_every_row_and_add_their_index(after: str) -> None:
+def test_0013_to_0016__keep_every_row_and_add_their_index(after: str) -> None:
     before, model, index, rows = INDEXING[after]
     executor = migrate_to(before)
     old = executor.loader.project_state([("ultimat3_jobs", before)]).apps
@@ -356,9 +373,14 @@ def test_0013_to_0015__keep_every_row_and_add_their_index(after: str) -> None:
 
 @pytest.mark.parametrize(
     ("migration", "index"),
-    [("0013", "u3j_occ_recorded"), ("0014", "u3j_job_failed"), ("0015", "u3j_occ_unfired")],
+    [
+        ("0013", "u3j_occ_recorded"),
+        ("0014", "u3j_job_failed"),
+        ("0015", "u3j_occ_unfired"),
+        ("0016", "u3j_job_queue_ready"),
+    ],
 )
-def test_0013_to_0015__build_their_index_without_locking_the_table_on_postgresql(
+def test_0013_to_0016__build_their_index_without_locking_the_table_on_postgresql(
     migration: str, index: str
 ) -> None:
     out = StringIO()

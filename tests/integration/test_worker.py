@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from testproject.demo.models import Ping
@@ -20,6 +20,7 @@ from testproject.demo.tasks import always_fail, ping, slow_ping
 from ultimat3_jobs import clock
 from ultimat3_jobs.attempts import Outcome
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.db import execute_bound
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
 from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
@@ -160,6 +161,57 @@ def test_claim__leaves_future_jobs_other_queues_and_running_ones() -> None:
     make_job(run_at=T0, queue="emails", status=JobStatus.RUNNING, worker="other")
     assert [j.id for j in claim("w1", 10, now=T0, queues={"emails"})] == [due.pk]
     assert claim("w1", 10, now=T0, queues={"emails"}) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim__of_several_queues_takes_their_jobs_in_one_claim_order_and_locks_none_left() -> None:
+    # Priority first, then the longest due, then id, across the queues claimed.
+    at = {n: T0 - timedelta(seconds=n) for n in range(10)}
+    emails = [make_job(run_at=at[9], queue="emails"), make_job(run_at=at[3], queue="emails")]
+    reports = [make_job(run_at=at[6], queue="reports"), make_job(run_at=at[1], queue="reports")]
+    urgent = make_job(run_at=at[0], queue="reports")
+    Job.objects.filter(pk=urgent.pk).update(priority=5)
+    other = make_job(run_at=at[8], queue="other")
+    claimed = claim("w1", 3, now=T0, queues={"emails", "reports"})
+    assert [j.id for j in claimed] == [urgent.pk, emails[0].pk, reports[0].pk]
+    # The rows each queue locked past the limit went back with the claim's commit.
+    rest = claim("w2", 10, now=T0, queues={"emails", "reports", "other"})
+    assert [j.id for j in rest] == [other.pk, emails[1].pk, reports[1].pk]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_claim__of_a_queue_reads_none_of_another_queues_backlog() -> None:
+    from ultimat3_jobs.store import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ultimat3_jobs_job (name, key, input, status, queue, attempts, "
+            "max_attempts, run_at, created_at, last_error, task, catch_up, enqueued_by, worker, "
+            "priority, backend, relay, trace_context, args) "
+            "SELECT 'demo.ping', 'backlog:' || n, '{}', 'queued', 'backlog', 0, 3, "
+            "%s - n * interval '1 ms', %s, '', '', false, 'code', '', 0, '', '', '', '[]' "
+            "FROM generate_series(1, 5000) AS n",
+            [T0, T0],
+        )
+        cursor.execute("ANALYZE ultimat3_jobs_job")
+    mine = [make_job(run_at=T0, queue="mine") for _ in range(3)]
+    params = {"now": T0, "limit": 10, "start": 10, "worker": "w1", "queues": ["mine"]}
+    with transaction.atomic():
+        execute_bound("default", sql.NO_SORT, ())
+        [(plan,)] = execute_bound(
+            "default", f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.CLAIM_QUEUES}", params
+        )
+        transaction.set_rollback(True)
+
+    def removed(node: dict[str, Any]) -> int:
+        below = sum(removed(child) for child in node.get("Plans", ()))
+        return below + node.get("Rows Removed by Filter", 0) + node.get("Actual Rows", 0)
+
+    # Every row the plan's nodes read or passed: the three claimed, through a few nodes, and
+    # none of the 5,000 due before them in the other queue.
+    assert removed(plan[0]["Plan"]) < 100
+    assert [j.id for j in claim("w1", 10, now=T0, queues={"mine"})] == [j.pk for j in mine]
 
 
 @pytest.mark.django_db

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,9 @@ from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 from .test_worker import QUICK, make_job, wait_until
 
 
-def _claim(worker: str, limit: int = 10) -> list[ClaimedJob]:
-    return store_for("default").claim(worker=worker, limit=limit, now=clock.now())
+def _claim(worker: str, limit: int = 10, queues: Iterable[str] | None = None) -> list[ClaimedJob]:
+    chosen = None if queues is None else frozenset(queues)
+    return store_for("default").claim(worker=worker, limit=limit, now=clock.now(), queues=chosen)
 
 
 # -- finishing ------------------------------------------------------------------------------------
@@ -94,11 +95,13 @@ def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
             limit=10,
             now=now,
         )
-    # One statement on the job table; around it only its transaction and the planner setting.
+    # One statement on the job table; around it only its transaction and the planner settings.
     on_jobs = [q["sql"] for q in queries.captured_queries if "ultimat3_jobs_job" in q["sql"]]
     assert len(on_jobs) == 1
     others = [q["sql"] for q in queries.captured_queries if q["sql"] not in on_jobs]
-    assert all(sql.startswith(("SAVEPOINT", "RELEASE", "SET LOCAL")) for sql in others), others
+    settings = [sql for sql in others if "set_config" in sql]  # NO_SORT, then SORT_AGAIN
+    assert all(sql.startswith(("SAVEPOINT", "RELEASE")) for sql in others if sql not in settings)
+    assert len(settings) == 2, others
     assert written == {job.id for job in ran}
     assert len(claimed) == 3
     assert not {job.id for job in claimed} & written
@@ -113,28 +116,32 @@ def test_claim__plans_without_sorting_and_leaves_the_session_as_it_was(
 ) -> None:
     # Statistics taken while nothing was queued made the planner sort every due row behind a
     # burst (measured: 30,000 rows read per claim of 100). The claim plans with sorting off.
+    # JIT off too: a claim of given queues sorts its few rows, which sorting off prices so
+    # high that the plan would be JIT-compiled at every claim.
     for _ in range(3):
         make_job()
-    seen: list[str] = []
+    settings = "SELECT current_setting('enable_sort'), current_setting('jit')"
+    before = execute_bound("default", settings, ())
+    seen: list[Any] = []
 
     def show(using: str, statement: str, params: Any) -> Any:
         if "FOR UPDATE SKIP LOCKED" in statement:
-            seen.append(execute_bound(using, "SHOW enable_sort", ())[0][0])
+            seen.extend(execute_bound(using, settings, ()))
         return execute_bound(using, statement, params)
 
     with monkeypatch.context() as patched:
         patched.setattr(postgres, "execute_bound", show)
         claimed = _claim("w1")
+        assert len(_claim("w1", queues=["default", "other"])) == 0
     assert len(claimed) == 3
-    assert seen == ["off"]
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW enable_sort")  # Transaction-local: safe behind PgBouncer.
-        assert cursor.fetchone()[0] == "on"
-        # Inside a caller's transaction too: the rest of it plans as before.
-        with transaction.atomic():
-            assert len(_claim("w2")) == 0
-            cursor.execute("SHOW enable_sort")
-            assert cursor.fetchone()[0] == "on"
+    assert seen == [("off", "off")] * 2
+    assert before[0][0] == "on"
+    # Transaction-local: safe behind PgBouncer.
+    assert execute_bound("default", settings, ()) == before
+    # Inside a caller's transaction too: the rest of it plans as before.
+    with transaction.atomic():
+        assert len(_claim("w2")) == 0
+        assert execute_bound("default", settings, ()) == before
 
 
 @contextlib.contextmanager

@@ -238,10 +238,10 @@ _DUE_IN_QUEUES = """
     ORDER BY job.priority DESC, job.run_at, job.id
     LIMIT %(limit)s
 """
-# The claimed rows numbered as ``due`` locked them, which is the claim's order: it walks the
-# ready index in that order, and its CTE is read back as it was written. Numbered here rather
-# than in ``due``: FOR UPDATE takes no window function. No ORDER BY: with sorting off, a sort
-# of even these few rows costs the plan enough to be JIT-compiled at every claim.
+# The claimed rows numbered as ``due`` gives them, which is the claim's order (its walk of the
+# ready index, or the queues' rows sorted), and its CTE is read back as it was written.
+# Numbered here rather than in ``due``: FOR UPDATE takes no window function. No ORDER BY: the
+# rows come in that order already.
 _RANKED = "SELECT id, row_number() OVER () AS n FROM due"
 _CLAIM_SET = """
     SET status = 'running', attempts = job.attempts + 1,

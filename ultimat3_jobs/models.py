@@ -123,13 +123,15 @@ class Job(models.Model):
                 name="u3j_job_ready",
             ),
             # The same behind the queue's name, for a worker of given queues: on the ready
-            # index alone, its claim read every due row of the other queues first.
+            # index alone, its claim read every due row of the other queues first. Its
+            # predicate is the status as a range of one value, which that claim matches and
+            # which does not imply the ready index's (``store/sql.py``).
             models.Index(
                 "queue",
                 models.F("priority").desc(),
                 "run_at",
                 "id",
-                condition=models.Q(status="queued"),
+                condition=models.Q(status__gte="queued", status__lte="queued"),
                 name="u3j_job_queue_ready",
             ),
             # The running rows by worker: finishes, recovery, release. A status index over

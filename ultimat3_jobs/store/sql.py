@@ -214,7 +214,7 @@ _RETURNING = ", ".join(
 # walked one priority at a time (``levels``: the priorities queued rows hold, each found by one
 # descent of the index), so ``run_at <= now`` ends each walk at the first row not due yet. In
 # one walk of the index, whose first column is the priority, that bound ended nothing: behind
-# 1,000,000 jobs due tomorrow a claim read them all, 13–25 ms, even with nothing due. The walks
+# 1,000,000 jobs due tomorrow a claim read them all, 13 to 25 ms, even with nothing due. The walks
 # come highest priority first, each in order, and the claim stops at its limit: rows it does
 # not take are never locked. ``{queued}`` matches the partial index's predicate, so finished
 # history is never scanned.

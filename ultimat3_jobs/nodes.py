@@ -110,8 +110,8 @@ class Heartbeat:
         self.skew_warning = skew_warning
         self.started_at = self.clock()
         self._next = 0.0
-        #: ``time.monotonic()`` of the last heartbeat tried, and of the last one written: what
-        #: a health probe reads (``health.py``).
+        #: ``time.monotonic()`` of the last heartbeat tried (written or failed, not one still in
+        #: flight), and of the last one written: what a health probe reads (``health.py``).
         self.attempted: float | None = None
         self.written: float | None = None
         self._skew_warned: float | None = None
@@ -129,19 +129,25 @@ class Heartbeat:
         """Write the heartbeat now, with ``fields``; the next is due ``every`` from now.
 
         Due again ``every`` from now even when the write fails (it raises): a database that is
-        down is asked once an interval, not on every pass of a loop that keeps failing.
+        down is asked once an interval, not on every pass of a loop that keeps failing. Counted
+        as tried once it ends: a probe that comes while it is being written (a database slow to
+        answer, SQLite waiting for another process's write) sees the last one, not a failure.
         """
-        moment = self.attempted = time.monotonic()
+        moment = time.monotonic()
         self._next = moment + self.every.total_seconds()
-        heartbeat(
-            using=self.using,
-            node_id=self.node_id,
-            role=self.role,
-            started_at=self.started_at,
-            first=self.written is None,
-            **fields,
-        )
-        self.written = moment
+        try:
+            heartbeat(
+                using=self.using,
+                node_id=self.node_id,
+                role=self.role,
+                started_at=self.started_at,
+                first=self.written is None,
+                **fields,
+            )
+        except BaseException:
+            self.attempted = moment
+            raise
+        self.attempted = self.written = moment
 
     def compare_clocks(self) -> int:
         """This node's clock minus the database's, in milliseconds.

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import DatabaseError
 from django.test import Client
 from django.utils import timezone
 
-from ultimat3_jobs import metrics
+from ultimat3_jobs import metrics, nodes
 from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.health import (
     ProcessHealth,
@@ -106,6 +107,38 @@ def test_worker_health__its_heartbeat_written_within_three_intervals() -> None:
     # Its heartbeat tried and failed: the database is away, the loop backs off and lives on.
     worker.node.attempted, worker.node.written = now - 5, now - 40
     found = worker_health(worker, moment=now)
+    assert (found.live, found.ready) == (True, False)
+    assert "database away" in found.detail
+
+
+@pytest.mark.django_db
+def test_worker_health__a_heartbeat_being_written_is_not_a_failed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A probe may come while a heartbeat is being written: a database slow to answer, or
+    # SQLite waiting for another process's write. It sees the last heartbeat written.
+    worker = Worker(heartbeat_interval=timedelta(seconds=1), drain_on_shutdown=False)
+    worker.life.begin()
+    probed = []
+    write = nodes.heartbeat
+
+    def probed_while_written(**fields: Any) -> None:
+        probed.append(worker_health(worker))
+        write(**fields)
+
+    monkeypatch.setattr(nodes, "heartbeat", probed_while_written)
+    worker.node.beat()
+    worker.node.beat()
+    assert [(found.live, found.ready) for found in probed] == [(True, True), (True, True)]
+    assert probed[0].detail == "starting" and "database away" not in probed[1].detail
+
+    def refused(**fields: Any) -> None:
+        raise DatabaseError("connection refused")
+
+    monkeypatch.setattr(nodes, "heartbeat", refused)
+    with pytest.raises(DatabaseError):
+        worker.node.beat()
+    found = worker_health(worker)
     assert (found.live, found.ready) == (True, False)
     assert "database away" in found.detail
 

@@ -139,7 +139,7 @@ def _succeeded() -> int:
 
 def measure_floor(n: int, connections: int) -> float:
     """Claim 100 rows with the worker's claim statement, finish them in one UPDATE: psycopg."""
-    from ultimat3_jobs.store.sql import CLAIM_QUEUES, NO_SORT
+    from ultimat3_jobs.store.sql import CLAIM_PLANNER, CLAIM_QUEUES
 
     _enqueue(n)
 
@@ -154,7 +154,7 @@ def measure_floor(n: int, connections: int) -> float:
                     "queues": [QUEUE],
                 }
                 with conn.transaction():
-                    conn.execute(NO_SORT)  # The worker's plan, whatever the statistics say.
+                    conn.execute(CLAIM_PLANNER)  # The worker's plan, whatever the statistics say.
                     ids = [row[0] for row in conn.execute(CLAIM_QUEUES, params).fetchall()]
                 if not ids:
                     return
@@ -228,7 +228,7 @@ def measure_marked_floor(n: int, concurrency: int) -> float:
     each mark a job's start (``_GroupedMarks``) before taking the next, on connections of their
     own, and the batch is finished in one UPDATE once they are all through. No job runs; a
     thread that fails stops the measurement with its error."""
-    from ultimat3_jobs.store.sql import CLAIM_QUEUES, NO_SORT
+    from ultimat3_jobs.store.sql import CLAIM_PLANNER, CLAIM_QUEUES
 
     _enqueue(n)
     name = "floor-marked"
@@ -265,7 +265,7 @@ def measure_marked_floor(n: int, concurrency: int) -> float:
                     "queues": [QUEUE],
                 }
                 with conn.transaction():
-                    conn.execute(NO_SORT)
+                    conn.execute(CLAIM_PLANNER)
                     rows = conn.execute(CLAIM_QUEUES, params).fetchall()
                 if not rows:
                     break
@@ -496,7 +496,7 @@ def measure_claim_cost(history: int, repeats: int = 300, batch: int = 10) -> tup
     Each copy lives in a schema of its own. Claims alternate between the two, so both see the
     same load on a shared machine, and each is rolled back, so every one sees the same table.
     """
-    from ultimat3_jobs.store.sql import CLAIM_ANY_QUEUE, NO_SORT
+    from ultimat3_jobs.store.sql import CLAIM_ANY_QUEUE, CLAIM_PLANNER
 
     schemas = [f"{HISTORY_SCHEMA}_empty", f"{HISTORY_SCHEMA}_full"]
     conns = [_connect() for _ in schemas]
@@ -534,7 +534,7 @@ def measure_claim_cost(history: int, repeats: int = 300, batch: int = 10) -> tup
                     "worker": "bench",
                 }
                 with conn.transaction(force_rollback=True):
-                    conn.execute(NO_SORT)  # As the worker claims.
+                    conn.execute(CLAIM_PLANNER)  # As the worker claims.
                     start = time.perf_counter()
                     conn.execute(CLAIM_ANY_QUEUE, params).fetchall()
                     times.append(time.perf_counter() - start)

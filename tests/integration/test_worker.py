@@ -196,7 +196,7 @@ def _queued_rows(queue: str, count: int, run_at: str, priority: int = 0) -> None
 def _blocks_read(statement: str, params: dict[str, Any]) -> int:
     """The buffers a claim statement touches, run as the store runs it, then rolled back."""
     with transaction.atomic():
-        execute_bound("default", sql.NO_SORT, ())
+        execute_bound("default", sql.CLAIM_PLANNER, ())
         [(plan,)] = execute_bound(
             "default", f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params
         )

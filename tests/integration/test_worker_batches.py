@@ -99,7 +99,7 @@ def test_finish_and_claim__is_one_statement_whatever_the_batch() -> None:
     on_jobs = [q["sql"] for q in queries.captured_queries if "ultimat3_jobs_job" in q["sql"]]
     assert len(on_jobs) == 1
     others = [q["sql"] for q in queries.captured_queries if q["sql"] not in on_jobs]
-    settings = [sql for sql in others if "set_config" in sql]  # NO_SORT, then SORT_AGAIN
+    settings = [sql for sql in others if "set_config" in sql]  # CLAIM_PLANNER, then PLANNER_AGAIN
     assert all(sql.startswith(("SAVEPOINT", "RELEASE")) for sql in others if sql not in settings)
     assert len(settings) == 2, others
     assert written == {job.id for job in ran}

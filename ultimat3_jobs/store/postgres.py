@@ -248,17 +248,17 @@ class PostgresStore(PortableStore):
             )
         else:
             statement = sql.CLAIM_ANY_QUEUE if queues is None else sql.CLAIM_QUEUES
-        # A caller's transaction outlives ours: the setting must not outlive the claim in it.
+        # A caller's transaction outlives ours: the settings must not outlive the claim in it.
         inside_caller = connection.in_atomic_block
         with transaction.atomic(using=self.using):
             # Statistics taken while no job was queued (a fresh table, or one holding only
             # history) make the planner expect a few due rows: it then reads every due row and
             # sorts them behind a burst. Without sorts it walks the ready index in order and
             # stops at the limit, whatever the statistics say.
-            execute_bound(self.using, sql.NO_SORT, ())
+            execute_bound(self.using, sql.CLAIM_PLANNER, ())
             rows = execute_bound(self.using, statement, params)
             if inside_caller:
-                execute_bound(self.using, sql.SORT_AGAIN, ())
+                execute_bound(self.using, sql.PLANNER_AGAIN, ())
         if not finishes:
             return set(), _claimed_rows(rows)
         written = {row[1] for row in rows if not row[0]}

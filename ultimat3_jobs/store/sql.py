@@ -214,9 +214,9 @@ _RETURNING = ", ".join(
 # walked one priority at a time (``levels``: the priorities queued rows hold, each found by one
 # descent of the index), so ``run_at <= now`` ends each walk at the first row not due yet. In
 # one walk of the index, whose first column is the priority, that bound ended nothing: behind
-# 1,000,000 jobs due tomorrow a claim read them all, 13 to 25 ms, even with nothing due. The walks
-# come highest priority first, each in order, and the claim stops at its limit: rows it does
-# not take are never locked. ``{queued}`` matches the partial index's predicate, so finished
+# 1,000,000 jobs due tomorrow a claim read them all, 13 to 25 ms, even with nothing due. The
+# walks come highest priority first, each in order, and the claim stops at its limit: rows it
+# does not take are never locked. ``{queued}`` matches the partial index's predicate, so finished
 # history is never scanned.
 _BY_PRIORITY = """
     WITH RECURSIVE levels(priority) AS (
@@ -253,9 +253,8 @@ _DUE_IN_QUEUES = """
 """.format(walks=_BY_PRIORITY.format(table="{table}", queued=_IN_QUEUE))
 # The claimed rows numbered as ``due`` gives them, which is the claim's order (its walks one
 # priority after the other, or the queues' rows sorted), and its CTE is read back as it was
-# written.
-# Numbered here rather than in ``due``: FOR UPDATE takes no window function. No ORDER BY: the
-# rows come in that order already.
+# written. Numbered here rather than in ``due``: FOR UPDATE takes no window function. No ORDER
+# BY: the rows come in that order already.
 _RANKED = "SELECT id, row_number() OVER () AS n FROM due"
 _CLAIM_SET = """
     SET status = 'running', attempts = job.attempts + 1,
@@ -270,12 +269,13 @@ UPDATE {table} AS job
 {set}
 RETURNING {returning}
 """
-#: Run before a claim, in its transaction: the claim's plan must never sort its due rows (see
-#: ``PostgresStore._finish_and_claim``). JIT off too: a claim of given queues sorts its few
-#: rows all the same, and what sorting off adds to that plan's cost would JIT-compile it.
-NO_SORT = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+#: The planner's settings for a claim, run before it in its transaction: its plan must never
+#: sort its due rows (see ``PostgresStore._finish_and_claim``), and JIT is off: a claim of given
+#: queues sorts its few rows all the same, and what sorting off adds to that plan's cost would
+#: JIT-compile it.
+CLAIM_PLANNER = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 #: After a claim inside a caller's transaction: the caller's statements plan as before.
-SORT_AGAIN = """
+PLANNER_AGAIN = """
 SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN ('enable_sort', 'jit')
 """
 

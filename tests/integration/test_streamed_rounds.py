@@ -277,25 +277,35 @@ def _planners() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "ultimat3-rows-ahead"]
 
 
+#: Where a refused value is put in each of a round's two COPYs: a job's queue, or its
+#: occurrence record's node, each past its column's length.
+POISONED = {
+    "a job": (postgres_store, "scheduled_row", QUEUE),
+    "a record": (postgres_store.history, "fired_copy_row", 8),  # ``COPY_OCCURRENCES``' node
+}
+
+
+@pytest.mark.parametrize("row", list(POISONED))
 def test_streamed_round__a_row_the_database_refuses_writes_nothing_and_the_next_round_fires_all(
-    monkeypatch: pytest.MonkeyPatch,
+    row: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The jobs' COPY has no savepoint: a refused row must still roll the whole round back,
-    # watermarks included, and leave the connection usable for the next round.
+    # The jobs' COPY has no savepoint: a refused row, in either COPY, must still roll the whole
+    # round back, watermarks included, and leave the connection usable for the next round.
     tasks = make_tasks(COUNT)
     scheduler = _armed(tasks, FrozenClock(T0))
     seen = _streams(scheduler, monkeypatch)
     poisoned = tasks[COUNT // 2].name
-    made = postgres_store.scheduled_row
+    module, name, at = POISONED[row]
+    made = getattr(module, name)
 
     def poison(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        row = made(*args, **kwargs)
-        if kwargs["task"] != poisoned:
-            return row
-        return (*row[:QUEUE], "q" * 1000, *row[QUEUE + 1 :])  # past the column's length
+        values = made(*args, **kwargs)
+        if kwargs.get("task", args[0]) != poisoned:
+            return values
+        return (*values[:at], "x" * 1000, *values[at + 1 :])
 
     with monkeypatch.context() as patch:
-        patch.setattr(postgres_store, "scheduled_row", poison)
+        patch.setattr(module, name, poison)
         with pytest.raises(psycopg.errors.DataError):  # COPY's own, as psycopg raises it
             scheduler.tick()
     assert seen == [True]

@@ -154,31 +154,34 @@ _ENCODE = json.JSONEncoder(default=_jsonable).encode
 _QUOTE = json.encoder.encode_basestring_ascii
 
 
-def _encode_fields(fields: dict[str, Any]) -> str:
-    """``_ENCODE(fields)``, byte for byte, for the fields of a per-occurrence line.
+def _encode_value(value: Any) -> str:
+    """``_ENCODE(value)``, byte for byte, quicker for the values of a per-occurrence line.
 
     Text, integers, booleans, None and lists of text are written here; anything else goes to
-    ``_ENCODE``. The encoder sets itself up again at every call, which was most of the cost
-    of 10,000 short lines.
+    ``_ENCODE``, which sets itself up again at every call: that was most of the cost of 10,000
+    short lines.
     """
+    kind = type(value)
+    if kind is str:
+        return _QUOTE(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if kind is int:
+        return int.__repr__(value)
+    if kind is list and all(type(item) is str for item in value):
+        return "[" + ", ".join(map(_QUOTE, value)) + "]"
+    return _ENCODE(value)
+
+
+def _encode_fields(fields: dict[str, Any]) -> str:
+    """``_ENCODE(fields)``, byte for byte, for the fields of a per-occurrence line."""
     parts = []
     for key, value in fields.items():
-        kind = type(value)
         if type(key) is not str:
             return _ENCODE(fields)
-        if kind is str:
-            text = _QUOTE(value)
-        elif kind is bool:
-            text = "true" if value else "false"
-        elif value is None:
-            text = "null"
-        elif kind is int:
-            text = int.__repr__(value)
-        elif kind is list and all(type(item) is str for item in value):
-            text = "[" + ", ".join(map(_QUOTE, value)) + "]"
-        else:
-            return _ENCODE(fields)
-        parts.append(f"{_QUOTE(key)}: {text}")
+        parts.append(f"{_QUOTE(key)}: {_encode_value(value)}")
     return "{" + ", ".join(parts) + "}"
 
 
@@ -233,7 +236,7 @@ class TextFormatter(logging.Formatter):
     def line(self, created: float, level: str, event: str, fields: dict[str, Any]) -> str:
         parts = [datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"), level]
         parts.append(event)
-        parts += [f"{key}={_ENCODE(value)}" for key, value in fields.items()]
+        parts += [f"{key}={_encode_value(value)}" for key, value in fields.items()]
         return " ".join(parts)
 
 
@@ -272,7 +275,7 @@ class _StdoutHandler(logging.StreamHandler):
         if json_lines:
             part = _encode_fields(fields)[1:]
         else:
-            part = "".join(f" {k}={_ENCODE(v)}" for k, v in fields.items())
+            part = "".join(f" {k}={_encode_value(v)}" for k, v in fields.items())
         return None if "\n" in part else part
 
     def write_tails(self, level: str, event: str, tails: Iterable[str | dict[str, Any]]) -> None:

@@ -216,3 +216,12 @@ def test_encode_fields__writes_what_the_json_encoder_writes(fields: dict[str, An
     from ultimat3_jobs.logs import _ENCODE, _encode_fields
 
     assert _encode_fields(fields) == _ENCODE(fields)
+
+
+@examples(max_examples=400)
+@given(_LEAF | st.floats() | st.lists(st.integers(), max_size=2) | st.datetimes())
+def test_encode_value__writes_what_the_json_encoder_writes(value: Any) -> None:
+    # Each value of a text line, and of a JSON line's fields, goes through it.
+    from ultimat3_jobs.logs import _ENCODE, _encode_value
+
+    assert _encode_value(value) == _ENCODE(value)

@@ -67,10 +67,15 @@ def dumps(value: Any) -> str:
     valid JSON (PostgreSQL re-reads it), so the two need not agree byte for byte. orjson
     refuses integers beyond 64 bits, which ``json`` takes.
     """
+    return _json_bytes(value).decode()
+
+
+def _json_bytes(value: Any) -> bytes:
+    """``dumps``, as UTF-8."""
     try:
-        return orjson.dumps(value).decode()
+        return orjson.dumps(value)
     except TypeError:
-        return json.dumps(value, default=_json_default)
+        return json.dumps(value, default=_json_default).encode()
 
 
 #: The version of PostgreSQL's binary jsonb, the byte before its JSON text.
@@ -80,12 +85,7 @@ _JSONB_VERSION = b"\x01"
 def jsonb_field(value: Any) -> bytes:
     """A jsonb field of a binary COPY row (``copy_rows``): ``value`` as ``dumps`` encodes it,
     or JSON text already, after the format's version byte."""
-    if isinstance(value, str):
-        return _JSONB_VERSION + value.encode()
-    try:
-        return _JSONB_VERSION + orjson.dumps(value)
-    except TypeError:
-        return _JSONB_VERSION + json.dumps(value, default=_json_default).encode()
+    return _JSONB_VERSION + (value.encode() if isinstance(value, str) else _json_bytes(value))
 
 
 def _json_default(value: Any) -> Any:

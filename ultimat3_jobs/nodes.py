@@ -144,10 +144,9 @@ class Heartbeat:
                 first=self.written is None,
                 **fields,
             )
-        except BaseException:
+            self.written = moment
+        finally:
             self.attempted = moment
-            raise
-        self.attempted = self.written = moment
 
     def compare_clocks(self) -> int:
         """This node's clock minus the database's, in milliseconds.

@@ -4,11 +4,14 @@ ahead of the statement that takes them (``Ahead``), kept off the round's own loc
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -205,9 +208,74 @@ def execute_bound(
     return rows
 
 
-#: The database aliases whose server lost a prepared statement (``execute_bound``): this
-#: process prepares nothing more there, whatever their ``prepare_threshold``.
+#: The database aliases whose server lost a prepared statement (``execute_bound``,
+#: ``execute_named``): this process prepares nothing more there, whatever their
+#: ``prepare_threshold``.
 UNPREPARED: set[str] = set()
+
+
+class Named:
+    """A statement PostgreSQL keeps planned in each session that runs it, under a name its
+    text decides (SQL ``PREPARE``), for ``execute_named``: whatever pooler hands a session
+    from client to client, a name can only ever stand for this text. ``types``: each
+    parameter of ``statement`` (``%(key)s``) and its SQL type, in order."""
+
+    def __init__(self, statement: str, types: Mapping[str, str]) -> None:
+        self.statement = statement
+        self.keys = tuple(types)
+        text = statement
+        for number, key in enumerate(types, 1):
+            text = text.replace(f"%({key})s", f"${number}")
+        signature = ", ".join(types.values())
+        digest = hashlib.blake2b(f"{signature}\n{text}".encode(), digest_size=8).hexdigest()
+        self.name = f"ultimat3_jobs_{digest}"
+        self.prepare = f"PREPARE {self.name} ({signature}) AS {text}"
+        casts = ", ".join(f"%s::{kind}" for kind in types.values())
+        self.execute = f"EXECUTE {self.name} ({casts})"
+
+
+def execute_named(using: str, named: Named, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """``named`` in a transaction of its own, and its rows: planned once a session, whatever
+    Django's ``prepare_threshold`` option says, its parameters written into the ``EXECUTE``
+    (whose text PostgreSQL parses, but never plans). A connection prepares it before its
+    first run.
+
+    A session that lost it (a pooler's backend this client never prepared it on) fails the
+    ``EXECUTE`` before it runs anything: it is prepared and run again. A second miss at once
+    means the pooler moves the client from backend to backend between statements: this
+    process then prepares nothing more on that database (``UNPREPARED``) and runs the
+    statement as ``execute_bound`` does. Inside a transaction, where a miss would spoil it,
+    the statement runs as ``execute_bound`` runs it.
+    """
+    connection = connections[using]
+    connection.ensure_connection()
+    session = connection.connection
+    if session.info.transaction_status == TransactionStatus.IDLE and using not in UNPREPARED:
+        start = time.monotonic()
+        args = [params[key] for key in named.keys]
+        with _NAMED_LOCK:
+            prepared = _NAMED.setdefault(session, set())
+        with connection.wrap_database_errors, psycopg.ClientCursor(session) as cursor:
+            for _ in range(2):
+                if named.name not in prepared:
+                    with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
+                        cursor.execute(named.prepare)
+                    prepared.add(named.name)
+                try:
+                    cursor.execute(named.execute, args)
+                except psycopg.errors.InvalidSqlStatementName:
+                    prepared.discard(named.name)
+                    continue
+                _logged(connection, named.execute, start)
+                return cursor.fetchall()
+        UNPREPARED.add(using)
+    return execute_bound(using, named.statement, params)
+
+
+#: The names ``execute_named`` prepared on each connection (a connection is one thread's at a
+#: time; the lock guards the mapping).
+_NAMED: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = weakref.WeakKeyDictionary()
+_NAMED_LOCK = threading.Lock()
 
 
 #: SQLSTATEs of a prepared statement the server does not hold as the client believes:

@@ -46,21 +46,23 @@ def bouncer() -> Iterator[PgBouncer]:
         pooler.stop()
 
 
-def _drain(tmp_path: Path, processes: list[Process], name: str, url: str) -> Process:
-    """``JOBS`` pings drained by one ``run_worker --burst --no-listen`` connected at ``url``."""
+def _drain(
+    tmp_path: Path, processes: list[Process], name: str, url: str, workers: int = 1
+) -> list[Process]:
+    """``JOBS`` pings drained by ``workers`` processes of ``run_worker --burst --no-listen``
+    connected at ``url``."""
     with transaction.atomic():
         for n in range(JOBS):
             ping.enqueue({"label": f"{name}-{n:03d}"})
-    worker = spawn(
-        tmp_path,
-        name,
-        "run_worker", "--burst", "--no-listen", "--concurrency", "4",
-        settings_overrides=FAST,
-        env={"DATABASE_URL": url},
-    )  # fmt: skip
-    processes.append(worker)
-    assert worker.wait(120) == 0, worker.log_path.read_text()[-3000:]
-    return worker
+    argv = ["run_worker", "--burst", "--no-listen", "--concurrency", "4"]
+    started = [
+        spawn(tmp_path, f"{name}-{n}", *argv, settings_overrides=FAST, env={"DATABASE_URL": url})
+        for n in range(workers)
+    ]
+    processes.extend(started)
+    for worker in started:
+        assert worker.wait(120) == 0, worker.log_path.read_text()[-3000:]
+    return started
 
 
 def _ran_once(name: str) -> None:
@@ -78,7 +80,7 @@ def _failures(process: Process) -> list[dict[str, Any]]:
 def test_no_listen__runs_every_job_once_with_nothing_failing(
     tmp_path: Path, processes: list[Process], bouncer: PgBouncer
 ) -> None:
-    worker = _drain(tmp_path, processes, "pooled", bouncer.url())
+    [worker] = _drain(tmp_path, processes, "pooled", bouncer.url())
     _ran_once("pooled")
     assert _failures(worker) == []
 
@@ -86,16 +88,16 @@ def test_no_listen__runs_every_job_once_with_nothing_failing(
 def test_prepare_threshold_set__the_failure_names_the_pooler_and_every_job_runs_once(
     tmp_path: Path, processes: list[Process], bouncer: PgBouncer
 ) -> None:
-    worker = _drain(tmp_path, processes, "prepared", bouncer.url("?prepare_threshold=0"))
+    workers = _drain(tmp_path, processes, "prepared", bouncer.url("?prepare_threshold=0"), 2)
     _ran_once("prepared")
-    failures = _failures(worker)
-    # The dispatcher and the job threads each name their first prepared statement "_pg3_0",
-    # on the one backend they share: the second to prepare it is refused.
+    failures = [event for worker in workers for event in _failures(worker)]
+    # The two dispatchers each name their first prepared statement "_pg3_0", on the one
+    # backend they share: the second to prepare it is refused.
     assert failures, "no statement failed: the pooler did not share its backend"
     assert {event["code"] for event in failures} == {"jobs.prepared-statement-lost"}
     assert all("prepare_threshold" in event["fix"] for event in failures)
-    # A statement fails (with the jobs whose starts it marked together), and the process
-    # then prepares nothing more: a handful of failures, not one for every job.
+    # A statement fails, and its process then prepares nothing more: a handful of failures,
+    # not one for every job.
     assert len(failures) <= JOBS // 10
 
 

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.signals import connection_created
@@ -20,7 +21,7 @@ from ultimat3_jobs import clock
 from ultimat3_jobs.db import UNPREPARED, execute_bound
 from ultimat3_jobs.logs import failure_fields
 from ultimat3_jobs.models import Job, JobStatus
-from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, postgres, store_for
+from ultimat3_jobs.store import ClaimedJob, Finish, PortableStore, postgres, sql, store_for
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
 from .test_worker import QUICK, make_job, wait_until
@@ -163,8 +164,9 @@ def _prepared_at_first_use() -> Iterator[None]:
 @pytest.mark.django_db(transaction=True)
 def test_claim_mark_and_finish__prepared_when_the_databases_prepare_threshold_says_so() -> None:
     """Django's ``prepare_threshold`` option (its default: never) decides for the worker's
-    statements too, so PostgreSQL can keep their plans; Django's own queries stay as they are
-    (bound on the client, never prepared)."""
+    claim and finish too, so PostgreSQL can keep their plans (the start mark is kept whatever
+    it says, by name: below); Django's own queries stay as they are (bound on the client,
+    never prepared)."""
     for _ in range(3):
         make_job()
     store, now = store_for("default"), clock.now()
@@ -220,6 +222,96 @@ def test_finish__a_prepared_statement_the_server_lost_fails_once_then_none_is_pr
     assert written == {second.id}
     assert prepared == 0
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 3
+
+
+def _named_statements() -> list[tuple[str, str, int]]:
+    """This session's statements prepared by name: name, text, and how often each was run."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, statement, generic_plans + custom_plans FROM pg_prepared_statements"
+        )
+        return cursor.fetchall()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_mark_started__prepared_by_name_once_a_session_whatever_prepare_threshold_says() -> None:
+    """A thread waits on its start mark before each claimed-ahead job runs: the mark is
+    planned once a session, under a name its text decides, with Django's default
+    ``prepare_threshold`` (never) too; the claim and the finish stay as that option says.
+    In a caller's transaction, where a missing statement would spoil it, nothing is
+    prepared."""
+    for _ in range(5):
+        make_job()
+    store, now = store_for("default"), clock.now()
+    connection.close()
+    claimed = store.claim(worker="w1", limit=5, now=now, start=0)
+    first = store.mark_started(jobs=claimed[:2], worker="w1", now=now)
+    second = store.mark_started(jobs=claimed[2:4], worker="w1", now=now)
+    [(name, statement, runs)] = _named_statements()
+    with transaction.atomic():
+        assert store.mark_started(jobs=claimed[4:], worker="w1", now=now) == {claimed[4].id}
+        assert len(_named_statements()) == 1
+    assert (first, second) == ({j.id for j in claimed[:2]}, {j.id for j in claimed[2:4]})
+    assert name == sql.MARK_STARTED_NAMED.name and name.startswith("ultimat3_jobs_")
+    assert "SET started_at" in statement
+    assert runs == 2
+    assert Job.objects.filter(started_at=now).count() == 5
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_mark_started__a_session_that_lost_its_named_statement_prepares_it_again() -> None:
+    """A pooler may hand the client a backend that never saw the statement (or one reset
+    with ``DISCARD ALL``): the ``EXECUTE`` fails before running anything, and the mark is
+    prepared there and run; no error reaches the worker."""
+    for _ in range(2):
+        make_job()
+    store, now = store_for("default"), clock.now()
+    first, second = store.claim(worker="w1", limit=2, now=now, start=0)
+    assert store.mark_started(jobs=[first], worker="w1", now=now) == {first.id}
+    with connection.cursor() as cursor:
+        # Unseen by the client, as a pooler's switch of backend would be.
+        cursor.execute("DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$")
+    assert _named_statements() == []
+    assert store.mark_started(jobs=[second], worker="w1", now=now) == {second.id}
+    assert [name for name, _, _ in _named_statements()] == [sql.MARK_STARTED_NAMED.name]
+    assert "default" not in UNPREPARED
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_mark_started__a_pooler_that_moves_the_client_at_each_statement__marks_unprepared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pooler in statement mode (or a transaction-pooling one with several backends) may run
+    the ``PREPARE`` on one backend and the ``EXECUTE`` on another, every time: after the
+    second miss in a row the mark runs unprepared, and the process prepares nothing more on
+    that database. Here the session forgets its statements before each ``EXECUTE``."""
+    for _ in range(2):
+        make_job()
+    store, now = store_for("default"), clock.now()
+    first, second = store.claim(worker="w1", limit=2, now=now, start=0)
+    sent: list[str] = []
+    execute = psycopg.ClientCursor.execute
+
+    def moved(cursor: psycopg.ClientCursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        if sql.MARK_STARTED_NAMED.name in str(query):
+            sent.append(str(query).split()[0])
+            if sent[-1] == "EXECUTE":
+                execute(cursor, "DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$")
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.ClientCursor, "execute", moved)
+    connection.close()
+    try:
+        assert store.mark_started(jobs=[first], worker="w1", now=now) == {first.id}
+        assert "default" in UNPREPARED
+        assert store.mark_started(jobs=[second], worker="w1", now=now) == {second.id}
+    finally:
+        UNPREPARED.discard("default")
+    assert sent == ["PREPARE", "EXECUTE", "PREPARE", "EXECUTE"]
+    assert Job.objects.filter(started_at=now).count() == 2
 
 
 @pytest.mark.django_db

@@ -25,6 +25,7 @@ from ..db import (
     copy_rows,
     dumps,
     execute_bound,
+    execute_named,
     instant_texts,
     instants_from_microseconds,
     json_rows,
@@ -277,13 +278,16 @@ class PostgresStore(PortableStore):
             return [ClosedOccurrence(*row) for row in cursor.fetchall()]
 
     def mark_started(self, *, jobs: Sequence[ClaimedJob], worker: str, now: datetime) -> set[int]:
-        """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``),
-        its arrays sent apart from its text (``execute_bound``)."""
+        """One statement, committed without waiting for the disk (see ``sql.MARK_STARTED``):
+        on its own, prepared by name in each session (``execute_named``); in a caller's
+        transaction, its arrays sent apart from its text (``execute_bound``)."""
         if not jobs:
             return set()
-        connection = connections[self.using]
-        statement = sql.MARK_STARTED_IN_CALLER if connection.in_atomic_block else sql.MARK_STARTED
-        rows = execute_bound(self.using, statement, _start_params(jobs, worker, now))
+        params = _start_params(jobs, worker, now)
+        if connections[self.using].in_atomic_block:
+            rows = execute_bound(self.using, sql.MARK_STARTED_IN_CALLER, params)
+        else:
+            rows = execute_named(self.using, sql.MARK_STARTED_NAMED, params)
         return {pk for (pk,) in rows}
 
     # -- the relay's outbox -----------------------------------------------------------------------

@@ -227,7 +227,8 @@ def _burst(argv: list[str], enqueue: Callable[[], None], n: int) -> float:
 
 def measure_bursts(n: int, concurrency: int, rounds: int) -> dict[str, list[float]]:
     """The same backlog of ``n`` no-op Django Tasks and @jobs, each drained by
-    ``run_worker --burst`` (``rounds`` times, interleaved), and by ``db_worker --batch`` once."""
+    ``run_worker --burst``, and the tasks by ``db_worker --batch``: ``rounds`` times each,
+    interleaved (the peer's rate, bound by a commit per task, moves with the disk's)."""
     from django.db import transaction
     from django_tasks_db.models import DBTaskResult
 
@@ -260,9 +261,9 @@ def measure_bursts(n: int, concurrency: int, rounds: int) -> dict[str, list[floa
         )
         assert jobs_bench._succeeded() == n
         jobs_bench._clean()
-    rates["db"].append(_burst([*DB_WORKER, "--batch"], tasks(noop_db), n))
-    assert DBTaskResult.objects.filter(queue_name="bench", status="SUCCESSFUL").count() == n
-    _clean()
+        rates["db"].append(_burst([*DB_WORKER, "--batch"], tasks(noop_db), n))
+        assert DBTaskResult.objects.filter(queue_name="bench", status="SUCCESSFUL").count() == n
+        _clean()
     return rates
 
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=1000, help="no-op tasks per measurement")
     parser.add_argument("--concurrency", type=int, default=4, help="run_worker threads")
     parser.add_argument("--backlog", type=int, default=5000, help="tasks in the burst backlog")
-    parser.add_argument("--rounds", type=int, default=3, help="burst rounds of ours")
+    parser.add_argument("--rounds", type=int, default=3, help="burst rounds of each")
     args = parser.parse_args(argv)
     try:
         import django_tasks_db  # noqa: F401
@@ -326,8 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     task, job, db = (statistics.median(rates[k]) for k in ("task", "job", "db"))
     print(
         f"\nA backlog of {args.backlog:,} no-op tasks, one worker process from its start to its "
-        f"exit (run_worker --burst --concurrency {c}, median of {args.rounds} interleaved "
-        "rounds; db_worker --batch, one run)"
+        f"exit (run_worker --burst --concurrency {c} and db_worker --batch, median of "
+        f"{args.rounds} interleaved rounds)"
     )
     header = f"{'':<44} | {'tasks/s':>8} | {'vs @job':>7} | {'vs db':>7} | goal"
     print(header)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         ("django-tasks-db, db_worker --batch", db, ""),
     ):
         print(f"{label:<44} | {rate:>8.0f} | {rate / job:>6.2f}x | {rate / db:>6.1f}x | {goal}")
-    for key in ("task", "job"):
+    for key in ("task", "job", "db"):
         print(f"  {key} rounds: {', '.join(f'{rate:.0f}' for rate in rates[key])}")
 
 

@@ -4,7 +4,6 @@ ahead of the statement that takes them (``Ahead``), kept off the round's own loc
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import queue
@@ -229,7 +228,15 @@ class Named:
         signature = ", ".join(types.values())
         digest = hashlib.blake2b(f"{signature}\n{text}".encode(), digest_size=8).hexdigest()
         self.name = f"ultimat3_jobs_{digest}"
-        self.prepare = f"PREPARE {self.name} ({signature}) AS {text}"
+        assert "$prepare$" not in text
+        # Prepared unless the session holds it already, in one statement (so on one backend,
+        # whatever the pooler): a PREPARE of a name the backend holds would fail, and be
+        # logged by the server as an error.
+        self.prepare = (
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_prepared_statements WHERE name = "
+            f"'{self.name}') THEN EXECUTE $prepare$PREPARE {self.name} ({signature}) AS {text}"
+            "$prepare$; END IF; END $$"
+        )
         casts = ", ".join(f"%s::{kind}" for kind in types.values())
         self.execute = f"EXECUTE {self.name} ({casts})"
 
@@ -258,8 +265,7 @@ def execute_named(using: str, named: Named, params: Mapping[str, Any]) -> list[t
         with connection.wrap_database_errors, psycopg.ClientCursor(session) as cursor:
             for _ in range(2):
                 if named.name not in prepared:
-                    with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
-                        cursor.execute(named.prepare)
+                    cursor.execute(named.prepare)
                     prepared.add(named.name)
                 try:
                     cursor.execute(named.execute, args)

@@ -46,6 +46,17 @@ def bouncer() -> Iterator[PgBouncer]:
         pooler.stop()
 
 
+@pytest.fixture
+def bouncer_of_four() -> Iterator[PgBouncer]:
+    """Four server connections: a client's transactions land on whichever is free, one after
+    the other, so a session-level statement prepared on one backend is missing on the next."""
+    pooler = PgBouncer(process_database_url(), pool_size=4)
+    try:
+        yield pooler
+    finally:
+        pooler.stop()
+
+
 def _drain(
     tmp_path: Path, processes: list[Process], name: str, url: str, workers: int = 1
 ) -> list[Process]:
@@ -83,6 +94,17 @@ def test_no_listen__runs_every_job_once_with_nothing_failing(
     [worker] = _drain(tmp_path, processes, "pooled", bouncer.url())
     _ran_once("pooled")
     assert _failures(worker) == []
+
+
+def test_no_listen__backends_that_change_under_each_client__every_job_once_nothing_failing(
+    tmp_path: Path, processes: list[Process], bouncer_of_four: PgBouncer
+) -> None:
+    """The start marks, prepared by name, meet backends that lack them (prepared again there)
+    or a client moved between its ``PREPARE`` and its ``EXECUTE`` (run unprepared from then
+    on): no failure either way, and every job runs once, started once."""
+    workers = _drain(tmp_path, processes, "rotated", bouncer_of_four.url(), 2)
+    _ran_once("rotated")
+    assert [event for worker in workers for event in _failures(worker)] == []
 
 
 def test_prepare_threshold_set__the_failure_names_the_pooler_and_every_job_runs_once(

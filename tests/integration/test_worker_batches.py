@@ -310,7 +310,7 @@ def test_mark_started__a_pooler_that_moves_the_client_at_each_statement__marks_u
         assert store.mark_started(jobs=[second], worker="w1", now=now) == {second.id}
     finally:
         UNPREPARED.discard("default")
-    assert sent == ["PREPARE", "EXECUTE", "PREPARE", "EXECUTE"]
+    assert sent == ["DO", "EXECUTE", "DO", "EXECUTE"]  # Prepared, run, twice; then plain.
     assert Job.objects.filter(started_at=now).count() == 2
 
 

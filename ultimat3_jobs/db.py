@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import select
 import sys
 import threading
 import time
@@ -45,6 +46,28 @@ def dedicated_connection(using: str, application_name: str) -> psycopg.Connectio
         keepalives_interval=2,
         keepalives_count=2,
     )
+
+
+def hung_up(connection: Any) -> bool:
+    """Whether the server has spoken on this idle Django connection to PostgreSQL, which in
+    practice is its goodbye: a restart's or a ``pg_terminate_backend``'s "terminating
+    connection due to administrator command", then the socket's close. Never blocks.
+
+    An idle connection has nothing to read until it sends a query, so any byte waiting on its
+    socket says the connection is not the one the next query expects (a rare notice the app
+    asked for ends it too, at the price of a new connection). Without this a job would meet
+    the dead connection as its first query's error, and a Django Task, never retried, would
+    fail for it.
+    """
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    if connection.in_atomic_block:
+        return False  # A caller's transaction: its own statements will say.
+    try:
+        readable, _, _ = select.select([connection.connection.pgconn.socket], [], [], 0)
+    except (OSError, psycopg.Error):
+        return True  # Closed already.
+    return bool(readable)
 
 
 def database_now(using: str = "default") -> datetime:

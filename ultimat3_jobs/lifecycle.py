@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
 from . import shutdown
+from .db import hung_up
 from .listener import Listener
 from .logs import failure_fields
 from .nodes import RunStatus
@@ -163,17 +164,23 @@ def listen(
 
 
 def drop_broken_connections() -> None:
-    """Close this thread's connections that errored and can no longer be used.
+    """Close this thread's connections that errored and can no longer be used, and those the
+    server hung up on while they sat idle (``db.hung_up``: a database restart between two
+    jobs), so the next job opens a new one rather than failing on the dead one.
 
     Unlike ``close_old_connections`` it leaves a working connection open whatever its age, so
     a thread running one job after another does not reconnect for each.
     """
     for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and connection.errors_occurred:
+        if connection.connection is None:
+            continue
+        if connection.errors_occurred:
             if not connection.is_usable():
                 connection.close()
-            else:
-                connection.errors_occurred = False
+                continue
+            connection.errors_occurred = False
+        if hung_up(connection):
+            connection.close()
 
 
 __all__ = ["DATABASE_ERRORS", "Backoff", "Lifecycle", "drop_broken_connections", "listen"]

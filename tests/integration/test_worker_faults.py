@@ -23,7 +23,9 @@ from django_tasks import TaskResultStatus
 from testproject.demo import background
 from testproject.demo.models import Ping
 from ultimat3_jobs import clock
+from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.declarations import job
+from ultimat3_jobs.lifecycle import drop_broken_connections
 from ultimat3_jobs.models import Job, JobStatus
 from ultimat3_jobs.pool import Child, ChildDied, ChildSetup
 from ultimat3_jobs.registry import Registry
@@ -503,3 +505,28 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
     assert "jobs.job.timeout" in Job.objects.get(pk=int(result.id)).last_error
     after.refresh()  # The slot ran the next one.
     assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_drop_broken_connections__closes_a_connection_the_server_hung_up_on_while_idle() -> None:
+    """A database restart between two jobs terminates a busy thread's idle connection, and
+    nothing has told the client yet: the next job must not meet it as its first query's error
+    (a Django Task is never retried). It is closed before the job; a live one stays open."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [(pid,)] = cursor.fetchall()
+    drop_broken_connections()
+    assert connection.connection is not None
+    with dedicated_connection("default", "terminator") as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        wait_until(
+            lambda: (
+                not other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchall()
+            )
+        )
+    drop_broken_connections()
+    assert connection.connection is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchall() == [(1,)]

@@ -99,9 +99,10 @@ def test_no_listen__runs_every_job_once_with_nothing_failing(
 def test_no_listen__backends_that_change_under_each_client__every_job_once_nothing_failing(
     tmp_path: Path, processes: list[Process], bouncer_of_four: PgBouncer
 ) -> None:
-    """The start marks, prepared by name, meet backends that lack them (prepared again there)
-    or a client moved between its ``PREPARE`` and its ``EXECUTE`` (run unprepared from then
-    on): no failure either way, and every job runs once, started once."""
+    """The start marks, prepared by name, may meet backends that lack them (prepared again
+    there) or a client moved between its ``PREPARE`` and its ``EXECUTE`` (run unprepared from
+    then on), as the pooler hands them out: no failure either way, and every job runs once,
+    started once."""
     workers = _drain(tmp_path, processes, "rotated", bouncer_of_four.url(), 2)
     _ran_once("rotated")
     assert [event for worker in workers for event in _failures(worker)] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import uuid
@@ -543,19 +544,28 @@ def test_claim__without_start_marks_every_row_started() -> None:
     assert [job.started_at is not None for job in claimed_jobs] == [True, True]
 
 
-@pytest.mark.django_db
-def test_mark_started__marks_only_the_workers_same_attempt() -> None:
+def _in_caller(in_caller: bool) -> contextlib.AbstractContextManager[Any]:
+    """A caller's transaction around a start mark, or none (on PostgreSQL: the statement
+    prepared by name, ``db.execute_named``)."""
+    return transaction.atomic() if in_caller else contextlib.nullcontext()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_caller", [False, True], ids=["own", "in-caller"])
+def test_mark_started__marks_only_the_workers_same_attempt(in_caller: bool) -> None:
     _queued(2)
     store = store_for("default")
     mine, taken = store.claim(worker="w1", limit=2, now=T0, start=0)
     Job.objects.filter(pk=taken.id).update(worker="w2")  # Recovered and claimed by another.
     later = T0 + timedelta(seconds=3)
-    assert store.mark_started(jobs=[mine, taken], worker="w1", now=later) == {mine.id}
+    with _in_caller(in_caller):
+        assert store.mark_started(jobs=[mine, taken], worker="w1", now=later) == {mine.id}
     assert (_started_at(mine.id), _started_at(taken.id)) == (later, None)
 
 
-@pytest.mark.django_db
-def test_mark_started__matches_each_job_to_its_own_attempt() -> None:
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_caller", [False, True], ids=["own", "in-caller"])
+def test_mark_started__matches_each_job_to_its_own_attempt(in_caller: bool) -> None:
     _queued(3)
     store = store_for("default")
     first, second, third = store.claim(worker="w1", limit=3, now=T0, start=0)
@@ -565,7 +575,8 @@ def test_mark_started__matches_each_job_to_its_own_attempt() -> None:
     third = dataclasses.replace(third, attempts=4)
     later = T0 + timedelta(seconds=3)
     # Any order: each id meets the attempt given beside it.
-    marked = store.mark_started(jobs=[third, second, first], worker="w1", now=later)
+    with _in_caller(in_caller):
+        marked = store.mark_started(jobs=[third, second, first], worker="w1", now=later)
     assert marked == {first.id, third.id}
     started = [_started_at(job.id) for job in (first, second, third)]
     assert started == [later, None, later]

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import DataError, OperationalError, connection
+from django.db import DataError, OperationalError, connection, connections
 from django_tasks import TaskResultStatus
 
 from testproject.demo import background
@@ -512,7 +512,9 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
 def test_drop_broken_connections__closes_a_connection_the_server_hung_up_on_while_idle() -> None:
     """A database restart between two jobs terminates a busy thread's idle connection, and
     nothing has told the client yet: the next job must not meet it as its first query's error
-    (a Django Task is never retried). It is closed before the job; a live one stays open."""
+    (a Django Task is never retried). Once another loop has opened a connection (as the
+    dispatcher does before it claims again), it is closed before the job; a live one stays
+    open, and with no connection opened since the last look, none is looked at."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         [(pid,)] = cursor.fetchall()
@@ -526,7 +528,19 @@ def test_drop_broken_connections__closes_a_connection_the_server_hung_up_on_whil
             )
         )
     drop_broken_connections()
+    assert connection.connection is not None  # Nothing opened since: not looked at.
+    reconnect = threading.Thread(target=_reconnect)
+    reconnect.start()
+    reconnect.join()
+    drop_broken_connections()
     assert connection.connection is None
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchall() == [(1,)]
+
+
+def _reconnect() -> None:
+    """A loop's new connection, in a thread of its own, as the dispatcher opens one after a
+    restart."""
+    connections["default"].ensure_connection()
+    connections.close_all()

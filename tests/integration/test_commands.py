@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import gc
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command, get_commands, load_command_class
 
 from ultimat3_jobs.management.base import JobsCommand
@@ -28,3 +33,30 @@ def test_commands__called_in_process__leave_the_callers_objects_to_the_collector
     before = gc.get_freeze_count()
     call_command("jobs_status", stdout=io.StringIO())
     assert gc.get_freeze_count() == before
+
+
+def test_commands__a_long_running_commands_module_loads_its_role_only_once_it_runs() -> None:
+    # Run from the command line, a command freezes the heap as it starts (JobsCommand); the
+    # role's modules, imported by its methods after that, are left out of the full collection
+    # their imports set off. Loaded with the command's module, they would be walked with all of
+    # Django's setup. A fresh process: this one has imported them already.
+    program = (
+        "import sys, django\n"
+        "django.setup()\n"
+        "before = set(sys.modules)\n"
+        "from django.core.management import load_command_class\n"
+        "for name in ('run_scheduler', 'run_worker', 'run_jobs', 'run_relay'):\n"
+        "    load_command_class('ultimat3_jobs', name)\n"
+        "print(' '.join(sorted(set(sys.modules) - before)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "ultimat3_jobs.management.commands.run_worker" in loaded
+    roles = {"management.roles", "scheduler", "state", "worker", "relay", "health", "metrics"}
+    assert sorted({f"ultimat3_jobs.{name}" for name in roles} & set(loaded)) == []

@@ -15,6 +15,10 @@ class JobsCommand(BaseCommand):
     So it freezes those objects first (``gc.freeze``): the cyclic collector stops walking them,
     both in the full collections of a long run and in the ones the interpreter runs at exit,
     the bulk of a short command's exit. Garbage the command itself makes is collected as before.
+
+    A command's module imports the role it runs (``roles``, the scheduler, the worker, the relay)
+    in its methods, which run after the freeze: imported with the module, before it, they set
+    off a full collection of everything Django's setup made.
     """
 
     def run_from_argv(self, argv: list[str]) -> None:

@@ -12,15 +12,6 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from ultimat3_jobs.management.base import JobsCommand
-from ultimat3_jobs.management.roles import (
-    add_process_arguments,
-    add_scheduler_arguments,
-    add_worker_arguments,
-    build_scheduler,
-    build_worker,
-    prepare,
-    worker_exit,
-)
 
 
 class Command(JobsCommand):
@@ -30,11 +21,24 @@ class Command(JobsCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        from ultimat3_jobs.management.roles import (
+            add_process_arguments,
+            add_scheduler_arguments,
+            add_worker_arguments,
+        )
+
         add_scheduler_arguments(parser)
         add_worker_arguments(parser)
         add_process_arguments(parser)
 
     def handle(self, **options: Any) -> None:
+        from ultimat3_jobs.management.roles import (
+            build_scheduler,
+            build_worker,
+            prepare,
+            worker_exit,
+        )
+
         prepare(options)
         scheduler = build_scheduler(options)
         worker = build_worker(options)

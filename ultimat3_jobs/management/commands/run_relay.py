@@ -8,13 +8,10 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from ultimat3_jobs import health
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import positive_int, positive_seconds
 from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error
-from ultimat3_jobs.management.roles import add_process_arguments, prepare
-from ultimat3_jobs.relay import DEFAULT_BATCH, Relay
 
 
 class Command(JobsCommand):
@@ -24,6 +21,9 @@ class Command(JobsCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        from ultimat3_jobs.management.roles import add_process_arguments
+        from ultimat3_jobs.relay import DEFAULT_BATCH
+
         parser.add_argument(
             "--batch",
             type=positive_int,
@@ -66,6 +66,10 @@ class Command(JobsCommand):
         stats: bool,
         **options: Any,
     ) -> None:
+        from ultimat3_jobs import health
+        from ultimat3_jobs.management.roles import prepare
+        from ultimat3_jobs.relay import Relay
+
         # --stats prints and exits: no exporter to serve.
         prepare(options, exporter=not stats)
         try:

@@ -10,23 +10,21 @@ from django.db import DatabaseError
 
 from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import database_error
-from ultimat3_jobs.management.roles import (
-    add_process_arguments,
-    add_scheduler_arguments,
-    build_scheduler,
-    prepare,
-)
 
 
 class Command(JobsCommand):
     help = "Run the scheduler loop: one node dispatches each round; SIGTERM/SIGINT drain."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        from ultimat3_jobs.management.roles import add_process_arguments, add_scheduler_arguments
+
         add_scheduler_arguments(parser)
         parser.add_argument("--once", action="store_true", help="Run one round, then exit.")
         add_process_arguments(parser)
 
     def handle(self, *, once: bool, **options: Any) -> None:
+        from ultimat3_jobs.management.roles import build_scheduler, prepare
+
         prepare(options)
         scheduler = build_scheduler(options, once=once)
         if once:

@@ -8,13 +8,6 @@ from django.core.management.base import CommandParser
 
 from ultimat3_jobs.management.arguments import positive_int
 from ultimat3_jobs.management.base import JobsCommand
-from ultimat3_jobs.management.roles import (
-    add_process_arguments,
-    add_worker_arguments,
-    build_worker,
-    prepare,
-    worker_exit,
-)
 
 
 class Command(JobsCommand):
@@ -24,6 +17,8 @@ class Command(JobsCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        from ultimat3_jobs.management.roles import add_process_arguments, add_worker_arguments
+
         add_worker_arguments(parser)
         parser.add_argument("--burst", action="store_true", help="Run what is due now, then exit.")
         parser.add_argument(
@@ -32,6 +27,8 @@ class Command(JobsCommand):
         add_process_arguments(parser)
 
     def handle(self, *, burst: bool, max_jobs: int | None, **options: Any) -> None:
+        from ultimat3_jobs.management.roles import build_worker, prepare, worker_exit
+
         prepare(options)
         worker = build_worker(options, burst=burst, max_jobs=max_jobs)
         worker_exit(worker.run(), options["database"])

@@ -33,14 +33,14 @@ from .conf import Settings, get_settings
 from .db import database_now
 from .humanize import duration
 from .models import Lease, Node
-from .relay import Relay
 from .retries import MAX_LOOP_BACKOFF
-from .scheduler import Scheduler
 from .status import START_FIX
-from .worker import Worker
 
 if TYPE_CHECKING:
     from .nodes import Heartbeat
+    from .relay import Relay
+    from .scheduler import Scheduler
+    from .worker import Worker
 
 ROLES = ("scheduler", "worker", "relay")
 
@@ -182,6 +182,11 @@ class ProcessHealth:
             self._roles.append(weakref.ref(role))
 
     def report(self) -> list[RoleHealth]:
+        # Imported here: `jobs_status --check`, an exec probe's process, judges the database
+        # and runs none of the roles.
+        from .scheduler import Scheduler
+        from .worker import Worker
+
         with self._lock:
             roles = [role for ref in self._roles if (role := ref()) is not None]
         found = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Iterator
@@ -12,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, DataError, connection, transaction
 from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 
@@ -276,6 +277,29 @@ def test_mark_started__a_session_that_lost_its_named_statement_prepares_it_again
     assert _named_statements() == []
     assert store.mark_started(jobs=[second], worker="w1", now=now) == {second.id}
     assert [name for name, _, _ in _named_statements()] == [sql.MARK_STARTED_NAMED.name]
+    assert "default" not in UNPREPARED
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_mark_started__a_value_the_database_refuses__marks_none_of_its_batch_and_stays_named() -> (
+    None
+):
+    """A mark whose values PostgreSQL refuses (an attempt past ``integer``) fails as the
+    database's error, marking none of the jobs sent with it (one statement); the session keeps
+    its named statement, so the next mark runs prepared, and nothing is marked unprepared."""
+    for _ in range(3):
+        make_job()
+    store, now = store_for("default"), clock.now()
+    first, second, third = store.claim(worker="w1", limit=3, now=now, start=0)
+    assert store.mark_started(jobs=[first], worker="w1", now=now) == {first.id}
+    poison = dataclasses.replace(third, attempts=2**31)
+    with pytest.raises(DataError):
+        store.mark_started(jobs=[second, poison], worker="w1", now=now)
+    assert not Job.objects.filter(pk__in=[second.id, third.id], started_at__isnull=False).exists()
+    assert store.mark_started(jobs=[second, third], worker="w1", now=now) == {second.id, third.id}
+    [(name, _, runs)] = _named_statements()
+    assert (name, runs) == (sql.MARK_STARTED_NAMED.name, 2)
     assert "default" not in UNPREPARED
 
 

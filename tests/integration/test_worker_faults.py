@@ -22,7 +22,7 @@ from django_tasks import TaskResultStatus
 
 from testproject.demo import background
 from testproject.demo.models import Ping
-from ultimat3_jobs import clock
+from ultimat3_jobs import clock, lifecycle
 from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.lifecycle import drop_broken_connections
@@ -507,14 +507,9 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
     assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_drop_broken_connections__closes_a_connection_the_server_hung_up_on_while_idle() -> None:
-    """A database restart between two jobs terminates a busy thread's idle connection, and
-    nothing has told the client yet: the next job must not meet it as its first query's error
-    (a Django Task is never retried). Once another loop has opened a connection (as the
-    dispatcher does before it claims again), it is closed before the job; a live one stays
-    open, and with no connection opened since the last look, none is looked at."""
+def _terminated_while_idle() -> None:
+    """This thread's connection, looked at and then terminated by the server while idle:
+    nothing has told the client yet."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         [(pid,)] = cursor.fetchall()
@@ -527,11 +522,46 @@ def test_drop_broken_connections__closes_a_connection_the_server_hung_up_on_whil
                 not other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchall()
             )
         )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_drop_broken_connections__closes_a_connection_the_server_hung_up_on_while_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database restart between two jobs terminates a busy thread's idle connection, and
+    nothing has told the client yet: the next job must not meet it as its first query's error
+    (a Django Task is never retried). Once another loop has opened a connection (as the
+    dispatcher does before it claims again), it is closed before the job; a live one stays
+    open, and with no connection opened since the last look, none is looked at."""
+    monkeypatch.setattr(lifecycle, "HANG_UP_LOOK_EVERY", 3600.0)
+    _terminated_while_idle()
     drop_broken_connections()
     assert connection.connection is not None  # Nothing opened since: not looked at.
     reconnect = threading.Thread(target=_reconnect)
     reconnect.start()
     reconnect.join()
+    drop_broken_connections()
+    assert connection.connection is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchall() == [(1,)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_drop_broken_connections__a_backend_terminated_alone__is_closed_once_the_look_is_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend terminated on its own (``pg_terminate_backend``, ``idle_session_timeout``)
+    makes no other loop reconnect: the thread looks again once ``HANG_UP_LOOK_EVERY`` has
+    passed since its last look, and closes it before the job."""
+    monkeypatch.setattr(lifecycle, "HANG_UP_LOOK_EVERY", 3600.0)
+    _terminated_while_idle()
+    drop_broken_connections()
+    assert connection.connection is not None  # Looked at last within the interval.
+    monkeypatch.setattr(lifecycle, "HANG_UP_LOOK_EVERY", 0.2)
+    time.sleep(0.25)
     drop_broken_connections()
     assert connection.connection is None
     with connection.cursor() as cursor:

@@ -9,7 +9,8 @@
   and finishes them in one UPDATE, on one and two connections; and the same floor keeping the
   rule that an attempt counts only once its job started (SPEC section 11): the claim marks
   nothing started, and a job's start is committed before it may run, by the worker's mark
-  statement, the threads starting jobs at one moment sharing one;
+  statement, the threads starting jobs at one moment sharing one; in one process and in two,
+  as the worker runs;
 - procrastinate's worker (the ``bench`` extra), same no-op as a sync task, same concurrency,
   in a database of its own on the same server;
 - latency at low load: a job committed (NOTIFY with it) -> its function started, p50/p99;
@@ -44,6 +45,7 @@ QUEUE = "ultimat3-bench"
 PROCRASTINATE_DB = "ultimat3_bench_procrastinate"
 HISTORY_SCHEMA = "ultimat3_bench_history"
 RUN_PROCRASTINATE = "import sys; from bench.procrastinate_worker import main; main(sys.argv[1:])"
+RUN_MARKED_FLOOR = "import sys; from bench.worker import marked_floor_process as m; m(sys.argv[1:])"
 
 INSERT = """
 INSERT INTO ultimat3_jobs_job (name, key, input, status, queue, attempts, max_attempts, run_at,
@@ -222,27 +224,29 @@ class _GroupedMarks:
                 self.ready.notify_all()
 
 
-def measure_marked_floor(n: int, concurrency: int) -> float:
+def _drain_marked(name: str, concurrency: int, ready: Callable[[], None]) -> None:
     """The floor of a worker that keeps SPEC section 11 (an attempt counts only once its job
     started): psycopg claims 100 rows without marking them started, ``concurrency`` threads
     each mark a job's start (``_GroupedMarks``) before taking the next, on connections of their
-    own, and the batch is finished in one UPDATE once they are all through. No job runs; a
-    thread that fails stops the measurement with its error."""
+    own, and the batch is finished in one UPDATE once they are all through, until the queue is
+    empty. No job runs; a thread that fails stops the measurement with its error. ``ready`` is
+    called once the connections are open, before the first claim."""
     from ultimat3_jobs.store.sql import CLAIM_PLANNER, CLAIM_QUEUES
 
-    _enqueue(n)
-    name = "floor-marked"
     marks = _GroupedMarks(name)
     inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
     through: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
+    connected = threading.Barrier(concurrency + 1)
 
     def starter() -> None:
         try:
             with _connect() as conn:
+                connected.wait()
                 while (job := inbox.get()) is not None:
                     marks.mark(conn, job)
                     through.put(job[0])
         except BaseException as error:
+            connected.abort()
             through.put(error)
 
     def passed() -> int:
@@ -256,6 +260,8 @@ def measure_marked_floor(n: int, concurrency: int) -> float:
         thread.start()
     try:
         with _connect() as conn:
+            connected.wait()
+            ready()
             while True:
                 params = {
                     "now": datetime.now(UTC),
@@ -274,10 +280,59 @@ def measure_marked_floor(n: int, concurrency: int) -> float:
                 ids = [passed() for _ in rows]
                 conn.execute(FINISH_BATCH, [datetime.now(UTC), ids, name])
     finally:
+        connected.abort()  # Frees starters still waiting, should this thread not connect.
         for _ in threads:
             inbox.put(None)
         for thread in threads:
             thread.join()
+
+
+def marked_floor_process(argv: list[str]) -> None:
+    """One process of ``measure_marked_floor``: says ``ready`` once connected, drains the queue
+    once told to go (a line on its standard input)."""
+    from .setup import django_ready
+
+    django_ready(migrate=False)  # For the database's parameters alone.
+
+    def ready() -> None:
+        print("ready", flush=True)
+        sys.stdin.readline()
+
+    _drain_marked(argv[0], int(argv[1]), ready)
+
+
+def measure_marked_floor(n: int, concurrency: int, processes: int) -> float:
+    """``_drain_marked`` in ``processes`` processes of their own on one queue of ``n`` jobs, as
+    ``run_worker`` runs: each a claimer and ``concurrency`` marking threads, all connected
+    before any claims."""
+    _enqueue(n)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RUN_MARKED_FLOOR, f"floor-marked-{i}", str(concurrency)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(processes)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdin is not None
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a floor process exited with {child.wait()}")
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            if code := child.wait(600):
+                raise RuntimeError(f"a floor process exited with {code}")
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     rate = _window_rate(n)
     _clean()
     return rate
@@ -581,16 +636,16 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[int, list[float]] = {1: [], 2: []}
     prepared_runs: dict[int, list[float]] = {1: [], 2: []}
     children: list[float] = []
-    marked_floors: list[float] = []
+    marked_floors: dict[int, list[float]] = {1: [], 2: []}
     for _ in range(args.repeats):
         for k in (1, 2):
             floors[k].append(measure_floor(n, k))
             runs[k].append(measure_workers(n, k, c))
             prepared_runs[k].append(measure_workers(n, k, c, prepared=True))
+            marked_floors[k].append(measure_marked_floor(n, c, k))
         children.append(measure_workers(n, 1, c, pool="process"))
-        marked_floors.append(measure_marked_floor(n, c))
     floor = {k: statistics.median(rates) for k, rates in floors.items()}
-    marked_floor = statistics.median(marked_floors)
+    marked = {k: statistics.median(rates) for k, rates in marked_floors.items()}
     ours = {k: statistics.median(rates) for k, rates in runs.items()}
     prepared = {k: statistics.median(rates) for k, rates in prepared_runs.items()}
     process_pool = statistics.median(children)
@@ -618,7 +673,8 @@ def main(argv: list[str] | None = None) -> None:
 
     for k in (1, 2):
         line(f"floor: psycopg, claim {FLOOR_BATCH} + 1 UPDATE, {k} conn", floor[k])
-    line(f"floor with start marks: the same, {c} conns marking", marked_floor)
+    line(f"floor with start marks: 1 process, {c} conns marking", marked[1])
+    line(f"floor with start marks: 2 processes, {c} conns each", marked[2])
     if theirs is not None:
         line("procrastinate worker, sync task, 1 process", theirs)
     else:
@@ -629,16 +685,23 @@ def main(argv: list[str] | None = None) -> None:
         line(f"the same, prepare_threshold=5: {k} process{'es' if k > 1 else ''}", prepared[k])
     line(f"run_worker --pool process, 1 process ({c} children)", process_pool)
     print(
-        f"two processes / one: {ours[2] / ours[1]:.2f}x; one process / floor (1 conn): "
-        f"{ours[1] / floor[1]:.0%}; / floor with start marks: {ours[1] / marked_floor:.0%}"
+        f"two processes / one: {ours[2] / ours[1]:.2f}x (the floor with start marks': "
+        f"{marked[2] / marked[1]:.2f}x); one process / floor (1 conn): "
+        f"{ours[1] / floor[1]:.0%}; / floor with start marks: {ours[1] / marked[1]:.0%}; two "
+        f"processes / floor with start marks (2 processes): {ours[2] / marked[2]:.0%}"
     )
     print(
         f"with prepare_threshold=5: two processes / one: {prepared[2] / prepared[1]:.2f}x; "
         f"one process / floor (1 conn): {prepared[1] / floor[1]:.0%}; / floor with start "
-        f"marks: {prepared[1] / marked_floor:.0%}; / Django's default: "
+        f"marks: {prepared[1] / marked[1]:.0%}; / Django's default: "
         f"{prepared[1] / ours[1]:.2f}x"
     )
-    print("  floor with start marks rounds: " + ", ".join(f"{rate:.0f}" for rate in marked_floors))
+    print(
+        "  floor with start marks x1 rounds: "
+        + ", ".join(f"{rate:.0f}" for rate in marked_floors[1])
+        + "; x2: "
+        + ", ".join(f"{rate:.0f}" for rate in marked_floors[2])
+    )
     for k in (1, 2):
         each = ", ".join(f"{rate:.0f}" for rate in runs[k])
         print(

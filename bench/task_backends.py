@@ -5,10 +5,10 @@ workers are started and idle first, then N tasks are enqueued one by one (each i
 transaction, as a view would), and the clock stops at the last task's finish as its row
 records it. ``run_worker`` runs with ``--concurrency`` threads; ``db_worker`` runs one task
 at a time per process, so it is measured with one and with as many processes as we have
-threads. Then a backlog (5,000 by default) drained by one worker process from its start to its
-exit: Django Tasks and the same no-op as a @job with ``run_worker --burst``, and django-tasks-db
-with ``db_worker --batch``. Run: ``python -m bench`` (needs the ``bench`` extra:
-``pip install -e '.[bench]'``).
+threads. The enqueues alone, with no worker running, next to the peer's. Then a backlog (5,000
+by default) drained by one worker process from its start to its exit: Django Tasks and the
+same no-op as a @job with ``run_worker --burst``, and django-tasks-db with ``db_worker
+--batch``. Run: ``python -m bench`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
 """
 
 from __future__ import annotations
@@ -225,6 +225,23 @@ def _burst(argv: list[str], enqueue: Callable[[], None], n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def measure_enqueues(n: int, rounds: int) -> dict[str, list[float]]:
+    """Tasks per second ``enqueue()`` takes one by one (a transaction each, as a view would)
+    with no worker running, so that no worker's CPU is taken from it: ``JobsBackend`` and
+    django-tasks-db, ``rounds`` times each, interleaved."""
+    from .tasks import noop_db, noop_jobs
+
+    rates: dict[str, list[float]] = {"task": [], "db": []}
+    for _ in range(rounds):
+        for key, task in (("task", noop_jobs), ("db", noop_db)):
+            start = time.perf_counter()
+            for i in range(n):
+                task.enqueue(i)
+            rates[key].append(n / (time.perf_counter() - start))
+            _clean()
+    return rates
+
+
 def measure_bursts(n: int, concurrency: int, rounds: int) -> dict[str, list[float]]:
     """The same backlog of ``n`` no-op Django Tasks and @jobs, each drained by
     ``run_worker --burst``, and the tasks by ``db_worker --batch``: ``rounds`` times each,
@@ -320,9 +337,19 @@ def main(argv: list[str] | None = None) -> None:
         )
     print(
         "enqueue+run: tasks enqueued one by one (a transaction each) to idle workers, first "
-        "enqueue to last finish. backlog: the same tasks enqueued first, then the workers "
-        "started; first start to last finish. vs db: against one db_worker process."
+        "enqueue to last finish; enqueue/s: those enqueues alone, the workers running the "
+        "tasks meanwhile. backlog: the same tasks enqueued first, then the workers started; "
+        "first start to last finish. vs db: against one db_worker process."
     )
+    enqueues = measure_enqueues(n, args.rounds)
+    ours, theirs = (statistics.median(enqueues[k]) for k in ("task", "db"))
+    print(
+        f"enqueue alone, no worker running ({n} tasks one by one, a transaction each; median of "
+        f"{args.rounds} interleaved rounds): JobsBackend {ours:.0f}/s, django-tasks-db "
+        f"{theirs:.0f}/s, {ours / theirs:.2f}x"
+    )
+    for key in ("task", "db"):
+        print(f"  {key} rounds: {', '.join(f'{rate:.0f}' for rate in enqueues[key])}")
     rates = measure_bursts(args.backlog, c, args.rounds)
     task, job, db = (statistics.median(rates[k]) for k in ("task", "job", "db"))
     print(

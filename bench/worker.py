@@ -318,7 +318,7 @@ def measure_marked_floor(n: int, concurrency: int, processes: int) -> float:
     ]
     try:
         for child in children:
-            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout is not None
             if child.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"a floor process exited with {child.wait()}")
         for child in children:

@@ -5,12 +5,14 @@ Each hint is the ``fix`` of the matching error, so the wording is the same every
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 
 from . import clock
 from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
@@ -23,6 +25,24 @@ REAL_TIME_DST_FIX = (
 )
 
 
+#: The database the running command of the app works on (its ``--database``): its checks
+#: judge that one, not "default" (a project may keep the job tables elsewhere).
+command_database: ContextVar[str | None] = ContextVar("command_database", default=None)
+
+
+def judged_databases(named: Sequence[str] | None) -> list[str]:
+    """The databases the leader and the stored tasks are judged on: those ``check --database``
+    names, else the one the running command works on, else where the app writes its tasks."""
+    from .models import Task
+
+    if named:
+        return [alias for alias in named if alias in connections.databases]
+    own = command_database.get()
+    if own is not None and own in connections.databases:
+        return [own]
+    return [router.db_for_write(Task)]
+
+
 @checks.register()
 def check_settings(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
@@ -32,12 +52,16 @@ def check_settings(
     except ConfigurationError as error:
         return [checks.Error(error.message, hint=error.fix, id="ultimat3_jobs.E002")]
     messages: list[checks.CheckMessage] = []
-    vendor = connections["default"].vendor
-    leader = config.leader or default_leader(vendor)
-    problem = leader_problem(leader, vendor)
-    if problem is not None:
-        messages.append(checks.Error(problem.message, hint=problem.fix, id="ultimat3_jobs.E001"))
-    if config.lease_ttl <= config.tick_interval and leader == "lease":
+    leaders = set()
+    for alias in judged_databases(kwargs.get("databases")):
+        vendor = connections[alias].vendor
+        leader = config.leader or default_leader(vendor)
+        leaders.add(leader)
+        problem = leader_problem(leader, vendor)
+        if problem is not None:
+            message = f'{problem.message} (DATABASES["{alias}"])'
+            messages.append(checks.Error(message, hint=problem.fix, id="ultimat3_jobs.E001"))
+    if config.lease_ttl <= config.tick_interval and "lease" in leaders:
         messages.append(
             checks.Error(
                 f"LEASE_TTL ({config.lease_ttl.total_seconds():g}s) is not longer than "
@@ -85,11 +109,12 @@ def check_removed_tasks(
     from .registry import registry
 
     declared = {handle.name for handle in registry.tasks()}
-    try:
-        stored = list(Task.objects.values_list("name", flat=True))
-    except (DatabaseError, RuntimeError):
-        return []  # Not migrated yet, or no database access here: nothing to compare.
-    removed = sorted(set(stored) - declared)
+    stored: set[str] = set()
+    for alias in judged_databases(kwargs.get("databases")):
+        # Not migrated yet, or no database access here: nothing to compare.
+        with contextlib.suppress(DatabaseError, RuntimeError):
+            stored.update(Task.objects.using(alias).values_list("name", flat=True))
+    removed = sorted(stored - declared)
     if len(removed) > REMOVED_TASKS_LISTED:
         named = ", ".join(f'"{name}"' for name in removed[:REMOVED_TASKS_LISTED])
         return [

@@ -141,13 +141,31 @@ def _seconds(raw: dict[str, Any], key: str) -> timedelta:
     return timedelta(seconds=float(value))
 
 
-def _positive_int(raw: dict[str, Any], key: str) -> int:
+#: The longest retention: a century (``prune_jobs --days`` takes as much). Past about 2,700
+#: centuries the cutoff date itself would overflow.
+MAX_RETENTION_DAYS = 36_500
+
+
+def _positive_int(raw: dict[str, Any], key: str, maximum: int = 2**31 - 1) -> int:
     value = raw[key]
-    # Below 2**31: MAX_ATTEMPTS lands in a 32-bit column of every job row.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
+    # 2**31 - 1 at most: MAX_ATTEMPTS lands in a 32-bit column of every job row.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= maximum:
         raise ConfigurationError(
-            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive integer below 2**31',
+            f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive integer of at most {maximum:,}',
             fix=f'set ULTIMAT3_JOBS["{key}"] to a positive integer, e.g. {DEFAULTS[key]!r}',
+            cause=value,
+        )
+    return value
+
+
+def _lock_key(value: Any) -> int:
+    # pg_try_advisory_lock(bigint): a float, a string or a number past 64 bits would fail there,
+    # at every round, instead of here.
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise ConfigurationError(
+            f'ULTIMAT3_JOBS["ADVISORY_LOCK_KEY"] is {value!r}, not a 64-bit signed integer',
+            fix='set ULTIMAT3_JOBS["ADVISORY_LOCK_KEY"] to an integer between -2**63 and '
+            f"2**63 - 1, e.g. {DEFAULTS['ADVISORY_LOCK_KEY']!r}",
             cause=value,
         )
     return value
@@ -215,7 +233,7 @@ def get_settings() -> Settings:
         tick_interval=_seconds(raw, "TICK_INTERVAL"),
         misfire_grace=_seconds(raw, "MISFIRE_GRACE"),
         lease_ttl=_seconds(raw, "LEASE_TTL"),
-        advisory_lock_key=int(raw["ADVISORY_LOCK_KEY"]),
+        advisory_lock_key=_lock_key(raw["ADVISORY_LOCK_KEY"]),
         clock_skew_warning=_seconds(raw, "CLOCK_SKEW_WARNING"),
         stale_round_warning=_seconds(raw, "STALE_ROUND_WARNING"),
         heartbeat_interval=_seconds(raw, "HEARTBEAT_INTERVAL"),
@@ -228,7 +246,7 @@ def get_settings() -> Settings:
         worker_drain_grace=_seconds(raw, "WORKER_DRAIN_GRACE"),
         job_timeout=_timeout(raw["JOB_TIMEOUT"]),
         max_abandoned_threads=_positive_int(raw, "MAX_ABANDONED_THREADS"),
-        retention_days=_positive_int(raw, "RETENTION_DAYS"),
+        retention_days=_positive_int(raw, "RETENTION_DAYS", MAX_RETENTION_DAYS),
         relay_resend_after=_seconds(raw, "RELAY_RESEND_AFTER"),
         relay_stuck_after=_seconds(raw, "RELAY_STUCK_AFTER"),
         relay_unknown_task_grace=_seconds(raw, "RELAY_UNKNOWN_TASK_GRACE"),

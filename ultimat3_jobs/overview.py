@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, OuterRef, Subquery
@@ -23,6 +22,7 @@ from .handles import TaskHandle
 from .models import Job, JobStatus, Node, Occurrence, Outcome, Task
 from .registry import registry
 from .status import scheduler_status
+from .zones import resolve_zone
 
 #: Fired occurrences this far back make the lateness figures.
 LATENESS_WINDOW = timedelta(hours=1)
@@ -75,8 +75,8 @@ class _NextRuns:
         if handle is not None:
             return handle.next_runs(1, self.now)[0]
         try:
-            return next_occurrence(cron, ZoneInfo(tz), self.now)
-        except (UltimateError, ZoneInfoNotFoundError, ValueError):
+            return next_occurrence(cron, resolve_zone(tz, "removed task"), self.now)
+        except (UltimateError, ValueError):
             # A stored cron or zone this version no longer accepts.
             return None
 

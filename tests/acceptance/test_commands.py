@@ -99,3 +99,76 @@ def test_jobs_status__right_after_the_only_scheduler_stopped_cleanly__is_not_hea
     assert (report["healthy"], report["schedulers"], report["leader"]) == (False, 0, None)
     [warning] = report["warnings"]
     assert warning["message"].startswith("No scheduler is running (the last one stopped ")
+
+
+def _project(tmp_path: Path, settings: str, tasks: str = "") -> dict[str, str]:
+    """A project of its own in ``tmp_path``: the example's settings plus ``settings``, and an
+    app ``probed`` whose ``tasks.py`` is ``tasks``; the environment that runs it."""
+    (tmp_path / "probed").mkdir()
+    (tmp_path / "probed" / "__init__.py").write_text("")
+    (tmp_path / "probed" / "tasks.py").write_text(tasks)
+    (tmp_path / "own_settings.py").write_text(
+        "from testproject.settings import *  # noqa: F403\n"
+        'INSTALLED_APPS = [*INSTALLED_APPS, "probed"]  # noqa: F405\n' + settings
+    )
+    return {"PYTHONPATH": f"{tmp_path}:{ROOT}", "DJANGO_SETTINGS_MODULE": "own_settings"}
+
+
+@pytest.mark.postgres
+def test_checks__judge_the_leader_on_the_database_the_command_runs_on(tmp_path: Path) -> None:
+    # The job tables on PostgreSQL under "jobs", Django's own on SQLite: the advisory leader
+    # is right for the scheduler that runs with --database jobs, wrong for "default".
+    env = _project(
+        tmp_path,
+        "import environ\n"
+        f'DATABASES["jobs"] = environ.Env.db_url_config("{process_database_url()}")\n',
+    )
+    env |= {
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'default.sqlite3'}",
+        "ULTIMAT3_JOBS": '{"LEADER": "advisory"}',
+    }
+
+    on_default = run("check", **env)
+    on_jobs = run("check", "--database", "jobs", **env)
+    scheduler = run("run_scheduler", "--database", "jobs", "--once", **env)
+
+    assert on_default.returncode != 0
+    assert 'but the database is sqlite (DATABASES["default"])' in on_default.stderr
+    assert on_jobs.returncode == 0, on_jobs.stderr
+    assert scheduler.returncode == 0, scheduler.stderr
+    assert "E001" not in scheduler.stderr
+
+
+def test_jobs_status__the_probe_calls_no_task_function(tmp_path: Path) -> None:
+    # An exec probe runs every few seconds: it reads the node rows and nothing more, never the
+    # project's task functions (the system checks call each once), however slow they are.
+    calls = tmp_path / "calls"
+    env = _project(
+        tmp_path,
+        "",
+        "from ultimat3_jobs import task\n\n\n"
+        '@task(cron="0 3 * * *", tz="UTC", name="probed.nightly")\n'
+        "def nightly(occurrence):\n"
+        f"    with open({str(calls)!r}, 'a') as out:\n"
+        "        out.write('called\\n')\n"
+        "    return []\n",
+    )
+    assert run("run_scheduler", "--once", **env).returncode == 0
+    calls.unlink(missing_ok=True)  # the scheduler's own checks called it
+
+    probe = run("jobs_status", "--check", "--role", "scheduler", **env)
+    status = run("jobs_status", **env)
+
+    assert probe.returncode == 1  # the --once scheduler has stopped
+    assert "scheduler: FAILED" in probe.stdout
+    assert status.returncode == 0, status.stderr
+    assert "probed.nightly" in status.stdout
+    assert not calls.exists()
+
+
+def test_jobs_status__a_bad_setting_is_refused_with_its_fix_not_a_traceback() -> None:
+    result = run("jobs_status", "--check", ULTIMAT3_JOBS='{"ADVISORY_LOCK_KEY": "abc"}')
+    assert result.returncode == 1
+    assert "[jobs.config-invalid]" in result.stderr
+    assert 'fix: set ULTIMAT3_JOBS["ADVISORY_LOCK_KEY"] to an integer' in result.stderr
+    assert "Traceback" not in result.stderr

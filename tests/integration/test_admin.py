@@ -408,6 +408,27 @@ def test_task_list__filters_and_search(tasks: dict[str, Task], viewer: User) -> 
     assert names("?catch_up=run-once") == [DIGEST]
 
 
+@pytest.mark.parametrize("tz", ["America", "Bogota", "localtime", ""])
+def test_removed_task__a_stored_zone_this_version_refuses_shows_no_next_run(
+    tasks: dict[str, Task], viewer: User, tz: str
+) -> None:
+    # "America" is a directory of the zone database: ZoneInfo raises IsADirectoryError for it.
+    from ultimat3_jobs.overview import overview
+
+    row = Task.objects.create(name="gone.odd", cron="0 3 * * *", tz=tz, declared=False)
+    client = logged_in(viewer)
+
+    listed = client.get(TASKS_URL)
+    changed = client.get(reverse("admin:ultimat3_jobs_task_change", args=[row.pk]))
+
+    assert listed.status_code == changed.status_code == 200
+    row_html = listed.content.decode().split(">gone.odd<")[1].split("</tr>")[0]
+    assert ">removed from code</span>" in row_html
+    assert "will not run" not in row_html  # no next run to say it of
+    [odd] = [t for t in overview()["tasks"] if t["name"] == "gone.odd"]
+    assert odd["next_run"] is None
+
+
 def test_task_list__paused_and_removed_tasks_say_they_will_not_run(
     tasks: dict[str, Task], viewer: User
 ) -> None:

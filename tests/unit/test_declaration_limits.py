@@ -320,8 +320,28 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         {"DEFAULT_QUEUE": "q" * (QUEUE_LIMIT + 1)},
         {"TICK_INTERVAL": float("inf")},
         {"WORKER_POLL_INTERVAL": 1e308},
+        # The cutoff date a million days back is before year 1: prune_jobs would overflow.
+        {"RETENTION_DAYS": 1_000_000},
+        # pg_try_advisory_lock takes a bigint: these would fail at every round instead.
+        {"ADVISORY_LOCK_KEY": "abc"},
+        {"ADVISORY_LOCK_KEY": None},
+        {"ADVISORY_LOCK_KEY": 1.9},
+        {"ADVISORY_LOCK_KEY": True},
+        {"ADVISORY_LOCK_KEY": 2**63},
     ],
-    ids=["attempts_2_31", "attempts_true", "queue_long", "tick_inf", "poll_1e308"],
+    ids=[
+        "attempts_2_31",
+        "attempts_true",
+        "queue_long",
+        "tick_inf",
+        "poll_1e308",
+        "retention_a_million_days",
+        "lock_key_text",
+        "lock_key_none",
+        "lock_key_float",
+        "lock_key_true",
+        "lock_key_2_63",
+    ],
 )
 def test_settings__values_a_column_or_a_timedelta_cannot_hold_are_refused(
     options: dict[str, Any],
@@ -339,3 +359,17 @@ def test_settings__values_a_column_or_a_timedelta_cannot_hold_are_refused(
     assert caught.value.code == "jobs.config-invalid"
     assert message.id == "ultimat3_jobs.E002"
     assert message.hint == caught.value.fix
+
+
+def test_settings__the_widest_lock_key_and_retention_are_taken() -> None:
+    from django.test import override_settings
+
+    from ultimat3_jobs.conf import MAX_RETENTION_DAYS, get_settings
+
+    with override_settings(ULTIMAT3_JOBS={"ADVISORY_LOCK_KEY": -(2**63)}):
+        assert get_settings().advisory_lock_key == -(2**63)
+    with override_settings(
+        ULTIMAT3_JOBS={"ADVISORY_LOCK_KEY": 2**63 - 1, "RETENTION_DAYS": MAX_RETENTION_DAYS}
+    ):
+        assert get_settings().advisory_lock_key == 2**63 - 1
+        assert get_settings().retention_days == MAX_RETENTION_DAYS

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any
 from urllib.parse import urlencode
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib import admin, messages
@@ -55,6 +55,7 @@ from ..models import RunToken, Task
 from ..registry import registry
 from ..status import scheduler_status
 from ..store import store_for
+from ..zones import resolve_zone
 from .backfill import BackfillAdmin
 from .bulk import GuardedDelete, delete_selected
 from .display import (
@@ -114,8 +115,8 @@ def _schedule_of(task: Task) -> _Schedule | None:
     if handle is not None:
         return _Schedule(handle.schedule, handle.zone, handle.dst_gap, handle.dst_repeat)
     try:
-        return _Schedule(parse(task.cron), ZoneInfo(task.tz))
-    except (UltimateError, ZoneInfoNotFoundError, ValueError):
+        return _Schedule(parse(task.cron), resolve_zone(task.tz, task.name))
+    except (UltimateError, ValueError):
         # A removed task whose stored cron or zone this version no longer accepts.
         return None
 

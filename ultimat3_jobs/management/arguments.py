@@ -10,12 +10,14 @@ import argparse
 import math
 from collections.abc import Callable
 
+from ultimat3_jobs.conf import MAX_RETENTION_DAYS
+
 #: The longest interval or grace a flag accepts: a day.
 MAX_SECONDS = 86_400.0
 #: The most job threads one worker runs; each holds a database connection of its own.
 MAX_CONCURRENCY = 128
-#: The longest retention ``prune_jobs --days`` accepts: a century.
-MAX_DAYS = 36_500
+#: The longest retention ``prune_jobs --days`` accepts: the setting's own bound, a century.
+MAX_DAYS = MAX_RETENTION_DAYS
 #: The most occurrences ``backfill_task --limit`` lets one backfill enqueue: each is planned in
 #: memory and every job is written in one transaction.
 MAX_BACKFILL = 100_000

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 from django.core.management.base import BaseCommand
+
+from ultimat3_jobs.checks import command_database
 
 
 class JobsCommand(BaseCommand):
@@ -24,3 +27,11 @@ class JobsCommand(BaseCommand):
     def run_from_argv(self, argv: list[str]) -> None:
         gc.freeze()
         super().run_from_argv(argv)
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        # The system checks judge the database the command works on (its --database).
+        token = command_database.set(options.get("database"))
+        try:
+            return super().execute(*args, **options)
+        finally:
+            command_database.reset(token)

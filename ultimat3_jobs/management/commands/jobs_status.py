@@ -12,10 +12,11 @@ import psycopg
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
+from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.health import ROLES, RoleHealth, database_health
 from ultimat3_jobs.humanize import duration
 from ultimat3_jobs.management.base import JobsCommand
-from ultimat3_jobs.management.preflight import database_error, require_migrated
+from ultimat3_jobs.management.preflight import command_error, database_error, require_migrated
 from ultimat3_jobs.overview import overview
 
 
@@ -34,6 +35,9 @@ def _seconds(value: float | None) -> str:
 
 
 class Command(JobsCommand):
+    # A probe runs this every few seconds: it reads the node rows and no more. The system
+    # checks would call every task's function; `manage.py check` is where they run.
+    requires_system_checks: list[str] = []
     help = (
         "Print the scheduler's leader and last round, dispatch lateness, jobs by status and "
         "each task's next run (--json for machines). --check exits 1 unless every role is "
@@ -77,6 +81,8 @@ class Command(JobsCommand):
         except (DatabaseError, psycopg.Error) as error:
             # A one-shot command has no loop to retry in: say what failed and how to fix it.
             raise database_error(database, error) from None
+        except UltimateError as error:  # a bad setting, which no system check ran before
+            raise command_error(error) from None
         if json:
             self.stdout.write(_dumps(report))
         else:

@@ -167,20 +167,27 @@ def occurrence_key(task: str, occurrence: datetime, part: str) -> str:
 def plan_jobs(
     task: str, occurrence: datetime, entries: Sequence[tuple[JobHandle, dict[str, Any]]]
 ) -> tuple[PlannedJob, ...]:
-    """Keys for one occurrence's entries. Two entries never share one: repeats get ``#n``.
+    """Keys for one occurrence's entries. Two entries never share one: a repeat gets ``#n``,
+    the first ``n`` from 2 that no earlier entry's key took (a declared key may itself end in
+    ``#2``).
 
     A key that cannot be built raises (``InvalidJobKeyError``); the caller fails that task
     alone. Every key fits the table: an over-long one hashes its job part, ``#n`` included.
     """
-    seen: dict[str, int] = {}
+    used: set[str] = set()
+    # Per plain key, the last n given: every "#k" below it is taken.
+    last_n: dict[str, int] = {}
     planned = []
     for job, data in entries:
         check_columns(job)
         part = job.occurrence_part(data)
-        key = occurrence_key(task, occurrence, part)
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] > 1:
-            key = occurrence_key(task, occurrence, f"{part}#{seen[key]}")
+        plain = key = occurrence_key(task, occurrence, part)
+        n = last_n.get(plain, 1)
+        while key in used:
+            n += 1
+            key = occurrence_key(task, occurrence, f"{part}#{n}")
+        last_n[plain] = n
+        used.add(key)
         planned.append(PlannedJob(job, data, key))
     return tuple(planned)
 

@@ -466,6 +466,32 @@ def test_occurrence_key__entries_of_one_occurrence_never_share_a_key() -> None:
     assert again == keys[2]
 
 
+@job(name="unit.report", key="report:{account}")
+def report(account: str, part: int) -> None: ...
+
+
+def test_occurrence_key__a_declared_key_like_a_repeats_is_never_given_twice() -> None:
+    # "acme#2" is declared; the second "acme" must not be given it too (nor drop a job).
+    def parts(occurrence: datetime) -> list[Entry]:
+        return [
+            (report, {"account": "acme#2", "part": 1}),
+            (report, {"account": "acme", "part": 1}),
+            (report, {"account": "acme", "part": 2}),
+            (report, {"account": "acme", "part": 3}),
+        ]
+
+    handle = task(cron="0 * * * *", tz="UTC", name="t.parts")(parts)
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    [fired] = scheduler.tick()
+
+    keys = [j.result.key.rsplit(":", 1)[1] for j in fired.jobs]
+    assert keys == ["acme#2", "acme", "acme#3", "acme#4"]
+    assert all(j.result.created for j in fired.jobs)
+    assert len(state.jobs) == 4
+
+
 def test_tick__a_task_never_synced_gets_its_row_and_is_armed() -> None:
     handle = hourly("t.unsynced")
     state = MemoryState()

@@ -252,16 +252,29 @@ def plan_task(
     decision, step = shared
     if not decision.due or decision.watermark is None:
         return step
-    if decision.dropped is not None:
-        plan.records.append(
-            PlannedRecord(name, "dropped", decision.dropped, f"catch_up={handle.catch_up}")
-        )
+    if decision.dropped is not None and not drops_after_firing(decision):
+        plan.records.append(_dropped_record(handle, decision.dropped))
     plan.set_watermark(name, watermark, decision.watermark)
     if deferred is not None:
         deferred.append(Deferred(handle, decision))
         return step
     fire_task(handle, decision, plan)
     return step
+
+
+def drops_after_firing(decision: Decision) -> bool:
+    """Whether what ``decision`` drops comes after what it fires (``run-once``): then it is
+    dropped only once that occurrence has fired; held (its entries raised), it is decided
+    again next round, drops and all."""
+    return (
+        decision.dropped is not None
+        and bool(decision.fire)
+        and decision.dropped.first > decision.fire[-1][0]
+    )
+
+
+def _dropped_record(handle: TaskHandle, span: Span) -> PlannedRecord:
+    return PlannedRecord(handle.name, "dropped", span, f"catch_up={handle.catch_up}")
 
 
 def input_texts(planned: Sequence[PlannedJob]) -> None:
@@ -303,6 +316,9 @@ def fire_task(
         fired.append(PlannedOccurrence(name, occurrence, catch_up, planned))
         if handle.overlap == "skip":
             plan.skip_overlap.add(name)
+    else:
+        if decision.dropped is not None and drops_after_firing(decision):
+            plan.records.append(_dropped_record(handle, decision.dropped))
     plan.fired.extend(fired)
     return fired
 

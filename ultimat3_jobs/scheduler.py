@@ -620,7 +620,9 @@ class Scheduler:
         for name, step in zip(names, steps, strict=True):
             if step is None:
                 continue
-            if step.dropped is not None:
+            found = held.get(name) if held else None
+            # A run-once drop after an occurrence held for the next round is not made yet.
+            if step.dropped is not None and (found is None or step.dropped.first < found[0]):
                 emit(
                     logger,
                     "jobs.scheduler.dropped",
@@ -632,7 +634,6 @@ class Scheduler:
                 )
             if step.failed is not None:
                 self._task_failed(name, None, step.failed)
-            found = held.get(name) if held else None
             if found is not None and found[1] is not None:
                 self._task_failed(name, found[0], found[1])
 

@@ -205,6 +205,38 @@ def test_streamed_round__a_failing_task_keeps_its_occurrence_and_the_others_fire
     assert Job.objects.count() == COUNT
 
 
+def test_streamed_round__a_failing_run_once_task_records_no_drop_until_it_fires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # run-once drops what follows the occurrence it fires: held, that occurrence comes again
+    # next round with the same drops, which are recorded once, when it fires.
+    tasks = make_tasks(COUNT, catch_up="run-once")
+    broken = tasks[7]
+    working = broken.func
+    broken.func = _failing
+    clock = FrozenClock(T0)
+    scheduler = _armed(tasks, clock)
+    clock.advance(120)  # 00:01, 00:02 and 00:03 due
+    seen = _streams(scheduler, monkeypatch)
+
+    fired = scheduler.tick()
+    clock.advance(1)
+    assert scheduler.tick() == []
+    held_drops = Occurrence.objects.filter(task=broken.name).count()
+    broken.func = working
+    clock.advance(1)
+    [again] = scheduler.tick()
+
+    assert seen == [True, False, False]
+    assert len(fired) == COUNT - 1
+    assert held_drops == 0
+    assert (again.task, again.occurrence) == (broken.name, OCCURRENCE)
+    drops = Occurrence.objects.filter(outcome="dropped")
+    assert drops.count() == COUNT
+    [late] = drops.filter(task=broken.name)
+    assert (late.occurrence, late.count) == (OCCURRENCE + timedelta(minutes=1), 2)
+
+
 def test_streamed_round__a_key_already_there_is_reported_and_the_rest_written(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -149,6 +149,37 @@ def test_run_once__long_outage_fires_one_and_drops_the_rest_in_the_same_round() 
     assert len(state.jobs) == 1
 
 
+def test_run_once__while_its_occurrence_is_held_the_drop_after_it_is_not_recorded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing = [True, True]
+
+    def flaky(occurrence: datetime) -> list[Entry]:
+        if failing and failing.pop():
+            raise RuntimeError("not yet")
+        return [(record, {"label": occurrence.isoformat()})]
+
+    handle = task(cron="0 * * * *", tz="UTC", name="t.once-flaky", catch_up="run-once")(flaky)
+    scheduler, state, clock = build(handle)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 4, 0, 10, tzinfo=UTC))  # 01:00 .. 04:00 due
+    with caplog.at_level(logging.INFO, logger="ultimat3_jobs"):
+        assert scheduler.tick() == []
+        clock.advance(1)
+        assert scheduler.tick() == []
+        assert [r for r in state.records if r["outcome"] == "dropped"] == []
+        clock.advance(1)
+        [fired] = scheduler.tick()
+        clock.advance(1)
+        assert scheduler.tick() == []
+
+    assert fired.occurrence == datetime(2026, 6, 1, 1, tzinfo=UTC)
+    [dropped] = [r for r in state.records if r["outcome"] == "dropped"]
+    assert (dropped["span"].first.hour, dropped["span"].count) == (2, 3)
+    logged = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.dropped"]
+    assert len(logged) == 1
+
+
 def test_run_all__fires_the_most_recent_max_catch_up_in_order() -> None:
     handle = hourly("t.all", catch_up="run-all", max_catch_up=10)
     scheduler, state, clock = build(handle)

@@ -18,6 +18,8 @@ _lock = threading.Lock()
 _callbacks: dict[int, tuple[str, Callable[[str], None]]] = {}
 _previous: dict[int, Any] = {}
 _signalled = threading.Event()
+#: The signal that came before any role registered (``catch_early``).
+_early: list[str] = []
 _next_id = 0
 
 #: Exit status of a forced exit on the second signal.
@@ -44,6 +46,22 @@ def _handle(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=callback, args=(reason,), name=f"drain-{name}", daemon=True).start()
 
 
+def _handle_early(signum: int, frame: FrameType | None) -> None:
+    if _early:
+        os._exit(FORCED_EXIT)
+    _early.append(signal.Signals(signum).name)
+
+
+def catch_early() -> None:
+    """Keep a SIGTERM/SIGINT that comes before any role registered: a role's process spends
+    seconds in Django's setup and the checks, which call every task's function. Each role
+    that registers afterwards drains at once, as if the signal had come just then; a second
+    signal exits at once, as ever."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, _handle_early)
+
+
 def on_shutdown(name: str, callback: Callable[[str], None]) -> Callable[[], None]:
     """Run ``callback(signal_name)`` on the first SIGTERM/SIGINT; returns the unregister."""
     global _next_id
@@ -59,6 +77,12 @@ def on_shutdown(name: str, callback: Callable[[str], None]) -> Callable[[], None
             for signum in SIGNALS:
                 _previous[signum] = signal.signal(signum, _handle)
         _callbacks[token] = (name, callback)
+        if _early:
+            # The signal came while the process was starting: drain now, without waiting.
+            _signalled.set()
+            threading.Thread(
+                target=callback, args=(_early[0],), name=f"drain-{name}", daemon=True
+            ).start()
 
     def unregister() -> None:
         with _lock:

@@ -172,3 +172,34 @@ def test_jobs_status__a_bad_setting_is_refused_with_its_fix_not_a_traceback() ->
     assert "[jobs.config-invalid]" in result.stderr
     assert 'fix: set ULTIMAT3_JOBS["ADVISORY_LOCK_KEY"] to an integer' in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("role", ["scheduler", "worker"])
+def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
+    tmp_path: Path, processes: list[Process], role: str
+) -> None:
+    # The system checks call each task's function: this one takes seconds, and the signal
+    # comes meanwhile, before the role could hook it.
+    called = tmp_path / "called"
+    env = _project(
+        tmp_path,
+        "",
+        "import time\n\nfrom ultimat3_jobs import task\n\n\n"
+        '@task(cron="0 3 * * *", tz="UTC", name="probed.slow")\n'
+        "def slow(occurrence):\n"
+        f"    open({str(called)!r}, 'w').close()\n"
+        "    time.sleep(4)\n"
+        "    return []\n",
+    )
+    process = spawn(tmp_path, role, f"run_{role}", env=env)
+    processes.append(process)
+    wait_for(called.exists, 60, "the checks to call the task function")
+    started = time.monotonic()
+
+    process.signal(signal.SIGTERM)
+
+    assert process.wait(30) == 0, process.log_path.read_text()
+    assert time.monotonic() - started < 20
+    [draining] = process.named(f"jobs.{role}.draining")
+    assert draining["reason"] == "SIGTERM"
+    assert process.named(f"jobs.{role}.stopped")

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ultimat3_jobs import shutdown
 from ultimat3_jobs.checks import command_database
 
 
@@ -24,8 +25,14 @@ class JobsCommand(BaseCommand):
     off a full collection of everything Django's setup made.
     """
 
+    #: A role that runs until signalled (the scheduler, the worker, the relay): a SIGTERM or
+    #: SIGINT while it starts up is kept for it, which then drains at once and exits 0.
+    runs_until_signalled = False
+
     def run_from_argv(self, argv: list[str]) -> None:
         gc.freeze()
+        if self.runs_until_signalled:
+            shutdown.catch_early()
         super().run_from_argv(argv)
 
     def execute(self, *args: Any, **options: Any) -> str | None:

@@ -15,6 +15,7 @@ from ultimat3_jobs.management.base import JobsCommand
 
 
 class Command(JobsCommand):
+    runs_until_signalled = True
     help = (
         "Run the scheduler and a worker in one process (a small site's one process). The "
         "first SIGTERM/SIGINT drains both; the second exits at once."

@@ -15,6 +15,7 @@ from ultimat3_jobs.management.preflight import command_error
 
 
 class Command(JobsCommand):
+    runs_until_signalled = True
     help = (
         "Hand outbox rows (scheduled Celery tasks, Django Tasks on other backends) to the "
         "engine that runs them. Several may run at once; SIGTERM finishes the row in hand."

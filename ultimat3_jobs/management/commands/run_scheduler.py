@@ -13,6 +13,7 @@ from ultimat3_jobs.management.preflight import database_error
 
 
 class Command(JobsCommand):
+    runs_until_signalled = True
     help = "Run the scheduler loop: one node dispatches each round; SIGTERM/SIGINT drain."
 
     def add_arguments(self, parser: CommandParser) -> None:

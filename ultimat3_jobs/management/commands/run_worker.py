@@ -11,6 +11,7 @@ from ultimat3_jobs.management.base import JobsCommand
 
 
 class Command(JobsCommand):
+    runs_until_signalled = True
     help = (
         "Run the jobs the scheduler enqueues. The first SIGTERM/SIGINT stops claiming and "
         "waits for the jobs in flight; the second exits at once."

@@ -32,7 +32,7 @@ from django.utils.module_loading import import_string
 from .conf import get_settings
 from .errors import TaskBackendError
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
-from .inputs import NAME_LIMIT, QUEUE_LIMIT, check_arguments, check_result
+from .inputs import NAME_LIMIT, QUEUE_LIMIT, check_arguments, check_result, unstorable_result
 from .outbox import TASKS
 from .retries import format_error
 from .tasks_compat import (
@@ -458,9 +458,14 @@ def run_task(job: StartedTask) -> TaskRun:
         if run.task.takes_context:
             args.insert(0, TaskContext(task_result=result))
         # Task.call runs a coroutine function to completion (async_to_sync), a plain one as is.
-        value = normalize_json(run.task.call(*args, **(job.input or {})))
-        # Held to what the row's JSON column keeps, as its input was: a value the database
-        # would refuse ends the run failed (``ResultUnstorableError``), never left running.
+        value = run.task.call(*args, **(job.input or {}))
+        # Held to what the row's JSON column keeps, as its input was: a value that is not
+        # JSON, or one the database would refuse, ends the run failed
+        # (``ResultUnstorableError``), never left running.
+        try:
+            value = normalize_json(value)
+        except (TypeError, ValueError) as error:
+            raise unstorable_result(job.name, f"is not JSON: {error}") from error
         run.return_value = check_result(job.name, value)
     except BaseException as error:
         run.error = error

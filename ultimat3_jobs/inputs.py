@@ -141,13 +141,18 @@ def check_result(job_name: str, value: object) -> object:
     """``value`` if a job row can keep it as a return value, else ``ResultUnstorableError``."""
     problem = value_problem(value, MAX_RESULT_BYTES)
     if problem is not None:
-        raise ResultUnstorableError(
-            f'the return value of "{job_name}" {problem}',
-            fix="return ids and small JSON values (keep documents elsewhere and return their "
-            "id); strip NUL and unpaired surrogates from returned text",
-            cause=problem,
-        )
+        raise unstorable_result(job_name, problem)
     return value
+
+
+def unstorable_result(job_name: str, problem: str) -> ResultUnstorableError:
+    """The error of a return value a job row cannot keep: ``problem`` says why."""
+    return ResultUnstorableError(
+        f'the return value of "{job_name}" {problem}',
+        fix="return ids and small JSON values (keep documents elsewhere and return their "
+        "id); strip NUL and unpaired surrogates from returned text",
+        cause=problem,
+    )
 
 
 def _flat_size_bound(value: Mapping[str, Any]) -> int | None:

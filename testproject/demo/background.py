@@ -83,6 +83,12 @@ def unstorable(label: str) -> str:
 
 
 @task()
+def not_json(label: str) -> dict[str, object]:
+    """Return a value JSON has no form for (a set): its run must end failed, saying so."""
+    return {label: {1, 2}}
+
+
+@task()
 def nap(seconds: float) -> None:
     """Sleeps: past ``JOB_TIMEOUT``, the worker ends it failed."""
     time.sleep(seconds)

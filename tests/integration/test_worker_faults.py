@@ -255,8 +255,13 @@ def test_run__a_job_whose_error_text_cannot_be_stored_ends_failed() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run__a_django_task_returning_a_nul_ends_failed_and_the_next_job_runs() -> None:
-    bad = background.unstorable.enqueue("text")
+@pytest.mark.parametrize(
+    ("returning", "says"), [("unstorable", "NUL"), ("not_json", "is not JSON")], ids=["nul", "set"]
+)
+def test_run__a_django_task_returning_what_no_row_keeps_ends_failed_and_the_next_job_runs(
+    returning: str, says: str
+) -> None:
+    bad = getattr(background, returning).enqueue("text")
     good = background.add.enqueue(1, 2)
     worker, _ = _worker(concurrency=2, node_id="w-nul")
     assert worker.run() == CLEAN_EXIT
@@ -264,7 +269,7 @@ def test_run__a_django_task_returning_a_nul_ends_failed_and_the_next_job_runs() 
     assert bad.status == TaskResultStatus.FAILED
     [error] = bad.errors
     assert error.exception_class_path == "ultimat3_jobs.errors.ResultUnstorableError"
-    assert UNSTORABLE in error.traceback and "NUL" in error.traceback
+    assert UNSTORABLE in error.traceback and says in error.traceback
     good.refresh()
     assert (good.status, good.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
     assert set(Job.objects.values_list("worker", flat=True)) == {"w-nul"}

@@ -12,12 +12,14 @@ import os
 import select
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from .db import dedicated_connection
 from .logs import emit, failure_fields
+from .retries import loop_backoff
 
 #: The channel workers LISTEN on; the payload is the queue name.
 NOTIFY_CHANNEL = "ultimat3_jobs"
@@ -75,12 +77,16 @@ class Listener:
 
     def _run(self) -> None:
         lost = False
+        # Attempts that failed in a row: the wait before the next doubles from retry_after,
+        # capped, so a database that is away is not asked for a connection every second.
+        failures = 0
         while not self._stop.is_set():
             conn = None
             try:
                 conn = self._connect()
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 self.listening.set()
+                failures = 0
                 emit(self._logger, f"jobs.{self.role}.listening", regained=lost)
                 # Whatever was enqueued while we were not listening is due now.
                 self.wake()
@@ -90,13 +96,18 @@ class Listener:
                 if self._stop.is_set():
                     break
                 lost = True
+                failures += 1
+                interval = timedelta(seconds=self.retry_after)
+                retry_in = loop_backoff(interval, failures - 1).total_seconds()
                 emit(
                     self._logger,
                     f"jobs.{self.role}.listen-lost",
                     logging.WARNING,
+                    failures=failures,
+                    retry_in=retry_in,
                     **failure_fields(error),
                 )
-                self._stop.wait(self.retry_after)
+                self._stop.wait(retry_in)
             finally:
                 self.listening.clear()
                 if conn is not None:

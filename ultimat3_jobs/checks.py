@@ -81,6 +81,27 @@ def check_settings(
                 id="ultimat3_jobs.W001",
             )
         )
+    if config.stale_round_warning <= config.tick_interval:
+        messages.append(
+            checks.Warning(
+                f"STALE_ROUND_WARNING ({config.stale_round_warning.total_seconds():g}s) is not "
+                f"longer than TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): the "
+                "admin and jobs_status would warn that no round ran between every two rounds",
+                hint='set ULTIMAT3_JOBS["STALE_ROUND_WARNING"] to several tick intervals, e.g. 60',
+                id="ultimat3_jobs.W013",
+            )
+        )
+    if not _nameable_queue(config.default_queue):
+        messages.append(
+            checks.Warning(
+                f'ULTIMAT3_JOBS["DEFAULT_QUEUE"] is {config.default_queue!r}, which no '
+                "run_worker --queues option can name: only a worker serving every queue runs "
+                "the jobs that declare no queue",
+                hint='set ULTIMAT3_JOBS["DEFAULT_QUEUE"] to a name without commas or '
+                'surrounding spaces, e.g. "default"',
+                id="ultimat3_jobs.W014",
+            )
+        )
     stale = stale_after_problem(config.worker_stale_after, config.heartbeat_interval)
     if stale is not None:
         messages.append(checks.Error(stale.message, hint=stale.fix, id="ultimat3_jobs.E004"))
@@ -288,17 +309,22 @@ def check_scheduled_jobs(
     return messages
 
 
-def _unservable_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
-    """Queues that no ``run_worker --queues`` value can name (it splits on commas, strips)."""
+def _nameable_queue(queue: str) -> bool:
+    """Whether a ``run_worker --queues`` value can name ``queue`` (it splits on commas and
+    strips)."""
     from .management.arguments import queue_names
 
+    try:
+        return queue_names(queue) == [queue]
+    except Exception:
+        return False
+
+
+def _unservable_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
+    """Queues that no ``run_worker --queues`` value can name."""
     messages: list[checks.CheckMessage] = []
     for queue in sorted(queues):
-        try:
-            named = queue_names(queue) == [queue]
-        except Exception:
-            named = False
-        if not named:
+        if not _nameable_queue(queue):
             messages.append(
                 checks.Warning(
                     f'TASKS["{alias}"]["QUEUES"] has {queue!r}, which no run_worker --queues '

@@ -59,6 +59,21 @@ def test_check_settings__bad_value_is_an_error_whose_hint_is_the_fix() -> None:
     assert error.hint == caught.value.fix
 
 
+@override_settings(ULTIMAT3_JOBS={"STALE_ROUND_WARNING": 5, "TICK_INTERVAL": 5})
+def test_check_settings__a_stale_round_warning_within_one_tick_warns() -> None:
+    [warning] = check_settings()
+    assert warning.id == "ultimat3_jobs.W013"
+    assert "STALE_ROUND_WARNING (5s) is not longer than TICK_INTERVAL (5s)" in warning.msg
+
+
+@pytest.mark.parametrize("queue", ["a, b", " padded"])
+def test_check_settings__a_default_queue_no_worker_can_name_warns(queue: str) -> None:
+    with override_settings(ULTIMAT3_JOBS={"DEFAULT_QUEUE": queue}):
+        [warning] = check_settings()
+    assert warning.id == "ultimat3_jobs.W014"
+    assert repr(queue) in warning.msg
+
+
 @override_settings(ULTIMAT3_JOBS={"LEADER": "advisory"})
 def test_check_settings__advisory_leader_needs_postgres() -> None:
     from django.db import connection

@@ -16,13 +16,14 @@ class Ultimat3JobsConfig(AppConfig):
         from . import (  # noqa: F401  (registers the system checks)
             checks,
             handles,
+            manual,
             outbox,
             store,
             tasks_compat,
         )
 
         # Handles reach the store through this, never by importing it: they sit below it.
-        handles.connect_store(store.enqueue)
+        handles.connect_store(store.enqueue, manual.record_run)
         if tasks_compat.AVAILABLE:
             # The Django Tasks' entry adapter, where the framework is installed (the `tasks`
             # extra, or Django 6): without it, backends.py cannot be imported.

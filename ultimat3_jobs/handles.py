@@ -59,6 +59,10 @@ class EnqueueResult:
     key: str
 
 
+#: ``record_run(task, results, enqueued_by)``: the record of a manual run of ``task``.
+RecordRun = Callable[[str, "list[TaskJobResult]", str], None]
+
+
 class Enqueue(Protocol):
     """The store's enqueue: insert one job row, or return the one that already holds ``key``."""
 
@@ -82,6 +86,8 @@ EntryAdapter = Callable[[object], "JobHandle | None"]
 # Set by the app's ``ready()``: a handle reaches the store through what is wired here, never
 # by importing it, so the declarations stay below the store.
 _store_enqueue: Enqueue | None = None
+#: And what records a task's manual run (``manual.record_run``), in the transaction of its jobs.
+_record_run: RecordRun | None = None
 
 #: Instants in a zone, as task functions receive them: a round asks the same few (one
 #: occurrence, a handful of zones) once per task, and converting costs ten times a look-up.
@@ -90,10 +96,12 @@ _LOCAL_SIZE = 4096
 _entry_adapters: list[EntryAdapter] = []
 
 
-def connect_store(enqueue: Enqueue) -> None:
-    """Make ``JobHandle.enqueue`` write through ``enqueue``; the app's ``ready()`` calls it."""
-    global _store_enqueue
+def connect_store(enqueue: Enqueue, record_run: RecordRun | None = None) -> None:
+    """Make ``JobHandle.enqueue`` write through ``enqueue``, and ``TaskHandle.enqueue`` record
+    its run through ``record_run``; the app's ``ready()`` calls it."""
+    global _store_enqueue, _record_run
     _store_enqueue = enqueue
+    _record_run = record_run
 
 
 def add_entry_adapter(adapter: EntryAdapter) -> None:
@@ -429,11 +437,29 @@ class TaskHandle:
         queue: str | None = None,
         enqueued_by: str = "code",
     ) -> list[TaskJobResult]:
-        """Fire this task's entries now: the backfill and "run it again" path.
+        """Fire this task's entries now: a manual run, recorded in the task's history (who:
+        ``enqueued_by``) in the transaction of its jobs.
 
         Each job's PLAIN key, never the occurrence key: reusing that would make a manual run
         dedupe against whichever occurrence it landed in. The watermark is left alone.
         """
+        from django.db import transaction
+
+        with transaction.atomic():
+            results = self.enqueue_entries(run_at=run_at, queue=queue, enqueued_by=enqueued_by)
+            if _record_run is not None:
+                _record_run(self.name, results, enqueued_by)
+        return results
+
+    def enqueue_entries(
+        self,
+        *,
+        run_at: datetime | None = None,
+        queue: str | None = None,
+        enqueued_by: str = "code",
+    ) -> list[TaskJobResult]:
+        """``enqueue`` without its record, for a caller that writes its own (the admin's
+        "Run now" names the user)."""
         from django.db import transaction
 
         check_run_at(self.name, run_at)

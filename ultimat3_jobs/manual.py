@@ -6,13 +6,15 @@ Kept apart from the admin so a shell, a command or an API can do exactly what th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.db import transaction
 
 from . import clock, history
+from .catchup import Span, span_between
 from .errors import UltimateError
 from .handles import TaskHandle, TaskJobResult
-from .models import Occurrence
+from .models import Occurrence, Outcome
 from .store import JobStore, store_for
 
 
@@ -79,6 +81,42 @@ def preview(
     return Preview(name, entries, paused=paused)
 
 
+def settle_pause(
+    handle: TaskHandle, paused_at: datetime, *, user: str, store: JobStore
+) -> Span | None:
+    """On resuming ``handle`` while no scheduler runs: record as skipped (paused) what came
+    due since ``paused_at`` and move the watermark past it, as a round would have done, so the
+    resumed task replays none of it. Call it in the resume's transaction; the task row is
+    locked as a round locks it.
+
+    Only when every occurrence since the watermark came due while paused: one missed before
+    the pause (no scheduler ran then either) is the catch-up policy's, and the rest with it.
+    """
+    now = clock.now()
+    watermark = store.lock_task(handle).watermark
+    if watermark is None:
+        return None  # Never armed: the first round arms it at its next occurrence.
+    span, _ = span_between(handle.next_after, watermark, now)
+    if span is None or span.first < paused_at:
+        return None
+    row = history.decided(handle.name, Outcome.PAUSED, span, detail="task paused", at=now, node="")
+    store.insert_record({**row, "user": user})
+    store.set_watermarks({handle.name: now})
+    return span
+
+
+def record_run(task: str, results: list[TaskJobResult], enqueued_by: str) -> None:
+    """The record of ``task.enqueue()`` called from code: a manual run by ``enqueued_by``."""
+    row = history.manual(
+        task,
+        [history.RecordedJob(r.job, r.result.key, r.result.created) for r in results],
+        at=clock.now(),
+        user=enqueued_by,
+        detail="task.enqueue()",
+    )
+    store_for().insert_record(row)
+
+
 def run_now(
     handle: TaskHandle, *, user: str, detail: str = "run now", store: JobStore | None = None
 ) -> ManualRun:
@@ -93,7 +131,7 @@ def run_now(
     store = store or store_for()
     with transaction.atomic():
         at = clock.now()
-        results = handle.enqueue(enqueued_by=f"admin:{user}")
+        results = handle.enqueue_entries(enqueued_by=f"admin:{user}")
         row = history.manual(
             handle.name,
             [history.RecordedJob(r.job, r.result.key, r.result.created) for r in results],

@@ -20,7 +20,8 @@ from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.declarations import job, task
 from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
 from ultimat3_jobs.models import CheckIn, Job, JobStatus, Node, Occurrence, Task
-from ultimat3_jobs.registry import Registry
+from ultimat3_jobs.registry import Registry, registry
+from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.status import scheduler_status
 from ultimat3_jobs.store import store_for
@@ -196,6 +197,31 @@ def test_run_now__post_with_csrf_enqueues_and_records_a_manual_occurrence(
     )
     assert record.jobs == [{"job": "demo.send_digest", "key": "digest:2026-03-08", "created": True}]
     assert Task.objects.get(name=DIGEST).last_fired_at == watermark
+
+
+def test_task_enqueue__from_code_records_a_manual_run_by_code_in_its_history(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    from ultimat3_jobs.registry import registry
+
+    handle = registry.get_task(DIGEST)
+    assert handle is not None
+
+    [result] = handle.enqueue()
+
+    record = Occurrence.objects.get()
+    assert (record.task, record.outcome, record.user, record.detail) == (
+        DIGEST,
+        "manual",
+        "code",
+        "task.enqueue()",
+    )
+    assert record.jobs == [{"job": result.job, "key": result.result.key, "created": True}]
+    page = logged_in(viewer).get(
+        reverse("admin:ultimat3_jobs_task_change", args=[tasks[DIGEST].pk])
+    )
+    [row] = page.context["history"]
+    assert (row["outcome"], row["by"]) == ("manual", "code")
 
 
 def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner: User) -> None:
@@ -621,6 +647,74 @@ def test_task_resume__clears_the_pause(tasks: dict[str, Task], viewer: User) -> 
 
     row = Task.objects.get(name=DIGEST)
     assert (row.paused, row.paused_note, row.paused_by, row.paused_at) == (False, "", "", None)
+
+
+# The nightly digest (run-once, 03:00 Paris = 02:00 UTC) fired on 5 March, was paused that
+# noon, and is resumed at NOW, 8 March noon: 6, 7 and 8 March came due while it was paused.
+FIRED_5TH = datetime(2026, 3, 5, 2, 0, tzinfo=UTC)
+PAUSED_5TH = datetime(2026, 3, 5, 12, 0, tzinfo=UTC)
+
+
+def _resume_after(watermark: datetime, viewer: User, tasks: dict[str, Task]) -> Any:
+    Task.objects.filter(name=DIGEST).update(
+        last_fired_at=watermark, paused=True, paused_note="x", paused_by="bob", paused_at=PAUSED_5TH
+    )
+    return _change(logged_in(viewer), tasks[DIGEST])
+
+
+def _round_after_resume(frozen: FrozenClock) -> list[Any]:
+    frozen.advance(1)
+    digest = registry.get_task(DIGEST)
+    assert digest is not None
+    scheduler = Scheduler(
+        state=DatabaseState(node_id="s", leader="sole", clock=frozen),
+        clock=frozen,
+        tasks=[digest],
+        drain_on_shutdown=False,
+    )
+    return list(scheduler.tick())
+
+
+def test_task_resume__with_no_scheduler_records_what_came_due_while_paused_not_replayed(
+    tasks: dict[str, Task], viewer: User, frozen: FrozenClock
+) -> None:
+    response = _resume_after(FIRED_5TH, viewer, tasks)
+
+    [record] = Occurrence.objects.all()
+    assert (record.outcome, record.count, record.occurrence, record.user) == (
+        "paused",
+        3,
+        datetime(2026, 3, 6, 2, 0, tzinfo=UTC),
+        "viewer",
+    )
+    assert Task.objects.get(name=DIGEST).last_fired_at == NOW
+    assert "3 occurrence(s) of demo.nightly_digest came due while it was paused" in unescape(
+        str(list(response.wsgi_request._messages))
+    )
+    assert _round_after_resume(frozen) == []  # run-once would have fired 6 March
+    assert not Job.objects.exists()
+
+
+def test_task_resume__an_occurrence_missed_before_the_pause_is_left_to_the_catch_up(
+    tasks: dict[str, Task], viewer: User, frozen: FrozenClock
+) -> None:
+    _resume_after(FIRED_5TH - timedelta(days=1), viewer, tasks)  # 5 March was missed too
+
+    assert not Occurrence.objects.exists()
+    assert Task.objects.get(name=DIGEST).last_fired_at == FIRED_5TH - timedelta(days=1)
+    [fired] = _round_after_resume(frozen)
+    assert fired.occurrence == FIRED_5TH
+
+
+def test_task_resume__with_a_scheduler_leading_leaves_it_to_its_rounds(
+    tasks: dict[str, Task], viewer: User
+) -> None:
+    _node("leader", is_leader=True, last_round_at=NOW - timedelta(seconds=1))
+
+    _resume_after(FIRED_5TH, viewer, tasks)
+
+    assert not Occurrence.objects.exists()
+    assert Task.objects.get(name=DIGEST).last_fired_at == FIRED_5TH
 
 
 def test_task_change__declaration_fields_are_read_only(

@@ -38,6 +38,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from .. import clock, history
 from ..attempts import timeout_of
+from ..catchup import Span
 from ..cron import (
     CronSchedule,
     DstGap,
@@ -50,7 +51,7 @@ from ..cron import (
 from ..errors import UltimateError, readable
 from ..handles import TaskHandle
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
-from ..manual import ManualRun, preview, run_now
+from ..manual import ManualRun, preview, run_now, settle_pause
 from ..models import RunToken, Task
 from ..registry import registry
 from ..status import scheduler_status
@@ -316,14 +317,36 @@ class TaskAdmin(BackfillAdmin, GuardedDelete):
     def save_model(
         self, request: HttpRequest, obj: Task, form: forms.ModelForm, change: bool
     ) -> None:
-        if "paused" in form.changed_data:
-            if obj.paused:
-                obj.paused_by, obj.paused_at = request.user.get_username(), clock.now()
-            else:
-                obj.paused_note, obj.paused_by, obj.paused_at = "", "", None
-        # Only the pause columns: a full save would write back the watermark as it was when
-        # the page loaded, and the scheduler may have advanced it since.
-        obj.save(update_fields=["paused", "paused_note", "paused_by", "paused_at"])
+        settled = None
+        with transaction.atomic(using=obj._state.db):
+            if "paused" in form.changed_data:
+                if obj.paused:
+                    obj.paused_by, obj.paused_at = request.user.get_username(), clock.now()
+                else:
+                    settled = self._settle_pause(request, obj)
+                    obj.paused_note, obj.paused_by, obj.paused_at = "", "", None
+            # Only the pause columns: a full save would write back the watermark as it was
+            # when the page loaded, and the scheduler may have advanced it since.
+            obj.save(update_fields=["paused", "paused_note", "paused_by", "paused_at"])
+        if settled is not None:
+            self.message_user(
+                request,
+                f"{settled.count:,}{'+' if settled.at_least else ''} occurrence(s) of "
+                f"{obj.name} came due while it was paused and no scheduler ran: recorded as "
+                "skipped, not replayed.",
+                messages.INFO,
+            )
+
+    def _settle_pause(self, request: HttpRequest, obj: Task) -> Span | None:
+        """A running scheduler records a paused task's occurrences itself, every round;
+        without one, resuming does it (``manual.settle_pause``)."""
+        handle = registry.get_task(obj.name)
+        using = obj._state.db or "default"
+        if handle is None or obj.paused_at is None or scheduler_status(using=using).leader:
+            return None
+        return settle_pause(
+            handle, obj.paused_at, user=request.user.get_username(), store=store_for(using)
+        )
 
     # -- pages --
 

@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from ultimat3_jobs.errors import InvalidCronError, InvalidDstOptionError
+from ultimat3_jobs.zones import resolve_zone
 
 __all__ = [
     "CronSchedule",
@@ -389,8 +390,9 @@ def _validate(
                 + spec.fix,
                 cause=token,
             )
+    fields = [_one_value_ranges(token) for token in fields]
     try:
-        expanded, _nth = croniter.expand(expr, second_at_beginning=has_seconds)
+        expanded, _nth = croniter.expand(" ".join(fields), second_at_beginning=has_seconds)
     except CroniterError as exc:
         raise _field_error(expr, fields, specs, exc) from exc
     walkers = []
@@ -419,6 +421,29 @@ def _validate(
     if not walkers:
         raise _never_matches(expr, fields, never)
     return has_seconds, fields, [list(values) for values in expanded], tuple(walkers)
+
+
+_RANGE: Final = re.compile(r"([0-9]+|[A-Za-z]+)-([0-9]+|[A-Za-z]+)(?:/.*)?")
+
+
+def _one_value_ranges(token: str) -> str:
+    """``token`` with each range whose ends are the same value ("5-5", "MON-MON", "1-1/3")
+    written as that value, as Vixie cron reads it: croniter reads such a range as the whole
+    field ("Jan-Jan" as every month), so "5-5 3-3 * * *" would fire every minute."""
+    items = token.split(",")
+    for i, item in enumerate(items):
+        match = _RANGE.fullmatch(item)
+        if match is None:
+            continue
+        low, high = match.group(1), match.group(2)
+        same = (
+            int(low) == int(high)
+            if low.isdigit() and high.isdigit()
+            else low.lower() == high.lower()
+        )
+        if same:
+            items[i] = low
+    return ",".join(items)
 
 
 def _never_matches(expr: str, fields: list[str], cause: Exception | None) -> InvalidCronError:
@@ -472,10 +497,11 @@ def _field_error(
 def _field_problem(spec: _Field, token: str) -> str:
     for item in token.split(","):
         values, _, step = item.partition("/")
-        if step and (not step.isdigit() or int(step) == 0):
+        # isdecimal and ASCII: "²".isdigit() holds, yet int() refuses it.
+        if step and (not (step.isascii() and step.isdecimal()) or int(step) == 0):
             return f'has step "{step}"; a step must be a whole number of at least 1'
         for bound in values.split("-"):
-            if bound.isdigit() and not spec.low <= int(bound) <= spec.high:
+            if bound.isascii() and bound.isdecimal() and not spec.low <= int(bound) <= spec.high:
                 if bound == token:
                     return f"is out of range {spec.low}-{spec.high}"
                 return f"has {bound}, out of range {spec.low}-{spec.high}"
@@ -649,7 +675,8 @@ def _zone(tz: str | ZoneInfo) -> ZoneInfo:
     if isinstance(tz, ZoneInfo):
         return tz
     if isinstance(tz, str):
-        return ZoneInfo(tz)
+        # As a declaration reads it: a zone of the IANA database, never a host's file.
+        return resolve_zone(tz, "next_occurrence")
     raise TypeError(f"tz must be an IANA zone name or a ZoneInfo, got {type(tz).__name__}")
 
 

@@ -6,6 +6,7 @@ DST behaviour lives in ``test_cron_dst.py``; random expressions in ``test_cron_p
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta, timezone
+from itertools import islice
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -18,7 +19,7 @@ from ultimat3_jobs.cron import (
     occurrences,
     parse,
 )
-from ultimat3_jobs.errors import InvalidCronError
+from ultimat3_jobs.errors import InvalidCronError, UltimateError
 
 
 def utc(text: str) -> datetime:
@@ -260,6 +261,7 @@ def test_parse__non_string_is_refused(expr: object) -> None:
         pytest.param("0 0 30 2 *", id="feb_30"),
         pytest.param("0 0 31 4,6,9,11 *", id="31st_of_short_months"),
         pytest.param("0 0 0 31 2 *", id="six_field_feb_31"),
+        pytest.param("0 0 30-30 2 *", id="feb_30_as_a_range"),
     ],
 )
 def test_parse__expression_that_never_matches_is_refused(expr: str) -> None:
@@ -651,6 +653,44 @@ def test_next_occurrence__non_datetime_after_is_refused() -> None:
         next_occurrence("0 3 * * *", "UTC", date(2026, 5, 3))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="datetime"):
         next_occurrence("0 3 * * *", "UTC", "2026-05-03")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("expr", "plain"),
+    [
+        pytest.param("5-5 3-3 * * *", "5 3 * * *", id="minute_and_hour"),
+        pytest.param("0 0 1-1 * *", "0 0 1 * *", id="day_of_month"),
+        pytest.param("0 9 * * MON-MON", "0 9 * * MON", id="day_name"),
+        pytest.param("0 9 * * 1-01", "0 9 * * 1", id="day_number_padded"),
+        pytest.param("0 0 1 FEB-feb *", "0 0 1 2 *", id="month_names"),
+        pytest.param("0 0 1-1/3 * *", "0 0 1 * *", id="with_a_step"),
+        pytest.param("0 0 * 2-2 5#5", "0 0 * 2 5#5", id="with_nth_weekday"),
+        pytest.param("5-5,10 * * * * *", "5,10 * * * * *", id="in_a_list_with_seconds"),
+    ],
+)
+def test_next_occurrence__a_range_with_equal_ends_is_that_one_value(expr: str, plain: str) -> None:
+    # croniter reads "5-5" as the whole field; Vixie cron, and the README, as 5.
+    after = utc("2026-01-01T00:00:00")
+    assert list(islice(occurrences(expr, "UTC", after), 5)) == list(
+        islice(occurrences(plain, "UTC", after), 5)
+    )
+    assert parse(expr).wall_clock == parse(plain).wall_clock
+
+
+@pytest.mark.parametrize("expr", ["0 ² * * *", "*/² * * * *", "1-² * * * *", "0 0 * * ²"])
+def test_parse__digits_that_are_not_ascii_are_refused_with_the_field(expr: str) -> None:
+    with pytest.raises(InvalidCronError) as caught:
+        parse(expr)
+    assert "field" in caught.value.message
+    assert caught.value.fix
+
+
+@pytest.mark.parametrize("tz", ["Bogota", "", "../../etc/passwd", "localtime", "posixrules"])
+def test_next_occurrence__a_name_no_declaration_takes_is_refused_as_there(tz: str) -> None:
+    with pytest.raises(UltimateError) as caught:
+        next_occurrence("0 3 * * *", tz, utc("2026-05-03T00:00:00"))
+    assert caught.value.code in ("jobs.task.tz-invalid", "jobs.task.tz-missing")
+    assert caught.value.fix
 
 
 def test_next_occurrence__bad_tz_type_is_refused() -> None:

@@ -654,13 +654,26 @@ class Worker:
         """Claim while there is room; sleep until a job ends, a NOTIFY, or the poll interval."""
         next_recovery = 0.0
         backoff = Backoff(self.poll_interval)
+        # Since when this loop has reached the database without a failure. Another worker's
+        # silence counts only once we have watched it that long: after an outage (a restart,
+        # a failover) no worker could heartbeat, and the first back must not take the running
+        # jobs of the live ones, still backing off, as a dead worker's.
+        reachable_since: float | None = time.monotonic()
+        stale_s = self.stale_after.total_seconds()
         while not self.life.draining.is_set():
             idle_wait = self.poll_interval.total_seconds()
             try:
                 moment = time.monotonic()
+                # A connection the server hung up on (a restart) is dropped before the claim
+                # meets it, as the job threads do before each job.
+                drop_broken_connections()
                 if self.node.due():
                     self.heartbeat()
-                if moment >= next_recovery:
+                if (
+                    moment >= next_recovery
+                    and reachable_since is not None
+                    and moment - reachable_since >= stale_s
+                ):
                     self.recover()
                     next_recovery = moment + self.heartbeat_interval.total_seconds()
                 if self._unsure:
@@ -726,9 +739,15 @@ class Worker:
                 self._report(written)
                 self._hand_over(jobs)
                 backoff.succeeded()
+                if reachable_since is None:
+                    reachable_since = moment
                 self.last_error = ""
             except DATABASE_ERRORS as error:
+                reachable_since = None
                 fields = backoff.failed(error)
+                # Back within half the stale time of the database's return, heartbeating,
+                # before any other worker may judge us dead (see reachable_since).
+                fields["retry_in"] = min(fields["retry_in"], stale_s / 2)
                 self.last_error = str(fields["error"])
                 emit(logger, "jobs.worker.loop-failed", logging.ERROR, **fields)
                 if self.burst and backoff.failures >= BURST_GIVE_UP_AFTER:
@@ -736,7 +755,7 @@ class Worker:
                     return
                 self.life.wake.clear()
                 # Not cut short by a job ending or a NOTIFY: only a drain ends the backoff.
-                self.life.draining.wait(backoff.rest())
+                self.life.draining.wait(fields["retry_in"])
                 continue
             if self.max_jobs is not None and self.claimed >= self.max_jobs:
                 return

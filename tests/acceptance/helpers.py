@@ -170,9 +170,10 @@ def throwaway_cluster() -> tuple[str, str] | None:
     return (data, options) if data and options else None
 
 
-def restart_throwaway_postgres() -> bool:
-    """Restart the suite's throwaway cluster (``pg_ctl restart -m fast``); False, doing
-    nothing, when the tests run against another server."""
+def restart_throwaway_postgres(down_for: float = 0.0) -> bool:
+    """Restart the suite's throwaway cluster (``pg_ctl restart -m fast``), or stop it and
+    start it again ``down_for`` seconds later; False, doing nothing, when the tests run
+    against another server."""
     cluster = throwaway_cluster()
     if cluster is None:
         return False
@@ -181,11 +182,13 @@ def restart_throwaway_postgres() -> bool:
 
     connection.close()
     runner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    subprocess.run(
-        [*runner, "pg_ctl", "-D", data, "-o", options, "-m", "fast", "-w", "restart"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    pg_ctl = [*runner, "pg_ctl", "-D", data, "-o", options, "-m", "fast", "-w"]
+    if not down_for:
+        subprocess.run([*pg_ctl, "restart"], check=True, stdout=subprocess.DEVNULL)
+        return True
+    subprocess.run([*pg_ctl, "stop"], check=True, stdout=subprocess.DEVNULL)
+    time.sleep(down_for)
+    subprocess.run([*pg_ctl, "start"], check=True, stdout=subprocess.DEVNULL)
     return True
 
 

@@ -17,7 +17,7 @@ from testproject.demo.models import Ping
 from testproject.demo.tasks import kill_own_worker, ping, ping_once, slow_ping
 from ultimat3_jobs.models import Job, JobStatus
 
-from .helpers import Process, processes, wait_for
+from .helpers import Process, processes, restart_throwaway_postgres, wait_for
 from .test_worker_processes import job_row, node_of, start_worker
 
 __all__ = ["processes"]
@@ -138,3 +138,28 @@ def test_a_django_task_returning_a_nul__fails_within_seconds_and_the_next_job_ru
     assert good.return_value == 5
     assert {job_row(int(bad.id)).worker, job_row(int(good.id)).worker} == {node}
     assert worker.alive()
+
+
+def test_a_database_outage_longer_than_the_stale_time__no_live_workers_job_is_taken(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    # Nobody could heartbeat while the database was away: the worker that reaches it first
+    # (here one started just then, as a supervisor restarts one) must not take the nap the
+    # first worker is still running for a dead worker's.
+    quick = {"WORKER_POLL_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 0.5, "WORKER_STALE_AFTER": 3}
+    first = start_worker(tmp_path, processes, "first", "--concurrency", "1", **quick)
+    first_node = node_of(first)
+    nap = background.nap.enqueue(12)
+    job_id = int(nap.id)
+    wait_for(lambda: job_row(job_id).started_at is not None, 15, "the nap to start")
+
+    if not restart_throwaway_postgres(down_for=5):
+        pytest.skip("stops and starts the suite's own throwaway cluster")
+    second = start_worker(tmp_path, processes, "second", "--concurrency", "1", **quick)
+    node_of(second)
+    wait_for(lambda: job_row(job_id).status != JobStatus.RUNNING, 40, "the nap to end")
+
+    row = job_row(job_id)
+    assert (row.status, row.worker, row.attempts) == (JobStatus.SUCCEEDED, first_node, 1)
+    assert not second.named("jobs.worker.recovered")
+    assert not first.named("jobs.worker.job-lost")

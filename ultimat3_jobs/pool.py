@@ -108,6 +108,8 @@ class Child:
         self.pids: list[int] = []
         self._process: SpawnProcess | None = None
         self._conn: Connection | None = None
+        #: Set once the current child said it is ready; cleared as it is let go or replaced.
+        self._started = False
         self._jobs = 0
         self._context = multiprocessing.get_context("spawn")
         self._cancelled = threading.Event()
@@ -115,6 +117,14 @@ class Child:
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
+
+    @property
+    def ready(self) -> bool:
+        """Whether a job given now would start at once: a child up, Django set up in it. Read
+        from the dispatcher (a racy look is fine: it only decides whether the claim may mark
+        a job started)."""
+        process = self._process
+        return self._started and process is not None and process.is_alive()
 
     def ensure(self) -> None:
         """A live child, ready for a job: a dead one (killed between jobs) is replaced.
@@ -143,6 +153,7 @@ class Child:
         # in a job's timeout, and no job is marked started before a child can run it.
         if not self._ready(ours):
             raise self._died(0 if self._cancelled.is_set() else KILL_AFTER)
+        self._started = True
 
     def cancel(self) -> None:
         """Give up a start under way, and any later one (the worker is stopping): a child still
@@ -221,6 +232,7 @@ class Child:
         self.kill()
 
     def _reap(self) -> None:
+        self._started = False
         if self._conn is not None:
             self._conn.close()
         if self._process is not None:

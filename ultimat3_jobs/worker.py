@@ -646,6 +646,9 @@ class Worker:
             retry_every_s=self.poll_interval.total_seconds(),
         )
 
+    def _ready_children(self) -> int:
+        return sum(1 for slot in self._slots if slot.child is not None and slot.child.ready)
+
     def child_pids(self) -> list[int]:
         """The process pool's children alive now (tests, logs)."""
         return [pid for slot in self._slots if slot.child and (pid := slot.child.pid) is not None]
@@ -708,8 +711,11 @@ class Worker:
                     else:
                         ended = []
                     flush_in = FLUSH_AFTER if self._pending else idle_wait
-                # New jobs that free threads take at once: the claim marks them started.
-                start = max(0, min(room, self.concurrency - running))
+                # New jobs that free threads take at once: the claim marks them started. In the
+                # process pool, only as many as there are children ready to run them: a slot
+                # whose child is starting marks its job itself, once the child is ready.
+                free = self.concurrency if self.pool == "thread" else self._ready_children()
+                start = max(0, min(room, free - running))
                 try:
                     ids, jobs = self.store.finish_and_claim(
                         worker=self.node_id,

@@ -440,6 +440,35 @@ def test_run__a_child_that_cannot_start_gives_its_job_back_uncounted(
     assert not Ping.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_run__jobs_claimed_while_the_children_start_are_not_marked_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slot's child sets Django up first (most of a second): a job claimed meanwhile is
+    # marked started only once a child can run it, so a worker killed then costs it nothing.
+    made = [make_job(data={"label": f"early-{n}"}) for n in range(2)]
+    release = threading.Event()
+
+    def starting(self: Child) -> None:
+        release.wait(30)
+        raise ChildDied(1)
+
+    monkeypatch.setattr(Child, "ensure", starting)
+    worker, _ = _worker(pool="process", burst=False, concurrency=2)
+    worker.start()
+    try:
+        wait_until(
+            lambda: Job.objects.filter(status=JobStatus.RUNNING).count() == 2,
+            what="both jobs to be claimed",
+        )
+        rows = Job.objects.filter(pk__in=[m.pk for m in made])
+        # Unmarked, a recovery gives each back with its attempt uncounted.
+        assert [r.started_at for r in rows] == [None, None]
+    finally:
+        release.set()
+        worker.stop()
+
+
 def _child() -> Child:
     setup = ChildSetup(
         databases={}, using="default", node_id="w1", backoff_base=2, backoff_max_s=60,

@@ -11,7 +11,7 @@ import hashlib
 import json
 import weakref
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -289,6 +289,18 @@ def check_run_at(job_name: str, run_at: object) -> datetime | None:
             "django.utils.timezone.now() + timedelta(...)",
             cause=run_at,
         )
+    try:
+        run_at.astimezone(UTC)
+    except OverflowError:
+        # datetime.min in a zone east of UTC: the database would keep a year BC, and the
+        # worker that claims the row could not read it back.
+        raise InvalidRunAtError(
+            f'run_at={run_at.isoformat()} for job "{job_name}" is before year 1 or after 9999 '
+            "in UTC",
+            fix="pass an instant between the years 1 and 9999 in UTC, e.g. "
+            "timezone.now() + timedelta(minutes=5)",
+            cause=run_at,
+        ) from None
     return run_at
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -283,6 +284,14 @@ def _deep(levels: int) -> dict[str, Any]:
             InvalidRunAtError,
             "no timezone",
         ),
+        (
+            # Year 0 in UTC: the database would keep it BC, and no worker could read it back.
+            lambda j: j.enqueue(
+                {"text": "x"}, run_at=datetime.min.replace(tzinfo=ZoneInfo("Europe/Paris"))
+            ),
+            InvalidRunAtError,
+            "before year 1",
+        ),
         (lambda j: j.enqueue({"text": "x"}, queue="q" * 101), UltimateError, "over 100"),
     ],
     ids=[
@@ -297,6 +306,7 @@ def _deep(levels: int) -> dict[str, Any]:
         "input_too_deep",
         "run_at_int",
         "run_at_naive",
+        "run_at_before_year_1_in_utc",
         "queue_long",
     ],
 )

@@ -34,7 +34,7 @@ from .errors import TaskBackendError
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import NAME_LIMIT, QUEUE_LIMIT, check_arguments, check_result, unstorable_result
 from .outbox import TASKS
-from .retries import format_error
+from .retries import bounded, format_error
 from .tasks_compat import (
     BaseTaskBackend,
     InvalidTaskError,
@@ -471,7 +471,7 @@ def run_task(job: StartedTask) -> TaskRun:
         run.error = error
         cls = type(error)
         run.error_class = f"{cls.__module__}.{cls.__qualname__}"
-        run.traceback = get_exception_traceback(error)
+        run.traceback = bounded(get_exception_traceback(error))
     return run
 
 

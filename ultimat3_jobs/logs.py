@@ -102,6 +102,11 @@ PREPARED_STATEMENT_LOST_FIX = (
 )
 
 
+#: The most characters of an error's message a log line carries (the job row keeps its
+#: traceback's last ``retries.ERROR_LIMIT``).
+MESSAGE_LIMIT = 4_000
+
+
 def failure_fields(error: BaseException) -> dict[str, Any]:
     """A failure as log fields. The message alone drops the code to search on and the fix."""
     if isinstance(error, UltimateError):
@@ -111,6 +116,9 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
 
     text = readable(error)
     message = f"{type(error).__name__}: {text}".strip()
+    if len(message) > MESSAGE_LIMIT:
+        # An exception may carry megabytes: a log line of them is dropped or split downstream.
+        message = f"{message[:MESSAGE_LIMIT]}... ({len(message):,} characters)"
     cause = f"{type(error).__module__}.{type(error).__qualname__}"
     text = text.lower()
     unavailable = (

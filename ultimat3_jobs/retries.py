@@ -53,8 +53,15 @@ def format_error(error: BaseException) -> str:
     except Exception:
         name = f"{type(error).__module__}.{type(error).__qualname__}"
         text = f"{name} (its traceback could not be formatted)"
-    text = storable(text)
-    return text if len(text) <= ERROR_LIMIT else "...\n" + text[-ERROR_LIMIT:]
+    return bounded(storable(text))
+
+
+def bounded(traceback_text: str) -> str:
+    """A traceback cut to its last ``ERROR_LIMIT`` characters, where the raise site is: an
+    exception carrying megabytes of text must not make each row or log line as big."""
+    if len(traceback_text) <= ERROR_LIMIT:
+        return traceback_text
+    return "...\n" + traceback_text[-ERROR_LIMIT:]
 
 
 def storable(text: str) -> str:

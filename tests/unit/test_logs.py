@@ -17,7 +17,15 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 
 from ultimat3_jobs.errors import InvalidTimezoneError
-from ultimat3_jobs.logs import JsonFormatter, Lines, configure, emit, emit_many, failure_fields
+from ultimat3_jobs.logs import (
+    MESSAGE_LIMIT,
+    JsonFormatter,
+    Lines,
+    configure,
+    emit,
+    emit_many,
+    failure_fields,
+)
 
 #: What PostgreSQL says when a pooler gave the transaction a backend without the statement.
 _LOST = 'prepared statement "_pg3_0" does not exist'
@@ -74,6 +82,13 @@ def test_failure_fields__carry_error_code_cause_and_fix(
     assert set(fields) == {"error", "code", "cause", "fix"}
     assert fields["code"] == code
     assert fix_part in fields["fix"]
+
+
+def test_failure_fields__a_message_of_megabytes_is_cut_for_the_log_line() -> None:
+    fields = failure_fields(ValueError("y" * 5_000_000))
+    assert fields["error"].startswith("ValueError: yyy")
+    assert fields["error"].endswith("... (5,000,012 characters)")
+    assert len(fields["error"]) < MESSAGE_LIMIT + 40
 
 
 def test_json_formatter__one_object_with_event_and_fields(caplog: pytest.LogCaptureFixture) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ultimat3_jobs.retries import MAX_LOOP_BACKOFF, format_error, loop_backoff, retry_delay
+from ultimat3_jobs.retries import (
+    ERROR_LIMIT,
+    MAX_LOOP_BACKOFF,
+    bounded,
+    format_error,
+    loop_backoff,
+    retry_delay,
+)
 
 
 def test_retry_delay__grows_as_base_to_the_attempts_up_to_the_cap() -> None:
@@ -43,3 +50,20 @@ def test_loop_backoff__an_interval_longer_than_the_cap_is_never_shortened() -> N
     slow = timedelta(minutes=2)
     assert loop_backoff(slow, 0) == slow
     assert loop_backoff(slow, 4) == slow
+
+
+def test_format_error__a_message_of_megabytes_keeps_the_last_error_limit_characters() -> None:
+    try:
+        raise ValueError("x" * 5_000_000)
+    except ValueError as error:
+        text = format_error(error)
+    assert len(text) == ERROR_LIMIT + len("...\n")
+    assert text.startswith("...\n")
+
+
+def test_bounded__a_django_tasks_traceback_is_cut_as_last_error_is() -> None:
+    short = "Traceback ...\nValueError: no"
+    assert bounded(short) == short
+    long = "Traceback ...\n" + "x" * 100_000 + "\nValueError: at the end"
+    assert bounded(long).endswith("ValueError: at the end")
+    assert len(bounded(long)) == ERROR_LIMIT + len("...\n")

@@ -91,17 +91,6 @@ def check_settings(
                 id="ultimat3_jobs.W013",
             )
         )
-    if not _nameable_queue(config.default_queue):
-        messages.append(
-            checks.Warning(
-                f'ULTIMAT3_JOBS["DEFAULT_QUEUE"] is {config.default_queue!r}, which no '
-                "run_worker --queues option can name: only a worker serving every queue runs "
-                "the jobs that declare no queue",
-                hint='set ULTIMAT3_JOBS["DEFAULT_QUEUE"] to a name without commas or '
-                'surrounding spaces, e.g. "default"',
-                id="ultimat3_jobs.W014",
-            )
-        )
     stale = stale_after_problem(config.worker_stale_after, config.heartbeat_interval)
     if stale is not None:
         messages.append(checks.Error(stale.message, hint=stale.fix, id="ultimat3_jobs.E004"))
@@ -306,6 +295,44 @@ def check_scheduled_jobs(
                     )
         messages.extend(acks_late_warnings(handle, jobs, celery_seen))
         messages.extend(overlap_warnings(handle, jobs))
+    return messages
+
+
+@checks.register()
+def check_queue_names(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The default queue and each ``@job``'s: one that no ``run_worker --queues`` value can
+    name is run only by a worker serving every queue."""
+    from .registry import registry
+
+    try:
+        default = get_settings().default_queue
+    except ConfigurationError:
+        return []  # check_settings reports it.
+    messages: list[checks.CheckMessage] = []
+    if not _nameable_queue(default):
+        messages.append(
+            checks.Warning(
+                f'ULTIMAT3_JOBS["DEFAULT_QUEUE"] is {default!r}, which no run_worker --queues '
+                "option can name: only a worker serving every queue runs the jobs that declare "
+                "no queue",
+                hint='set ULTIMAT3_JOBS["DEFAULT_QUEUE"] to a name without commas or '
+                'surrounding spaces, e.g. "default"',
+                id="ultimat3_jobs.W014",
+            )
+        )
+    for job in registry.jobs():
+        if job.queue is not None and not _nameable_queue(job.queue):
+            messages.append(
+                checks.Warning(
+                    f'job "{job.name}" has queue {job.queue!r}, which no run_worker --queues '
+                    "option can name: only a worker serving every queue runs it",
+                    hint=f'rename the queue in @job(queue=...) of "{job.name}" to a name '
+                    'without commas or surrounding spaces, e.g. "emails"',
+                    id="ultimat3_jobs.W014",
+                )
+            )
     return messages
 
 

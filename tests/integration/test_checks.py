@@ -67,11 +67,30 @@ def test_check_settings__a_stale_round_warning_within_one_tick_warns() -> None:
 
 
 @pytest.mark.parametrize("queue", ["a, b", " padded"])
-def test_check_settings__a_default_queue_no_worker_can_name_warns(queue: str) -> None:
+def test_check_queue_names__a_default_queue_no_worker_can_name_warns(queue: str) -> None:
+    from ultimat3_jobs.checks import check_queue_names
+
     with override_settings(ULTIMAT3_JOBS={"DEFAULT_QUEUE": queue}):
-        [warning] = check_settings()
+        assert check_settings() == []
+        warnings = check_queue_names()
+    assert [w.id for w in warnings] == ["ultimat3_jobs.W014"]
+    assert repr(queue) in warnings[0].msg
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_check_queue_names__a_job_queue_no_worker_can_name_warns() -> None:
+    from ultimat3_jobs import job
+    from ultimat3_jobs.checks import check_queue_names
+
+    @job(name="queues.split", queue="reports,emails")
+    def split() -> None: ...
+
+    @job(name="queues.fine", queue="reports")
+    def fine() -> None: ...
+
+    [warning] = check_queue_names()
     assert warning.id == "ultimat3_jobs.W014"
-    assert repr(queue) in warning.msg
+    assert warning.msg.startswith("job \"queues.split\" has queue 'reports,emails'")
 
 
 @override_settings(ULTIMAT3_JOBS={"LEADER": "advisory"})

@@ -275,6 +275,14 @@ class JobHandle:
         """
         enqueue = _connected_store(self.name)
         data = self.check_input(input)
+        if key == "":
+            # Read as "no key", it would get a generated one: the caller's dedupe lost.
+            raise InvalidJobKeyError(
+                f'key of job "{self.name}" is empty',
+                fix=f'pass a key that names the run, e.g. key="{self.name}:2026-03-08", or '
+                "no key at all for the declared one (or a fresh one)",
+                cause=key,
+            )
         if key is not None:
             check_key(self.name, key)
         check_run_at(self.name, run_at)
@@ -284,7 +292,7 @@ class JobHandle:
         return enqueue(
             self,
             data,
-            key=key or self.plain_key(data),
+            key=self.plain_key(data) if key is None else key,
             run_at=run_at,
             queue=queue,
             enqueued_by=enqueued_by,

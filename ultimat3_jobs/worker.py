@@ -660,9 +660,10 @@ class Worker:
         # Since when this loop has reached the database without a failure. Another worker's
         # silence counts only once we have watched it that long: after an outage (a restart,
         # a failover) no worker could heartbeat, and the first back must not take the running
-        # jobs of the live ones, still backing off, as a dead worker's.
-        reachable_since: float | None = time.monotonic()
+        # jobs of the live ones, still backing off, as a dead worker's. A burst worker, which
+        # leaves once the queue is empty, cannot wait that out: it recovers from its start.
         stale_s = self.stale_after.total_seconds()
+        reachable_since: float | None = time.monotonic() - (stale_s if self.burst else 0.0)
         while not self.life.draining.is_set():
             idle_wait = self.poll_interval.total_seconds()
             try:

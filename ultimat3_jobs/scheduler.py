@@ -689,7 +689,12 @@ class Scheduler:
         self._thread.start()
 
     def run_once(self) -> Report:
-        """One round as a whole life: start, tick, stop. For ``run_scheduler --once``."""
+        """One round as a whole life: start, tick, stop. For ``run_scheduler --once``.
+
+        SIGTERM/SIGINT drain it as they drain the loop: a round under way is finished and
+        committed, one not begun is not.
+        """
+        self.life.hook(self.stop)
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         try:
             return self.tick()

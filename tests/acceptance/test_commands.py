@@ -174,9 +174,13 @@ def test_jobs_status__a_bad_setting_is_refused_with_its_fix_not_a_traceback() ->
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("role", ["scheduler", "worker"])
+@pytest.mark.parametrize(
+    ("role", "flags"),
+    [("scheduler", ()), ("scheduler", ("--once",)), ("worker", ())],
+    ids=["scheduler", "scheduler_once", "worker"],
+)
 def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
-    tmp_path: Path, processes: list[Process], role: str
+    tmp_path: Path, processes: list[Process], role: str, flags: tuple[str, ...]
 ) -> None:
     # The system checks call each task's function: this one takes seconds, and the signal
     # comes meanwhile, before the role could hook it.
@@ -191,7 +195,7 @@ def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
         "    time.sleep(4)\n"
         "    return []\n",
     )
-    process = spawn(tmp_path, role, f"run_{role}", env=env)
+    process = spawn(tmp_path, role, f"run_{role}", *flags, env=env)
     processes.append(process)
     wait_for(called.exists, 60, "the checks to call the task function")
     started = time.monotonic()

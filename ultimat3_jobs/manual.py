@@ -107,14 +107,30 @@ def settle_pause(
 
 def record_run(task: str, results: list[TaskJobResult], enqueued_by: str) -> None:
     """The record of ``task.enqueue()`` called from code: a manual run by ``enqueued_by``."""
+    _record(store_for(), task, results, at=clock.now(), user=enqueued_by, detail="task.enqueue()")
+
+
+#: A record's ``user`` column; a job's ``enqueued_by`` may be longer, and is cut to it.
+_USER_LIMIT = Occurrence._meta.get_field("user").max_length or 150
+
+
+def _record(
+    store: JobStore,
+    task: str,
+    results: list[TaskJobResult],
+    *,
+    at: datetime,
+    user: str,
+    detail: str,
+) -> Occurrence:
     row = history.manual(
         task,
         [history.RecordedJob(r.job, r.result.key, r.result.created) for r in results],
-        at=clock.now(),
-        user=enqueued_by,
-        detail="task.enqueue()",
+        at=at,
+        user=user[:_USER_LIMIT],
+        detail=detail,
     )
-    store_for().insert_record(row)
+    return store.insert_record(row)
 
 
 def run_now(
@@ -132,12 +148,5 @@ def run_now(
     with transaction.atomic():
         at = clock.now()
         results = handle.enqueue_entries(enqueued_by=f"admin:{user}")
-        row = history.manual(
-            handle.name,
-            [history.RecordedJob(r.job, r.result.key, r.result.created) for r in results],
-            at=at,
-            user=user,
-            detail=detail,
-        )
-        record = store.insert_record(row)
+        record = _record(store, handle.name, results, at=at, user=user, detail=detail)
     return ManualRun(task=handle.name, results=results, record=record)

@@ -224,6 +224,22 @@ def test_task_enqueue__from_code_records_a_manual_run_by_code_in_its_history(
     assert (row["outcome"], row["by"]) == ("manual", "code")
 
 
+def test_task_enqueue__an_enqueued_by_longer_than_the_records_user_column_still_enqueues(
+    tasks: dict[str, Task],
+) -> None:
+    from ultimat3_jobs.registry import registry
+
+    handle = registry.get_task(DIGEST)
+    assert handle is not None
+    who = "service:" + "x" * 190  # 198 characters: a job row takes 200, a record's user 150
+
+    [result] = handle.enqueue(enqueued_by=who)
+
+    assert Job.objects.get(pk=result.result.job_id).enqueued_by == who
+    record = Occurrence.objects.get()
+    assert record.user == who[:150]
+
+
 def test_run_now__message_names_each_created_job(tasks: dict[str, Task], runner: User) -> None:
     client = logged_in(runner)
     response = client.post(

@@ -546,13 +546,22 @@ def next_occurrence(
     ``expr`` is read as wall-clock time in ``tz`` under the DST rule of this module;
     ``dst_gap`` and ``dst_repeat`` choose it for wall-clock schedules and do nothing for
     real-time ones. Raises :class:`InvalidCronError` for a bad expression,
-    :class:`InvalidDstOptionError` for a bad option, ValueError/TypeError for a naive ``after``.
+    :class:`InvalidDstOptionError` for a bad option, ValueError/TypeError for a naive ``after``,
+    ValueError when no occurrence comes before the end of year 9999.
     """
     if dst_gap == "end-of-gap" and dst_repeat == "first":
         # The scheduler's hot path: the default rule, with no validation to pay for.
-        return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"), False, False)
-    skip, both = _dst_flags(dst_gap, dst_repeat, "next_occurrence")
-    return _next(_schedule(expr), _zone(tz), _as_utc(after, "after"), skip, both)
+        skip = both = False
+    else:
+        skip, both = _dst_flags(dst_gap, dst_repeat, "next_occurrence")
+    schedule, zone, start = _schedule(expr), _zone(tz), _as_utc(after, "after")
+    try:
+        return _next(schedule, zone, start, skip, both)
+    except OverflowError:
+        raise ValueError(
+            f'cron "{schedule.expr}" has no occurrence after {start.isoformat()} '
+            "before the end of year 9999"
+        ) from None
 
 
 def occurrences(
@@ -566,7 +575,8 @@ def occurrences(
 ) -> Iterator[datetime]:
     """Successive occurrences strictly after ``after`` and up to ``until`` inclusive.
 
-    Endless when ``until`` is None. Arguments are checked when the iterator is created.
+    Endless when ``until`` is None, up to the end of year 9999. Arguments are checked when the
+    iterator is created.
     """
     schedule, zone, start = _schedule(expr), _zone(tz), _as_utc(after, "after")
     end = None if until is None else _as_utc(until, "until")
@@ -700,7 +710,10 @@ def _iterate(
     both_passes: bool,
 ) -> Iterator[datetime]:
     while True:
-        after = _next(schedule, zone, after, skip_gaps, both_passes)
+        try:
+            after = _next(schedule, zone, after, skip_gaps, both_passes)
+        except OverflowError:
+            return  # past year 9999: the calendar datetime can hold ends here
         if until is not None and after > until:
             return
         yield after

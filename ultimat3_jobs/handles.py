@@ -431,7 +431,14 @@ class TaskHandle:
         )
 
     def next_runs(self, n: int = 10, after: datetime | None = None) -> list[datetime]:
-        """The next ``n`` occurrences strictly after ``after`` (default now), in UTC."""
+        """The next ``n`` occurrences strictly after ``after`` (default now), in UTC.
+
+        Fewer than ``n`` only where the calendar ends, after year 9999.
+        """
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {n!r}")
+        if n < 0:
+            raise ValueError(f"n must not be negative, got {n}")
         start = after or clock.now()
         found = occurrences(
             self.schedule, self.zone, start, dst_gap=self.dst_gap, dst_repeat=self.dst_repeat

@@ -73,7 +73,8 @@ class _NextRuns:
 
     def _next(self, handle: TaskHandle | None, cron: str, tz: str) -> datetime | None:
         if handle is not None:
-            return handle.next_runs(1, self.now)[0]
+            found = handle.next_runs(1, self.now)
+            return found[0] if found else None
         try:
             return next_occurrence(cron, resolve_zone(tz, "removed task"), self.now)
         except (UltimateError, ValueError):

@@ -821,3 +821,21 @@ def test_next_occurrence__imports_and_answers_without_django_settings() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == ["2026-03-08T07:00:00+00:00", "False"]
+
+
+def test_the_calendar_end__iterators_stop_and_next_occurrence_says_so() -> None:
+    near_end = utc("9999-12-29T12:00:00")
+    assert iso(list(occurrences("0 0 * * *", "UTC", near_end))) == [
+        "9999-12-30T00:00:00Z",
+        "9999-12-31T00:00:00Z",
+    ]
+    # UTC+14: the local year 9999 ends at 9999-12-31T10:00Z, and its last midnight is a day before.
+    assert iso(list(occurrences("0 0 * * *", "Pacific/Kiritimati", near_end))) == [
+        "9999-12-30T10:00:00Z",
+    ]
+    assert list(occurrences("0 0 * * *", "Pacific/Kiritimati", utc("9999-12-31T12:00:00"))) == []
+    assert len(between("0 0 * * *", "UTC", near_end, utc("9999-12-31T23:59:00"), limit=5)) == 2
+    with pytest.raises(ValueError, match="no occurrence after 9999-12-31T12:00:00"):
+        next_occurrence("0 0 * * *", "UTC", utc("9999-12-31T12:00:00"))
+    with pytest.raises(ValueError, match="before the end of year 9999"):
+        next_occurrence("0 0 * * *", "UTC", utc("9999-12-31T12:00:00"), dst_repeat="both")

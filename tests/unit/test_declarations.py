@@ -372,3 +372,22 @@ def test_timeout_of__the_jobs_own_else_the_setting_a_django_tasks_always_the_set
     assert timeout_of("unit.own") == 5.0
     assert timeout_of("unit.defaulted") == 60.0
     assert timeout_of("unit.own", backend="default") == 60.0
+
+
+def test_task__next_runs_refuses_a_count_it_cannot_take() -> None:
+    @task(cron="0 9 * * *", tz="Europe/Paris", name="unit.counted")
+    def counted(occurrence: datetime) -> list[Entry]:
+        return []
+
+    after = datetime(2026, 6, 1, tzinfo=UTC)
+    assert counted.next_runs(0, after) == []
+    with pytest.raises(ValueError, match="n must not be negative, got -1"):
+        counted.next_runs(-1, after)
+    for wrong in (2.0, "3", True):
+        with pytest.raises(TypeError, match="n must be an int"):
+            counted.next_runs(wrong, after)  # type: ignore[arg-type]
+    last = counted.next_runs(5, datetime(9999, 12, 30, tzinfo=UTC))
+    assert [at.isoformat() for at in last] == [
+        "9999-12-30T08:00:00+00:00",
+        "9999-12-31T08:00:00+00:00",
+    ]

@@ -43,7 +43,7 @@ from celery.signals import task_failure, task_postrun, task_success
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import clock
-from .inputs import json_value
+from .inputs import relayed_result
 from .logs import emit
 from .retries import format_error
 from .store import FINISHED, store_for
@@ -131,7 +131,8 @@ class ExactlyOnceTask(Task):
                     store.relayed_done(
                         job_id=job_id,
                         now=clock.now(),
-                        return_value=json_value(value),
+                        # A value the row cannot keep fails the body, its writes undone.
+                        return_value=relayed_result(self.name, value),
                         engine_id=str(self.request.id or ""),
                     )
             except Retry:
@@ -196,7 +197,7 @@ def _plain_task_succeeded(sender: Any = None, result: Any = None, **kwargs: Any)
     row = _plain_task_row(sender)
     if row is not None:
         store_for(row[1]).relayed_done(
-            job_id=row[0], now=clock.now(), return_value=json_value(result)
+            job_id=row[0], now=clock.now(), return_value=result, name=sender.name
         )
 
 

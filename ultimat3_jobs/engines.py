@@ -19,7 +19,6 @@ from typing import Any
 
 from . import tracing
 from .errors import BrokerUnavailableError, RelayRefusedError, RelayTargetError
-from .inputs import json_value
 from .models import Job
 from .outbox import CELERY, CELERY_ONCE, TASKS
 
@@ -203,19 +202,12 @@ def send_django_task(job: Job) -> Sent:
         ) from error
     # A backend that runs the task inline (ImmediateBackend) is done with it already.
     if result.status == TaskResultStatus.SUCCESSFUL:
-        return Sent(str(result.id), done=True, return_value=result_value(result))
+        return Sent(str(result.id), done=True, return_value=result.return_value)
     if result.status == TaskResultStatus.FAILED:
         errors = getattr(result, "errors", None) or []
         text = errors[-1].traceback if errors else "failed"
         return Sent(str(result.id), done=True, ok=False, error=text)
     return Sent(str(result.id))
-
-
-def result_value(result: Any) -> Any:
-    try:
-        return json_value(result.return_value)
-    except Exception:
-        return None
 
 
 def send(job: Job, using: str) -> Sent:
@@ -238,7 +230,6 @@ __all__ = [
     "Sent",
     "broker_down",
     "celery_task_id",
-    "result_value",
     "send",
     "send_celery",
     "send_django_task",

@@ -145,6 +145,12 @@ def check_result(job_name: str, value: object) -> object:
     return value
 
 
+def relayed_result(job_name: str, value: object) -> object:
+    """What an outbox row keeps of an engine's return value: None for what JSON has no form
+    for (a relayed row keeps its JSON return value only), else ``check_result``'s answer."""
+    return check_result(job_name, json_value(value))
+
+
 def unstorable_result(job_name: str, problem: str) -> ResultUnstorableError:
     """The error of a return value a job row cannot keep: ``problem`` says why."""
     return ResultUnstorableError(

@@ -38,7 +38,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from . import clock as default_clock
 from . import instruments, nodes, tasks_compat
 from .conf import get_settings
-from .engines import Sent, result_value, send
+from .engines import Sent, send
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, listen
 from .listener import RELAY_PAYLOAD, Listener
@@ -219,8 +219,9 @@ class Relay:
                     job_id=job.pk,
                     now=self.clock(),
                     ok=ok,
-                    return_value=result_value(result) if ok else None,
+                    return_value=result.return_value if ok else None,
                     error="" if ok else (errors[-1].traceback if errors else "failed"),
+                    name=job.name,
                 )
                 finished += 1
         return finished
@@ -235,6 +236,7 @@ class Relay:
                 ok=sent.ok,
                 return_value=sent.return_value,
                 error=sent.error,
+                name=job.name,
             )
         again = job.status == "relayed"
         self.stats.sent += 1

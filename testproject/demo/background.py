@@ -60,6 +60,14 @@ def record_immediately(label: str) -> str:
 
 
 @task(backend="immediate")
+def unstorable_immediately(label: str, raises: bool = False) -> str:
+    """Runs inside ``enqueue()`` and returns (or raises with) text no ``jsonb`` keeps: a NUL."""
+    if raises:
+        raise ValueError(f"{label} \x00")
+    return f"{label} \x00"
+
+
+@task(backend="immediate")
 def break_transaction() -> None:
     """Fails on the database inside ``enqueue()``, where the relay's transaction is open."""
     Ping.objects.create(label=None)  # type: ignore[misc]

@@ -65,10 +65,14 @@ def once_ends(self: ExactlyOnceTask, label: str, how: str) -> str:
 
 
 @shared_task(name="demo.plain_ends")
-def plain_ends(label: str, how: str) -> None:
-    """A plain task that writes a row, then ignores or rejects its message as ``how`` says."""
+def plain_ends(label: str, how: str) -> str | None:
+    """A plain task that writes a row, then ignores or rejects its message as ``how`` says,
+    or returns what a PostgreSQL ``jsonb`` column refuses ("nul")."""
     Ping.objects.create(label=label)
     if how == "ignore":
         raise Ignore()
     if how == "reject":
         raise Reject("the body refused its message", requeue=False)
+    if how == "nul":
+        return f"{label} \x00"
+    return None

@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery import current_app
 from celery.exceptions import Ignore, InvalidTaskError, Reject
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from kombu.exceptions import EncodeError, OperationalError
 
 from testproject.demo import background
@@ -478,12 +478,75 @@ def test_exactly_once_task__a_return_value_the_database_refuses_fails_the_row(
     job = once("nul")
     run_message(job)
     job.refresh_from_db()
-    if connection.vendor == "postgresql":  # jsonb refuses a NUL; SQLite keeps it.
-        assert job.status == "failed"
-        assert "DataError" in job.last_error or "\\u0000" in job.last_error
-        assert pings("once nul") == 0  # The body is undone with the result it could not keep.
-    else:
-        assert (job.status, job.return_value) == ("succeeded", "once nul \x00")
+    # On every database: PostgreSQL's jsonb refuses a NUL, and a row keeps what any would.
+    assert (job.status, job.return_value) == ("failed", None)
+    assert "[jobs.job.result-unstorable]" in job.last_error
+    assert 'the return value of "demo.once_ends" holds text with a NUL' in job.last_error
+    assert pings("once nul") == 0  # The body is undone with the result it could not keep.
+
+
+@pytest.mark.django_db
+def test_plain_celery_task__a_return_value_the_database_refuses_fails_its_row_alone(
+    broker: redis.Redis,
+) -> None:
+    nul, fine = outbox(
+        "faults.plain-nul",
+        (plain_ends, {"label": "plain nul", "how": "nul"}),
+        (plain_ends, {"label": "plain fine", "how": "return"}),
+    )
+    assert relay().relay_once() == 2
+    run_message(nul, plain_ends)
+    run_message(fine, plain_ends)
+    nul.refresh_from_db()
+    fine.refresh_from_db()
+    assert (nul.status, nul.return_value) == ("failed", None)
+    assert "[jobs.job.result-unstorable]" in nul.last_error
+    assert "fix: " in nul.last_error
+    assert fine.status == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay__a_django_task_whose_result_the_database_refuses_fails_alone_in_its_batch() -> None:
+    rows = outbox(
+        "faults.imm-nul",
+        (background.record_immediately, {"label": "before"}),
+        (background.unstorable_immediately, {"label": "returns"}),
+        (background.unstorable_immediately, {"label": "raises", "raises": True}),
+        (background.record_immediately, {"label": "after"}),
+    )
+    assert relay().relay_once() == 4
+    assert relay().relay_once() == 0  # Nothing left behind to run again.
+    before, returns, raises, after = (Job.objects.get(pk=row.pk) for row in rows)
+    assert (before.status, before.return_value) == ("succeeded", "before")
+    assert (after.status, after.return_value) == ("succeeded", "after")
+    assert (returns.status, returns.return_value) == ("failed", None)
+    assert "[jobs.job.result-unstorable]" in returns.last_error
+    assert raises.status == "failed"
+    assert "ValueError: raises \\x00" in raises.last_error
+    assert sorted(Ping.objects.values_list("label", flat=True)) == ["after", "before"]
+
+
+@pytest.mark.django_db
+def test_relay__a_reported_result_the_database_refuses_fails_that_row_alone() -> None:
+    from django_tasks import TaskResultStatus, task_backends
+
+    backend: Any = task_backends["reporting"]
+    backend.clear()
+    rows = outbox(
+        "faults.reported-nul",
+        (background.reported, {"label": "nul"}),
+        (background.reported, {"label": "fine"}),
+    )
+    relayer = relay()
+    assert relayer.relay_once() == 2
+    for result, value in zip(backend.results, ["a \x00", {"ok": 1}], strict=True):
+        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "_return_value", value)
+    assert relayer.check_results() == 2
+    nul, fine = (Job.objects.get(pk=row.pk) for row in rows)
+    assert (nul.status, nul.return_value) == ("failed", None)
+    assert "[jobs.job.result-unstorable]" in nul.last_error
+    assert (fine.status, fine.return_value) == ("succeeded", {"ok": 1})
 
 
 # -- plain Celery tasks that ignore or reject ------------------------------------------------------

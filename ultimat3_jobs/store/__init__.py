@@ -330,9 +330,16 @@ class JobStore(Protocol):
         return_value: Any = None,
         error: str = "",
         engine_id: str = "",
+        name: str = "",
     ) -> bool:
         """The engine reported the row done: succeeded (or failed) at ``now``, unless it
-        already was."""
+        already was.
+
+        What any engine reports is stored: a return value JSON has no form for is dropped, one
+        the row cannot keep (NUL, a lone surrogate, over the size) fails the row with
+        ``jobs.job.result-unstorable`` instead, and ``error`` is kept storable and bounded.
+        ``name`` (the job's) is for that error's message.
+        """
         ...
 
     def relayed_tasks(self, *, backends: Sequence[str], after: int, limit: int) -> list[Job]:

@@ -34,9 +34,10 @@ from django.db.models.functions import Concat, Greatest, Now
 
 from .. import clock, history, tracing
 from ..conf import get_settings
-from ..errors import TaskSyncError
-from ..inputs import check_key, check_run_at, occurrence_prefix
+from ..errors import ResultUnstorableError, TaskSyncError
+from ..inputs import check_key, check_run_at, occurrence_prefix, relayed_result
 from ..models import CheckIn, Job, JobStatus, Node, Occurrence, Outcome, Task
+from ..retries import bounded, storable
 from .columns import (
     CLAIMED_COLUMNS,
     DECLARED,
@@ -628,13 +629,21 @@ class PortableStore:
         return_value: Any = None,
         error: str = "",
         engine_id: str = "",
+        name: str = "",
     ) -> bool:
+        if ok:
+            try:
+                return_value = relayed_result(name or f"job {job_id}", return_value)
+            except ResultUnstorableError as unstorable:
+                ok, return_value, error = False, None, str(unstorable)
+        else:
+            return_value = None
         changes: dict[str, Any] = {
             "status": JobStatus.SUCCEEDED if ok else JobStatus.FAILED,
             "done_at": now,
             "finished_at": now,
             "return_value": return_value,
-            "last_error": error,
+            "last_error": bounded(storable(error)),
         }
         if engine_id:
             changes["engine_id"] = engine_id

@@ -612,6 +612,51 @@ def test_prune_jobs_command__a_long_prune_prints_its_progress(
     assert "… 1 occurrence records deleted so far" in err
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_prune__leaves_a_failed_job_retried_while_its_batch_is_deleted() -> None:
+    old = timezone.now() - timedelta(days=20)
+    failed = [
+        make_job(status=JobStatus.FAILED, finished_at=old, created_at=old) for _ in range(5)
+    ]
+    retried = failed[2]
+    holding, release = threading.Event(), threading.Event()
+
+    def retry_in_the_admin() -> None:
+        # "Retry failed", its transaction open while the prune reads the batch and deletes it.
+        try:
+            with transaction.atomic():
+                assert store_for().retry_failed(Job.objects.filter(pk=retried.pk)) == 1
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    admin = threading.Thread(target=retry_in_the_admin)
+    admin.start()
+    assert holding.wait(30)
+    pruned: list[Any] = []
+    pruning = threading.Thread(
+        target=lambda: (pruned.append(prune(older_than=timedelta(days=14))), connection.close())
+    )
+    pruning.start()
+    with connection.cursor() as cursor:
+        # The prune's DELETE waits on the retried row's lock.
+        for _ in range(300):
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'DELETE%%'"
+            )
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.01)
+    release.set()
+    admin.join(30)
+    pruning.join(30)
+    assert pruned[0].jobs == 4
+    assert list(Job.objects.values_list("pk", "status")) == [(retried.pk, JobStatus.QUEUED)]
+
+
 @pytest.mark.django_db
 def test_prune__dry_run_counts_and_deletes_nothing() -> None:
     _old_and_new_rows()

@@ -25,7 +25,6 @@ from django.db.models import (
     F,
     Max,
     Min,
-    Model,
     Q,
     QuerySet,
     Value,
@@ -1031,14 +1030,22 @@ def _delete_in_batches(
     rows: QuerySet[Any], batch_size: int, progress: Progress | None, what: str
 ) -> int:
     """Delete ``rows`` a batch at a time, so a first prune of a large table never holds one huge
-    transaction; how many went. ``progress`` hears of each batch as ``what``."""
-    model: type[Model] = rows.model
+    transaction; how many went. ``progress`` hears of each batch as ``what``.
+
+    The delete keeps the filter of ``rows``: a row that stopped matching since its id was read
+    (a failed job retried, a node heard from again) is left, as PostgreSQL reads the filter
+    again once the row's lock is free. Each batch starts past the last, so rows kept at low ids
+    (old queued jobs) are not read again by every batch.
+    """
     deleted = 0
+    after: Any = None
     while True:
-        ids = list(rows.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        batch = rows if after is None else rows.filter(pk__gt=after)
+        ids = list(batch.order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:
             return deleted
-        count, _ = model._default_manager.using(rows.db).filter(pk__in=ids).delete()
+        count, _ = rows.filter(pk__in=ids).delete()
+        after = ids[-1]
         deleted += count
         if progress is not None:
             progress(what, deleted)

@@ -616,9 +616,7 @@ def test_prune_jobs_command__a_long_prune_prints_its_progress(
 @pytest.mark.django_db(transaction=True)
 def test_prune__leaves_a_failed_job_retried_while_its_batch_is_deleted() -> None:
     old = timezone.now() - timedelta(days=20)
-    failed = [
-        make_job(status=JobStatus.FAILED, finished_at=old, created_at=old) for _ in range(5)
-    ]
+    failed = [make_job(status=JobStatus.FAILED, finished_at=old, created_at=old) for _ in range(5)]
     retried = failed[2]
     holding, release = threading.Event(), threading.Event()
 
@@ -636,9 +634,14 @@ def test_prune__leaves_a_failed_job_retried_while_its_batch_is_deleted() -> None
     admin.start()
     assert holding.wait(30)
     pruned: list[Any] = []
-    pruning = threading.Thread(
-        target=lambda: (pruned.append(prune(older_than=timedelta(days=14))), connection.close())
-    )
+
+    def prune_meanwhile() -> None:
+        try:
+            pruned.append(prune(older_than=timedelta(days=14)))
+        finally:
+            connection.close()
+
+    pruning = threading.Thread(target=prune_meanwhile)
     pruning.start()
     with connection.cursor() as cursor:
         # The prune's DELETE waits on the retried row's lock.

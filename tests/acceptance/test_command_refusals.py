@@ -164,7 +164,10 @@ def test_run_scheduler__an_unmigrated_postgres_database_names_both_tables_with_t
         finally:
             conn.execute(f"DROP DATABASE {empty}")
     assert result.returncode == 1, result.stderr
-    assert "has no ultimat3_jobs_task or ultimat3_jobs_job table" in result.stderr
+    assert (
+        "has no ultimat3_jobs_task or ultimat3_jobs_job table [jobs.database-not-migrated]"
+        in result.stderr
+    )
     assert "fix: run: python manage.py migrate" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -36,7 +36,8 @@ def require_migrated(using: str) -> None:
         return
     if missing:
         raise CommandError(
-            f"the database {using!r} has no {' or '.join(missing)} table\nfix: {NOT_MIGRATED_FIX}"
+            f"the database {using!r} has no {' or '.join(missing)} table "
+            f"[jobs.database-not-migrated]\nfix: {NOT_MIGRATED_FIX}"
         )
 
 

@@ -39,6 +39,13 @@ CLIENT_CONNECTION_ERRORS = {
 #: Errors a broken message raises: never a transport's, whatever a transport lists (kombu's
 #: Redis transport counts a ``KeyError`` as a connection error, for its consumer's poller).
 MESSAGE_ERRORS = (KeyError, TypeError, ValueError)
+#: Seconds a publish to a Redis broker waits on its socket (to connect, then for each reply)
+#: unless ``CELERY_BROKER_TRANSPORT_OPTIONS`` sets ``socket_timeout``/``socket_connect_timeout``.
+#: kombu waits for ever by default: a broker that hangs (a paused host, a network that drops
+#: packets) held the relay, its batch's row locks and its drain until it woke.
+PUBLISH_SOCKET_TIMEOUT = 5.0
+#: The Celery apps whose publishing this process bounded (``_bound_publishing``), by id.
+_BOUNDED_APPS: set[int] = set()
 
 
 def celery_task_id(key: str) -> str:
@@ -100,6 +107,26 @@ def broker_down(error: BaseException, transport: tuple[type[BaseException], ...]
     return False
 
 
+def _bound_publishing(app: Any) -> None:
+    """Give a Redis broker's connections of ``app`` in this process a socket timeout, unless
+    the project set one: a hung broker is then a ``TimeoutError``, a broker down like any."""
+    if id(app) in _BOUNDED_APPS:
+        return
+    _BOUNDED_APPS.add(id(app))
+    try:
+        redis = app.connection_for_write().transport.driver_type == "redis"
+    except Exception:
+        return  # A transport kombu cannot load fails the publish, which says so.
+    if not redis:
+        return
+    options = dict(app.conf.broker_transport_options or {})
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        options.setdefault(name, PUBLISH_SOCKET_TIMEOUT)
+    app.conf.broker_transport_options = options
+    app._pool = None  # Connections made before this (none in a relay) keep no timeout.
+    app.amqp._producer_pool = None
+
+
 def _transport_errors(task: Any) -> tuple[type[BaseException], ...]:
     """The connection and channel errors the transport of ``task``'s app lists."""
     try:
@@ -138,6 +165,7 @@ def send_celery(job: Job, using: str) -> Sent:
             cause=error,
         ) from error
     task = resolve_celery_task(job.name)
+    _bound_publishing(task.app)
     task_id = celery_task_id(job.key)
     try:
         task.apply_async(

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 
 #: What a pass raises when the database is away: retried with backoff, never fatal.
 DATABASE_ERRORS = (DatabaseError, InterfaceError)
+#: Exit status of a burst (``run_worker``, ``run_relay``) that gave up on what it could not
+#: reach: it has no later to wait for.
+UNAVAILABLE_EXIT = 3
+#: Failed passes in a row after which a burst gives up.
+BURST_GIVE_UP_AFTER = 3
 
 
 class Lifecycle:
@@ -123,6 +128,8 @@ class Backoff:
     def __init__(self, interval: timedelta) -> None:
         self.interval = interval
         self.failures = 0
+        #: What the last failed pass raised.
+        self.last_error: BaseException | None = None
 
     def failed(self, error: BaseException) -> dict[str, Any]:
         """Count one more failed pass; its log fields, with ``failures`` and ``retry_in``.
@@ -131,6 +138,7 @@ class Backoff:
         reconnects rather than failing again on the broken one.
         """
         self.failures += 1
+        self.last_error = error
         if isinstance(error, DATABASE_ERRORS):
             close_old_connections()
         return {"failures": self.failures, "retry_in": self.rest(), **failure_fields(error)}

@@ -40,7 +40,14 @@ from . import instruments, nodes, tasks_compat
 from .conf import get_settings
 from .engines import Sent, send
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
-from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, listen
+from .lifecycle import (
+    BURST_GIVE_UP_AFTER,
+    DATABASE_ERRORS,
+    UNAVAILABLE_EXIT,
+    Backoff,
+    Lifecycle,
+    listen,
+)
 from .listener import RELAY_PAYLOAD, Listener
 from .logs import emit, failure_fields
 from .models import Job, JobStatus
@@ -129,6 +136,8 @@ class Relay:
         self.broker_reachable = True
         self._listener: Listener | None = None
         self._results_after = 0
+        #: What a burst gave up on (its last failed pass raised it); None otherwise.
+        self.gave_up: BaseException | None = None
 
     @property
     def status(self) -> RunStatus:
@@ -326,7 +335,9 @@ class Relay:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0.
+        """Relay until stopped (or, with ``burst``, until nothing is left); exit status 0, or
+        ``UNAVAILABLE_EXIT`` for a burst that gave up after ``BURST_GIVE_UP_AFTER`` failed
+        passes in a row (its engine or its database away; ``gave_up`` says what was raised).
 
         One ``run()`` at a time: a second while the first runs is a ``RuntimeError``.
         """
@@ -359,6 +370,9 @@ class Relay:
                     continue  # A full batch: more may be waiting, no pause between them.
                 if self.burst and not self.backoff.failures:
                     break
+                if self.burst and self.backoff.failures >= BURST_GIVE_UP_AFTER:
+                    self.gave_up = self.backoff.last_error
+                    break
                 if time.monotonic() - last_results >= self.results_interval.total_seconds():
                     with contextlib.suppress(*DATABASE_ERRORS):
                         self.check_results()
@@ -376,7 +390,7 @@ class Relay:
                 self.node.stopped()
             emit(logger, "jobs.relay.stopped", node=self.node_id, sent=self.stats.sent)
             self.life.end()
-        return 0
+        return 0 if self.gave_up is None else UNAVAILABLE_EXIT
 
     def _pass(self) -> bool:
         """One batch, its failure counted and logged; whether it was full (more may wait)."""

@@ -47,7 +47,15 @@ from .attempts import (
 )
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
-from .lifecycle import DATABASE_ERRORS, Backoff, Lifecycle, drop_broken_connections, listen
+from .lifecycle import (
+    BURST_GIVE_UP_AFTER,
+    DATABASE_ERRORS,
+    UNAVAILABLE_EXIT,
+    Backoff,
+    Lifecycle,
+    drop_broken_connections,
+    listen,
+)
 from .listener import Listener
 from .logs import emit, failure_fields
 from .nodes import RunStatus, new_node_id
@@ -72,10 +80,6 @@ DEFAULT_PREFETCH = 100
 
 #: Exit status of a clean stop: every job in flight finished.
 CLEAN_EXIT = 0
-#: Exit status of a burst that could not reach the database: it ran nothing it could record.
-UNAVAILABLE_EXIT = 3
-#: Failed passes in a row after which a burst worker gives up: it has no later to wait for.
-BURST_GIVE_UP_AFTER = 3
 #: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
 ABANDONED_EXIT = shutdown.FORCED_EXIT
 

@@ -138,6 +138,50 @@ def test_run_worker__burst_against_an_unreachable_database_gives_up_non_zero() -
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("argv", [["--burst"], ["--stats"]], ids=["burst", "stats"])
+def test_run_relay__an_unreachable_database_is_a_command_error_with_the_fix(
+    argv: list[str],
+) -> None:
+    result = run("run_relay", *argv, "--poll-interval", "0.05", DATABASE_URL=UNREACHABLE)
+    assert result.returncode == (3 if argv == ["--burst"] else 1), result.stderr
+    assert "the database 'default' failed" in result.stderr
+    assert "[jobs.database-unavailable]" in result.stderr
+    assert "fix: check that the database 'default'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_relay__burst_gives_up_on_a_broker_that_is_down_and_keeps_the_row() -> None:
+    from django.utils import timezone
+
+    from ultimat3_jobs.models import Job
+
+    row = Job.objects.create(
+        name="demo.plain_row",
+        key="refusals:broker-down",
+        input={"label": "kept"},
+        relay="celery",
+        status="outbox",
+        run_at=timezone.now(),
+        created_at=timezone.now(),
+    )
+    result = run(
+        "run_relay",
+        "--burst",
+        "--poll-interval",
+        "0.05",
+        CELERY_BROKER_URL="redis://127.0.0.1:1/0",
+        ULTIMAT3_ACCEPTANCE="1",
+        ULTIMAT3_ACCEPTANCE_RELAY="1",  # The relay imports the demo's Celery tasks.
+    )
+    assert result.returncode == 3, result.stdout
+    assert "[jobs.relay.broker-unavailable]; this burst gave up" in result.stderr
+    assert "fix: check CELERY_BROKER_URL" in result.stderr
+    assert "Traceback" not in result.stderr
+    row.refresh_from_db()
+    assert (row.status, row.relayed_at) == ("outbox", None)
+
+
 def test_prune_jobs__an_unmigrated_database_is_a_command_error_with_the_fix(
     tmp_path: Path,
 ) -> None:

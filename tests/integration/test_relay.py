@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -176,6 +177,67 @@ def test_relay__a_broker_that_is_down_keeps_the_row_until_it_is_back(
     job.refresh_from_db()
     assert job.status == "relayed"
     assert [h["id"] for h in messages(broker)] == [celery_task_id(job.key)]
+
+
+@pytest.mark.django_db
+def test_relay__a_broker_that_hangs_is_down_after_the_publish_timeout(
+    broker: redis.Redis, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from testproject.celery import app
+    from ultimat3_jobs import engines
+
+    job = celery_round("relay.hung")
+    options = app.conf.broker_transport_options
+    # As in a fresh relay process: no timeout of the project's, this app not bounded yet.
+    app.conf.broker_transport_options = {
+        name: value for name, value in options.items() if not name.startswith("socket_")
+    }
+    monkeypatch.setattr(engines, "PUBLISH_SOCKET_TIMEOUT", 0.3)
+    engines._BOUNDED_APPS.discard(id(app))
+    assert redis_server.process is not None
+    redis_server.process.send_signal(signal.SIGSTOP)  # Up, its port open, answering nothing.
+    # Woken in any case: a publish with no timeout would otherwise wait for ever.
+    waking = threading.Timer(30, redis_server.process.send_signal, (signal.SIGCONT,))
+    waking.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError, match="Timeout"):
+            relay().relay_once()
+        assert time.monotonic() - started < 30  # redis-py tries four times, each timed out.
+        job.refresh_from_db()
+        assert (job.status, job.engine_id) == ("outbox", "")
+    finally:
+        waking.cancel()
+        redis_server.process.send_signal(signal.SIGCONT)
+    try:
+        assert relay().relay_once() == 1
+        # A publish that timed out may have reached the broker all the same (at least once),
+        # each copy under the row's one task id.
+        assert {h["id"] for h in messages(broker)} == {celery_task_id(job.key)}
+        assert app.conf.broker_transport_options["socket_timeout"] == 0.3
+    finally:
+        app.conf.broker_transport_options = options
+        engines._BOUNDED_APPS.discard(id(app))
+        point_celery_at("redis://127.0.0.1:1/0")  # Drops the pool made with those options.
+        point_celery_at(redis_server.url)
+
+
+def test_relay__keeps_the_socket_timeouts_a_project_set_for_its_broker() -> None:
+    from celery import Celery
+
+    from ultimat3_jobs import engines
+
+    app = Celery(broker="redis://127.0.0.1:1/0")
+    app.conf.broker_transport_options = {"socket_timeout": 2, "visibility_timeout": 60}
+    engines._bound_publishing(app)
+    assert app.conf.broker_transport_options == {
+        "socket_timeout": 2,
+        "socket_connect_timeout": engines.PUBLISH_SOCKET_TIMEOUT,
+        "visibility_timeout": 60,
+    }
+    other = Celery(broker="memory://")
+    engines._bound_publishing(other)
+    assert not other.conf.broker_transport_options  # Only a Redis broker's are bounded.
 
 
 @pytest.mark.django_db

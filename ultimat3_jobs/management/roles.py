@@ -16,6 +16,7 @@ from ultimat3_jobs import health, logs, metrics
 from ultimat3_jobs.conf import LEADERS, get_settings
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
+from ultimat3_jobs.lifecycle import UNAVAILABLE_EXIT
 from ultimat3_jobs.management.arguments import (
     MAX_CONCURRENCY,
     non_negative_int,
@@ -24,11 +25,16 @@ from ultimat3_jobs.management.arguments import (
     queue_names,
     up_to,
 )
-from ultimat3_jobs.management.preflight import command_error, require_migrated, unavailable_fix
+from ultimat3_jobs.management.preflight import (
+    command_error,
+    database_error,
+    require_migrated,
+    unavailable_fix,
+)
 from ultimat3_jobs.nodes import new_node_id
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
-from ultimat3_jobs.worker import CLEAN_EXIT, POOLS, UNAVAILABLE_EXIT, Worker
+from ultimat3_jobs.worker import CLEAN_EXIT, POOLS, Worker
 
 
 def port_number(value: str) -> int:
@@ -207,3 +213,19 @@ def worker_exit(exit_code: int, database: str) -> None:
             "the drain grace ran out; the jobs still in flight went back to the queue",
             returncode=exit_code,
         )
+
+
+def relay_exit(gave_up: BaseException | None, database: str) -> None:
+    """A burst relay that gave up fails the command with what it could not reach and the fix;
+    the rows it could not send wait in the outbox."""
+    if gave_up is None:
+        return
+    if isinstance(gave_up, UltimateError):
+        failure = CommandError(
+            f"{gave_up.message} [{gave_up.code}]; this burst gave up, the rows it could not "
+            f"send wait in the outbox\nfix: {gave_up.fix}"
+        )
+    else:
+        failure = database_error(database, gave_up)
+    failure.returncode = UNAVAILABLE_EXIT
+    raise failure

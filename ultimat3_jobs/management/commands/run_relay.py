@@ -68,7 +68,9 @@ class Command(JobsCommand):
         **options: Any,
     ) -> None:
         from ultimat3_jobs import health
-        from ultimat3_jobs.management.roles import prepare
+        from ultimat3_jobs.lifecycle import DATABASE_ERRORS
+        from ultimat3_jobs.management.preflight import database_error
+        from ultimat3_jobs.management.roles import prepare, relay_exit
         from ultimat3_jobs.relay import Relay
 
         # --stats prints and exits: no exporter to serve.
@@ -86,6 +88,11 @@ class Command(JobsCommand):
             raise command_error(error) from error
         health.process.watch(relay)
         if stats:
-            self.stdout.write(json.dumps(relay.counts(), sort_keys=True))
+            try:
+                counts = relay.counts()
+            except DATABASE_ERRORS as error:
+                raise database_error(options["database"], error) from error
+            self.stdout.write(json.dumps(counts, sort_keys=True))
             return
         relay.run()
+        relay_exit(relay.gave_up, options["database"])

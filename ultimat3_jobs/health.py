@@ -284,11 +284,14 @@ def _leadership_held(leader: Node, using: str, config: Settings, now: datetime) 
     return True
 
 
-#: Whether any backend holds the schedulers' advisory lock (classid, objid of a bigint key).
+#: Whether any backend holds the schedulers' advisory lock (classid, objid of a bigint key)
+#: in this database: an advisory lock belongs to its database, and another project on the
+#: server (its own job tables, the same default key) holds its own.
 _ADVISORY_HELD = """
 SELECT EXISTS (
     SELECT 1 FROM pg_locks
     WHERE locktype = 'advisory' AND granted AND classid = %s AND objid = %s AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 )
 """
 

@@ -319,6 +319,28 @@ def test_database_health__an_advisory_leader_whose_lock_is_gone_is_seen_at_once(
     assert not by_role(database_health(roles=["scheduler"]))["scheduler"].ready
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_database_health__the_same_lock_held_in_another_database_is_not_this_leader_s() -> None:
+    import psycopg
+    from django.db import connections
+
+    from ultimat3_jobs.conf import get_settings
+
+    node("s1", "scheduler", leader="advisory", is_leader=True, last_round_at=timezone.now())
+    params = connections["default"].get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(key, None)
+    # Another project's leader on the same server, in its own database, under the default key.
+    elsewhere = psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True)
+    try:
+        elsewhere.execute("SELECT pg_advisory_lock(%s)", [get_settings().advisory_lock_key])
+        found = by_role(database_health(roles=["scheduler"]))["scheduler"]
+        assert not found.ready and "its advisory lock is gone" in found.detail
+    finally:
+        elsewhere.close()
+
+
 def _advisory_locks_held() -> int:
     from django.db import connection
 

@@ -21,7 +21,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from .lifecycle import DATABASE_ERRORS
 from .logs import emit, failure_fields
 from .monitors import check_in_id, is_monitored, monitor_config, slug
 from .registry import registry
-from .store import ClosedOccurrence, FiredOccurrence, JobStore, store_for
+from .store import ClosedOccurrence, Enqueued, FiredOccurrence, JobStore, store_for
 
 if TYPE_CHECKING:
     from .handles import TaskHandle
@@ -46,6 +46,18 @@ logger = logging.getLogger("ultimat3_jobs.checkins")
 CLOSE_TRIES = 3
 #: Seconds ``close()`` waits for what is queued to be sent.
 CLOSE_TIMEOUT = 5.0
+
+
+def _found_present(
+    fired: Sequence[FiredOccurrence], enqueued: Enqueued, watched: Mapping[str, Watched]
+) -> Iterator[int]:
+    """The ids of the jobs of monitored occurrences that a round found already there."""
+    for occurrence in fired:
+        if occurrence.task in watched:
+            for planned in occurrence.jobs:
+                found = enqueued.get(planned.key)
+                if found is not None and not found[1]:
+                    yield found[0]
 
 
 def sentry_installed() -> bool:
@@ -143,11 +155,15 @@ class CheckIns:
 
     # -- what the roles hand over -----------------------------------------------------------------
 
-    def opened(self, fired: Sequence[FiredOccurrence]) -> None:
-        """A round committed ``fired``: their ``in_progress`` check-ins are sent (after it)."""
+    def opened(self, fired: Sequence[FiredOccurrence], enqueued: Enqueued | None = None) -> None:
+        """A round committed ``fired``: their ``in_progress`` check-ins are sent (after it).
+
+        Jobs ``enqueued`` did not create (a backfill enqueued the occurrence ahead) may have
+        ended before the round: their occurrence is closed then, once opened.
+        """
         # The client first: without one, a round of many tasks never walks them for monitors.
         if fired and _client_active() and self.watched():
-            self._put(("opened", fired))
+            self._put(("opened", (fired, enqueued or {})))
 
     def ended(self, jobs: Iterable[tuple[int, str | None]]) -> None:
         """Jobs ``(id, key)`` finished for good (their finish committed): the occurrences whose
@@ -214,13 +230,16 @@ class CheckIns:
 
     def _send(self, batch: list[tuple[str, Any]]) -> None:
         watched = self.watched()
+        ended: list[int] = []
         for kind, value in batch:
             if kind == "opened":
+                fired, enqueued = value
                 try:
-                    self._open(value, watched)
+                    self._open(fired, watched)
                 except Exception as error:  # Sentry's client must never stop the thread.
                     emit(logger, "jobs.checkins.failed", logging.WARNING, **failure_fields(error))
-        ended = [job_id for kind, ids in batch if kind == "ended" for job_id in ids]
+                ended.extend(_found_present(fired, enqueued, watched))
+        ended += [job_id for kind, ids in batch if kind == "ended" for job_id in ids]
         if ended:
             self._close(ended, watched)
         for kind, value in batch:

@@ -471,7 +471,7 @@ class Scheduler:
                 )
         instruments.dispatched(_counted(plan.fired, enqueued), self.clock())
         if self.checkins is not None:
-            self.checkins.opened(plan.fired)  # Sent from its thread: the round goes on.
+            self.checkins.opened(plan.fired, enqueued)  # Sent from its thread: the round goes on.
         # One line per occurrence, written after the commit so it never delays the jobs.
         (lines or self._dispatched_lines(plan.fired, ahead=False)).write()
         if missing:

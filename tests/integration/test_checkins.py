@@ -266,6 +266,50 @@ def test_checkins__an_occurrence_without_jobs_opens_and_closes_at_once(envelopes
     assert list(by_check_in(envelopes, "m-empty").values()) == [["in_progress", "ok"]]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ended", ["before", "after"])
+def test_checkins__an_occurrence_a_backfill_enqueued_ahead_closes_when_its_jobs_end(
+    envelopes: Path, ended: str
+) -> None:
+    from ultimat3_jobs import backfill
+    from ultimat3_jobs import clock as clocks
+
+    task = monitored("m.ahead", [(demo_ping(), {"label": "a"})])
+    clock = FrozenClock(T0)
+    scheduler = Scheduler(
+        state=DatabaseState(node_id="node-a", leader="sole", clock=clock),
+        clock=clock,
+        tasks=[task],
+        drain_on_shutdown=False,
+        checkins=CheckIns(tasks=[task], inline=True),
+    )
+
+    def drain() -> None:
+        worker = Worker(
+            burst=True,
+            poll_interval=timedelta(seconds=0.05),
+            drain_on_shutdown=False,
+            checkins=CheckIns(tasks=[task], inline=True),
+        )
+        assert worker.run() == 0
+
+    occurrence = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+    scheduler.tick()  # arms the task
+    with clocks.use(clock):  # The backfill's jobs made at the scheduler's time.
+        backfill.run(task, occurrence, occurrence, user="ops", via="test")
+    if ended == "before":
+        drain()  # Its job ran at its time, before the round reached the occurrence.
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    if ended == "after":
+        drain()
+    [job] = Job.objects.filter(task="m.ahead")
+    assert (job.enqueued_by, job.status) == ("backfill:ops", JobStatus.SUCCEEDED)
+    assert by_check_in(envelopes, "m-ahead") == {
+        check_in_id("m.ahead", occurrence): ["in_progress", "ok"]
+    }
+
+
 @pytest.mark.django_db
 def test_checkins__without_a_sentry_client_nothing_is_asked_of_the_database() -> None:
     tasks = [monitored("m.nightly", [(demo_ping(), {})])]

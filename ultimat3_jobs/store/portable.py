@@ -21,10 +21,12 @@ from django.db.models import (
     Count,
     DateTimeField,
     DurationField,
+    Exists,
     ExpressionWrapper,
     F,
     Max,
     Min,
+    OuterRef,
     Q,
     QuerySet,
     Value,
@@ -529,9 +531,18 @@ class PortableStore:
         self, job_ids: Iterable[int], *, tasks: Iterable[str]
     ) -> list[ClosedOccurrence]:
         """Per occurrence, a read of its jobs and an insert the unique key lets one caller win."""
+        fired = Occurrence.objects.using(self.using).filter(
+            task=OuterRef("task"),
+            recorded_at__gte=OuterRef("created_at"),
+            occurrence=OuterRef("occurrence"),
+            outcome=Outcome.FIRED,
+        )
+        scheduled = Q(enqueued_by="scheduler") | Q(enqueued_by__startswith="backfill:") & Exists(
+            fired
+        )
         ended = (
             self._jobs()
-            .filter(pk__in=list(job_ids), task__in=list(tasks), enqueued_by="scheduler")
+            .filter(scheduled, pk__in=list(job_ids), task__in=list(tasks))
             .exclude(occurrence=None)
             .order_by("task", "occurrence")
             .values_list("task", "occurrence")

@@ -399,12 +399,18 @@ FOR UPDATE SKIP LOCKED
 #: all ended, each closed once: the unique key on (task, occurrence) lets one caller alone
 #: insert it, however many finish an occurrence's last jobs at once, and returns it to that
 #: caller. Run after the finishes committed, so the last of them sees every other; the
-#: occurrence's jobs are found through the (task, occurrence) index.
+#: occurrence's jobs are found through the (task, occurrence) index. A backfill's job counts
+#: once a round fired its occurrence (one the backfill enqueued ahead): that fired record is
+#: recorded after the job was made, found by the task's index from then.
 CLOSE_OCCURRENCES = f"""
 WITH ended AS (
-    SELECT DISTINCT task, occurrence FROM {_JOB}
+    SELECT DISTINCT task, occurrence FROM {_JOB} AS j
     WHERE id = ANY(%(ids)s) AND task = ANY(%(tasks)s) AND occurrence IS NOT NULL
-      AND enqueued_by = 'scheduler'
+      AND (enqueued_by = 'scheduler'
+           OR enqueued_by LIKE 'backfill:%%' AND EXISTS (
+               SELECT 1 FROM {_OCCURRENCE} AS o
+               WHERE o.task = j.task AND o.recorded_at >= j.created_at
+                 AND o.occurrence = j.occurrence AND o.outcome = 'fired'))
 ),
 closed AS (
     SELECT e.task, e.occurrence, bool_or(j.status = 'failed') AS failed,

@@ -275,7 +275,7 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
                 return
             job, row = message
             if row is None:
-                reply = _run_job(job)
+                reply = _run_job(job, setup)
             else:
                 if attempts is None:
                     attempts = _task_attempts(setup)
@@ -285,6 +285,12 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
             if not _told(conn, reply):
                 return
     finally:
+        # A child ends without its interpreter's exit hooks: what its threads hold goes first.
+        if attempts is not None:
+            attempts.checkins.close()  # The closing check-ins of the tasks it ran.
+        from . import tracing
+
+        tracing.flush()
         connections.close_all()
 
 
@@ -298,7 +304,8 @@ def _told(conn: Connection, message: object) -> bool:
     return True
 
 
-def _run_job(job: ClaimedJob) -> Reply:
+def _run_job(job: ClaimedJob, setup: ChildSetup) -> Reply:
+    from . import tracing
     from .logs import failure_fields
     from .registry import registry
     from .retries import format_error
@@ -306,7 +313,9 @@ def _run_job(job: ClaimedJob) -> Reply:
     handle = registry.get_job(job.name)
     assert handle is not None  # The worker runs only the jobs its own code declares.
     try:
-        handle.func(**job.input)
+        # Its span, as in the thread pool: the trace its row keeps, continued in this child.
+        with tracing.job_run(job, worker=setup.node_id):
+            handle.func(**job.input)
     except BaseException as error:
         return Reply("raised", _peak_rss_kb(), format_error(error), failure_fields(error))
     return Reply("succeeded", _peak_rss_kb())

@@ -120,6 +120,16 @@ class RunningJob(Protocol):
     def trace_context(self) -> str: ...
 
 
+def flush(timeout_ms: int = 5_000) -> None:
+    """Export what the tracer provider holds: a process about to end without running its exit
+    hooks (a process pool's child) would lose its last spans."""
+    if tracer() is None:
+        return
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        force_flush(timeout_ms)
+
+
 def job_run(job: RunningJob, *, worker: str) -> AbstractContextManager[Span | None]:
     """The span of one attempt at ``job``, current while the job runs: a child of the span its
     row's ``traceparent`` names (its occurrence's, its caller's), else a trace of its own.

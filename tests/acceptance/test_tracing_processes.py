@@ -91,12 +91,17 @@ def children(spans: list[dict[str, Any]], parent: dict[str, Any], name: str) -> 
     ]
 
 
+@pytest.mark.parametrize(
+    "pool",
+    [[], ["--pool", "process", "--max-jobs-per-child", "1"]],
+    ids=["threads", "recycled_children"],
+)
 def test_traces__one_trace_from_the_occurrence_span_to_the_workers_job_span(
-    tmp_path: Path, processes: list[Process]
+    tmp_path: Path, processes: list[Process], pool: list[str]
 ) -> None:
     path = tmp_path / "spans.jsonl"
     fire(tmp_path, processes, ULTIMAT3_TRACES=str(path))
-    run(tmp_path, processes, "worker", "run_worker", "--burst", ULTIMAT3_TRACES=str(path))
+    run(tmp_path, processes, "worker", "run_worker", "--burst", *pool, ULTIMAT3_TRACES=str(path))
 
     spans = read_spans(path)
     jobs = list(Job.objects.filter(task=TASK))

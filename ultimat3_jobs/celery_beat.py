@@ -19,6 +19,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .errors import CeleryBeatReadError
+from .inputs import NAME_LIMIT
 
 TASKS_TABLE = "django_celery_beat_periodictask"
 CRONTAB_TABLE = "django_celery_beat_crontabschedule"
@@ -43,6 +44,9 @@ class BeatTask:
     tz: str
     schedule: str
     notes: list[str] = field(default_factory=list)
+    #: Written out as a comment however its schedule converts: what beat would run is not
+    #: what the declaration would (``notes`` say why).
+    blocked: bool = False
 
 
 def _columns(using: str, table: str) -> set[str]:
@@ -51,13 +55,23 @@ def _columns(using: str, table: str) -> set[str]:
         return {c.name for c in connection.introspection.get_table_description(cursor, table)}
 
 
+#: What ``_json`` returns for text that is not JSON.
+_NOT_JSON = object()
+#: The names the printed module imports: a task's function must not hide one.
+_IMPORTED = {"annotations", "datetime", "Entry", "task", "named"}
+
+
 def _json(text: Any, default: Any) -> Any:
     if text in (None, ""):
         return default
     try:
         return json.loads(text) if isinstance(text, str) else text
     except ValueError:
-        return default
+        return _NOT_JSON
+
+
+def _restricted(field: str) -> bool:
+    return field.strip() not in ("*", "*/1")
 
 
 def interval_cron(every: int, period: str) -> str | None:
@@ -135,12 +149,13 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
     found = []
     for row in rows:
         kwargs = _json(row["kwargs"], {})
+        args = _json(row["args"], [])
         beat = BeatTask(
             id=int(row["id"]),
             name=str(row["name"]),
             task=str(row["task"]),
             kwargs=kwargs if isinstance(kwargs, dict) else {},
-            args=list(_json(row["args"], [])),
+            args=args if isinstance(args, list) else [],
             enabled=bool(row["enabled"]) if row["enabled"] is not None else True,
             queue=row["queue"] or None,
             one_off=bool(row["one_off"]),
@@ -151,6 +166,14 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
         if row.get("crontab_id") in crontabs:
             beat.cron, beat.tz = crontabs[row["crontab_id"]]
             beat.schedule = f"crontab {beat.cron} ({beat.tz})"
+            _, _, dom, _, dow = beat.cron.split(" ")
+            if _restricted(dom) and _restricted(dow):
+                beat.blocked = True
+                beat.notes.append(
+                    f'beat runs it on the days that are both day of month "{dom}" and day of '
+                    f'week "{dow}"; a cron runs on the days that are either: declare the day of '
+                    "week in the cron and return no entries on the other days"
+                )
         elif row.get("interval_id") in intervals:
             every, period = intervals[row["interval_id"]]
             beat.schedule = f"every {every} {period}"
@@ -170,7 +193,18 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
             beat.schedule = "clocked"
             beat.notes.append("a clocked (one-time) schedule: enqueue it once instead")
         if not isinstance(kwargs, dict):
-            beat.notes.append(f"kwargs {row['kwargs']!r} is not a JSON object: left out")
+            beat.blocked = True
+            beat.notes.append(
+                f"kwargs {row['kwargs']!r} is not a JSON object (beat could not run it): "
+                "give the entry its keyword arguments by hand"
+            )
+        elif not _finite(kwargs):
+            beat.blocked = True
+            beat.notes.append(
+                "kwargs hold NaN or Infinity, which no job input keeps: pass them another way"
+            )
+        if not isinstance(args, list):
+            beat.notes.append(f"args {row['args']!r} is not a JSON list: left out")
         if beat.args:
             beat.notes.append(
                 f"positional args {beat.args!r}: entries take keyword arguments only; name them"
@@ -188,10 +222,19 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
     return found
 
 
-def _identifier(name: str, taken: set[str]) -> str:
+def _finite(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _identifier(name: str, taken: set[str], longest: int) -> str:
     base = re.sub(r"\W+", "_", name.strip().lower()).strip("_") or "periodic_task"
-    if base[0].isdigit() or keyword.iskeyword(base):
+    if base[0].isdigit() or keyword.iskeyword(base) or base in _IMPORTED:
         base = f"task_{base}"
+    base = base[: max(longest - 6, 1)].rstrip("_") or "task"  # Room for a "_<n>" suffix.
     candidate, n = base, 2
     while candidate in taken:
         candidate, n = f"{base}_{n}", n + 1
@@ -211,11 +254,12 @@ def render(tasks: list[BeatTask], *, prefix: str = "beat", include_disabled: boo
         "from ultimat3_jobs import Entry, task",
         "from ultimat3_jobs.celery import named",
     ]
-    taken: set[str] = set()
+    taken: set[str] = set(_IMPORTED)
     for beat in tasks:
         if not beat.enabled and not include_disabled:
             continue
-        function = _identifier(beat.name, taken)
+        # The task's name, prefix and all, fits the task table's column.
+        function = _identifier(beat.name, taken, NAME_LIMIT - len(prefix) - 1)
         lines += ["", ""]
         lines.append(f"# PeriodicTask {beat.name!r} (id {beat.id}): {beat.task}, {beat.schedule}")
         lines += [f"# NOTE: {note}" for note in beat.notes]
@@ -228,7 +272,8 @@ def render(tasks: list[BeatTask], *, prefix: str = "beat", include_disabled: boo
             f"def {function}(occurrence: datetime) -> list[Entry]:",
             f"    return [(named({beat.task!r}), {beat.kwargs!r})]",
         ]
-        lines += body if beat.cron is not None else [f"# {line}" for line in body]
+        active = beat.cron is not None and not beat.blocked
+        lines += body if active else [f"# {line}" for line in body]
     return "\n".join(lines) + "\n"
 
 

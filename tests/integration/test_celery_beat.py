@@ -53,6 +53,24 @@ ROWS = [
     "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
     "one_off, solar_id) VALUES (5, 'sunrise', 'demo.plain_row', '[]', '{}', '', TRUE, FALSE, 9)",
 ]
+#: Rows whose names, arguments or schedules need more than a copy.
+ODD_ROWS = [
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (3, '0', '0', '5', '13', '*', 'UTC')",
+    *(
+        "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, "
+        f"enabled, one_off, crontab_id) VALUES ({pk}, '{name}', 'demo.plain_row', {args}, "
+        f"{kwargs}, '', TRUE, FALSE, {crontab})"
+        for pk, name, args, kwargs, crontab in [
+            (6, "task", "'[]'", """'{"label": "t"}'""", 1),
+            (7, "named", "'[]'", """'{"label": "n"}'""", 1),
+            (8, "x" * 200, "'[]'", """'{"label": "long"}'""", 1),
+            (9, "null args", "'null'", """'{"label": "a"}'""", 1),
+            (10, "bad kwargs", "'[]'", """'{''label'': 1}'""", 1),
+            (11, "not finite", "'[]'", """'{"label": NaN}'""", 1),
+            (12, "friday 13th", "'[]'", """'{"label": "f"}'""", 3),
+        ]
+    ),
+]
 
 
 @pytest.fixture
@@ -60,6 +78,39 @@ def beat_tables() -> None:
     with connection.cursor() as cursor:
         for statement in SCHEMA + ROWS:
             cursor.execute(statement)
+
+
+@pytest.fixture
+def odd_beat_tables(beat_tables: None) -> None:
+    with connection.cursor() as cursor:
+        for statement in ODD_ROWS:
+            cursor.execute(statement)
+
+
+def test_celery_beat_tasks__odd_rows_print_a_module_that_imports_and_runs(
+    odd_beat_tables: None, fresh_registry: Registry
+) -> None:
+    source = converted()
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "converted.py", "exec"), namespace)
+
+    at = datetime(2026, 3, 9, 2, tzinfo=UTC)
+    for name, label in [("beat.task_task", "t"), ("beat.task_named", "n")]:
+        handle = fresh_registry.get_task(name)
+        assert handle is not None, source
+        [(_, data)] = handle.entries(at)  # named() is still the import's
+        assert data == {"label": label}
+    [long] = [t for t in fresh_registry.tasks() if t.name.startswith("beat.xxx")]
+    assert len(long.name) <= 200
+    null_args = fresh_registry.get_task("beat.null_args")
+    assert null_args is not None and null_args.entries(at)[0][1] == {"label": "a"}
+    assert "# NOTE: args 'null' is not a JSON list: left out" in source
+    # What beat would not have run as the declaration would: left as comments, saying why.
+    for name in ("beat.bad_kwargs", "beat.not_finite", "beat.friday_13th"):
+        assert fresh_registry.get_task(name) is None
+    assert "is not a JSON object (beat could not run it)" in source
+    assert "# NOTE: kwargs hold NaN or Infinity" in source
+    assert 'both day of month "13" and day of week "5"' in source
 
 
 def converted(*args: str) -> str:

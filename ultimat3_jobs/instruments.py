@@ -277,6 +277,12 @@ def _job_series(name: str, queue: str, outcome: str) -> tuple[Any, Any | None, A
     )
 
 
+def recovered_failed(jobs: Iterable[tuple[str, str]]) -> None:
+    """A worker ended failed these ``(name, queue)`` jobs of dead workers, out of attempts."""
+    for name, queue in jobs:
+        WORKER_FAILED.labels(name=name, queue=queue).inc()
+
+
 def relayed(rows: int) -> None:
     """A relay pass handed ``rows`` outbox rows to their engines."""
     if rows:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from . import clock as default_clock
-from . import nodes, shutdown
+from . import instruments, nodes, shutdown
 from .attempts import (
     REFUSED_ERRORS,
     Attempts,
@@ -275,6 +275,7 @@ class Worker:
                 jobs=list(recovered.jobs),
             )
         if recovered.failed:
+            instruments.recovered_failed(recovered.failed_jobs)
             self.checkins.ended((job_id, None) for job_id in recovered.jobs)
         return recovered
 

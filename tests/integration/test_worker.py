@@ -403,9 +403,18 @@ def test_recover__requeues_a_dead_workers_jobs_keeping_their_attempts() -> None:
 @pytest.mark.django_db
 def test_recover__a_job_that_kept_killing_its_worker_ends_failed() -> None:
     make_node("dead", seen_ago=timedelta(minutes=5))
-    killer = make_job(status=JobStatus.RUNNING, worker="dead", attempts=3, max_attempts=3)
+    from prometheus_client import REGISTRY
+
+    killer = make_job(
+        "demo.killer", status=JobStatus.RUNNING, worker="dead", attempts=3, max_attempts=3
+    )
+    labels = {"name": "demo.killer", "queue": "default"}
+    before = REGISTRY.get_sample_value("ultimat3_jobs_worker_jobs_failed_total", labels) or 0
     result = Worker(node_id="w1", stale_after=timedelta(seconds=60)).recover()
     assert (result.requeued, result.failed) == (0, 1)
+    # Counted as any job this worker ends failed.
+    after = REGISTRY.get_sample_value("ultimat3_jobs_worker_jobs_failed_total", labels)
+    assert after == before + 1
     row = Job.objects.get(pk=killer.pk)
     assert (row.status, row.attempts) == (JobStatus.FAILED, 3)
     assert row.finished_at is not None

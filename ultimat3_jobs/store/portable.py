@@ -506,13 +506,16 @@ class PortableStore:
         died = Concat(
             Value("worker "), F("worker"), Value(" stopped heartbeating during this attempt")
         )
+        started = found_orphans.filter(started_at__isnull=False)
+        exhausted = started.filter(attempts__gte=F("max_attempts"))
+        failed_jobs = tuple(exhausted.values_list("name", "queue"))
         requeued, failed = _requeue_or_fail(
-            found_orphans.filter(started_at__isnull=False),
+            started,
             now=now,
             note=died,
             exhausted="; no attempts left: the job kept killing its worker",
         )
-        return Recovered(requeued, failed, tuple(found), released)
+        return Recovered(requeued, failed, tuple(found), released, failed_jobs)
 
     def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:
         if not job_ids:

@@ -56,6 +56,8 @@ class Recovered:
     failed: int
     jobs: tuple[int, ...] = ()
     released: int = 0
+    #: The name and queue of each job failed (for the worker's counters).
+    failed_jobs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

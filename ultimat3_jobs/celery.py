@@ -39,12 +39,14 @@ from typing import Any
 
 from celery import Task, states
 from celery.exceptions import Ignore, Reject, Retry
-from celery.signals import task_failure, task_postrun, task_success
+from celery.signals import task_failure, task_postrun, task_success, task_unknown
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import clock
+from .errors import RelayTargetError
 from .inputs import relayed_result
 from .logs import emit
+from .outbox import CELERY
 from .retries import format_error
 from .store import FINISHED, store_for
 
@@ -228,6 +230,29 @@ def _plain_task_ended_otherwise(
         store_for(row[1]).relayed_done(
             job_id=row[0], now=clock.now(), ok=False, error=format_error(error)
         )
+
+
+@task_unknown.connect
+def _plain_task_unknown_to_its_worker(
+    sender: Any = None, message: Any = None, name: str | None = None, **kwargs: Any
+) -> None:
+    # The worker drops a message whose task it does not know (one of the last release during a
+    # rolling deploy): a plain task's row would stay relayed for good, and hold an
+    # overlap="skip" task back. An ExactlyOnceTask's row is sent again after RELAY_RESEND_AFTER.
+    headers = getattr(message, "headers", None) or {}
+    if headers.get(JOB_HEADER) is None:
+        return
+    job_id, using = int(headers[JOB_HEADER]), str(headers.get(DATABASE_HEADER) or DEFAULT_DB_ALIAS)
+    hostname = getattr(sender, "hostname", None) or "a Celery worker"
+    error = RelayTargetError(
+        f'{hostname} does not know the Celery task "{name}" and dropped its message',
+        fix="deploy the code that declares it to every Celery worker consuming its queue, then "
+        "retry the row from the admin (Retry failed)",
+        cause=name,
+    )
+    store_for(using).relayed_done(
+        job_id=job_id, now=clock.now(), ok=False, error=str(error), relay=CELERY
+    )
 
 
 def reports_plain_tasks() -> bool:

@@ -227,7 +227,7 @@ def test_relay__keeps_the_socket_timeouts_a_project_set_for_its_broker() -> None
 
     from ultimat3_jobs import engines
 
-    app = Celery(broker="redis://127.0.0.1:1/0")
+    app = Celery(broker="redis://127.0.0.1:1/0", set_as_current=False)
     app.conf.broker_transport_options = {"socket_timeout": 2, "visibility_timeout": 60}
     engines._bound_publishing(app)
     assert app.conf.broker_transport_options == {
@@ -235,7 +235,7 @@ def test_relay__keeps_the_socket_timeouts_a_project_set_for_its_broker() -> None
         "socket_connect_timeout": engines.PUBLISH_SOCKET_TIMEOUT,
         "visibility_timeout": 60,
     }
-    other = Celery(broker="memory://")
+    other = Celery(broker="memory://", set_as_current=False)
     engines._bound_publishing(other)
     assert not other.conf.broker_transport_options  # Only a Redis broker's are bounded.
 

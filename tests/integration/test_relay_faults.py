@@ -549,6 +549,39 @@ def test_relay__a_reported_result_the_database_refuses_fails_that_row_alone() ->
     assert (fine.status, fine.return_value) == ("succeeded", {"ok": 1})
 
 
+# -- a Celery worker that does not know the task ---------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_relayed_task_unknown_to_the_celery_worker__a_plain_row_fails_an_exactly_once_waits(
+    broker: redis.Redis,
+) -> None:
+    from celery.signals import task_unknown
+    from kombu import Message
+
+    plain, once = outbox(
+        "faults.unknown-at-worker",
+        (plain_row, {"label": "plain"}),
+        (write_row, {"occurrence": "once"}),
+    )
+    assert relay().relay_once() == 2
+    for job in (plain, once):
+        # As a worker of the last release drops the message (celery.worker.consumer).
+        headers = {JOB_HEADER: job.pk, DATABASE_HEADER: "default", KEY_HEADER: job.key}
+        message = Message(body="{}", headers={"task": job.name, "id": "x", **headers})
+        task_unknown.send(
+            sender=None, message=message, exc=KeyError(job.name), name=job.name, id="x"
+        )
+    plain.refresh_from_db()
+    once.refresh_from_db()
+    assert plain.status == "failed"
+    assert 'does not know the Celery task "demo.plain_row"' in plain.last_error
+    assert "[jobs.relay.target-unknown]" in plain.last_error
+    assert (
+        once.status == "relayed"
+    )  # Sent again after RELAY_RESEND_AFTER, to a worker that knows it.
+
+
 # -- plain Celery tasks that ignore or reject ------------------------------------------------------
 
 

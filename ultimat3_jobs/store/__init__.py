@@ -331,9 +331,10 @@ class JobStore(Protocol):
         error: str = "",
         engine_id: str = "",
         name: str = "",
+        relay: str | None = None,
     ) -> bool:
         """The engine reported the row done: succeeded (or failed) at ``now``, unless it
-        already was.
+        already was (or, given ``relay``, is not a row of that relay).
 
         What any engine reports is stored: a return value JSON has no form for is dropped, one
         the row cannot keep (NUL, a lone surrogate, over the size) fails the row with

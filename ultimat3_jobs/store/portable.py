@@ -643,6 +643,7 @@ class PortableStore:
         error: str = "",
         engine_id: str = "",
         name: str = "",
+        relay: str | None = None,
     ) -> bool:
         if ok:
             try:
@@ -661,6 +662,8 @@ class PortableStore:
         if engine_id:
             changes["engine_id"] = engine_id
         rows = self._jobs().filter(pk=job_id, relay__gt="")
+        if relay is not None:
+            rows = rows.filter(relay=relay)
         return bool(rows.exclude(status__in=FINISHED).update(**changes))
 
     def relayed_tasks(self, *, backends: Sequence[str], after: int, limit: int) -> list[Job]:

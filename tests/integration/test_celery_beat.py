@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -111,6 +112,22 @@ def test_celery_beat_tasks__odd_rows_print_a_module_that_imports_and_runs(
     assert "is not a JSON object (beat could not run it)" in source
     assert "# NOTE: kwargs hold NaN or Infinity" in source
     assert 'both day of month "13" and day of week "5"' in source
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--tz", "Bogota"], "[jobs.task.tz-invalid]"),
+        (["--prefix", "a:b"], "[jobs.declaration-invalid]"),
+        (["--prefix", " "], "[jobs.declaration-invalid]"),
+    ],
+    ids=["zone", "colon", "blank"],
+)
+def test_celery_beat_tasks__a_zone_or_prefix_no_task_takes_is_refused_first(
+    beat_tables: None, argv: list[str], says: str
+) -> None:
+    with pytest.raises(CommandError, match=re.escape(says)):
+        converted(*argv)
 
 
 def converted(*args: str) -> str:

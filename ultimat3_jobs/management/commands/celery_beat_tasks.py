@@ -36,9 +36,20 @@ class Command(JobsCommand):
     def handle(
         self, *, database: str, prefix: str, skip_disabled: bool, tz: str | None, **options: Any
     ) -> None:
+        from ultimat3_jobs.errors import InvalidDeclarationError
+        from ultimat3_jobs.zones import resolve_zone
+
         require_database(database)
         zone = tz or getattr(settings, "CELERY_TIMEZONE", None) or settings.TIME_ZONE or "UTC"
         try:
+            # Refused here, not at the import of the file printed: a name or zone no task takes.
+            resolve_zone(zone, "--tz")
+            if not prefix.strip() or ":" in prefix or len(prefix) > 100:
+                raise InvalidDeclarationError(
+                    f"--prefix {prefix!r} cannot begin a task name",
+                    fix='pass a prefix of up to 100 characters without ":", e.g. --prefix beat',
+                    cause=prefix,
+                )
             tasks = read_beat_tasks(database, default_tz=zone)
         except UltimateError as error:
             raise command_error(error) from error

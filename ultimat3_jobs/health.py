@@ -159,9 +159,8 @@ def relay_health(relay: Relay, *, moment: float | None = None) -> RoleHealth:
     now = time.monotonic() if moment is None else moment
     found = _heartbeat_health("relay", relay.node, relay.status, get_settings(), now, RELAY_FIX)
     if found.ready and not relay.broker_reachable:
-        return RoleHealth(
-            "relay", found.live, False, f"{found.detail}; the broker refuses rows", RELAY_FIX
-        )
+        detail = f"{found.detail}; its broker could not be reached"
+        return RoleHealth("relay", found.live, False, detail, RELAY_FIX)
     return found
 
 

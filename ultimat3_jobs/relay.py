@@ -132,7 +132,8 @@ class Relay:
             clock=self.clock,
         )
         self.backoff = Backoff(self.poll_interval)
-        #: False since the engine last refused a row, until one is taken again (``health.py``).
+        #: False since the engine last could not be reached, until a pass goes through
+        #: (``health.py``).
         self.broker_reachable = True
         self._listener: Listener | None = None
         self._results_after = 0
@@ -418,8 +419,9 @@ class Relay:
             emit(logger, "jobs.relay.loop-failed", logging.ERROR, **self.backoff.failed(error))
             return False
         instruments.relayed(handed)
-        if handed:
-            self.broker_reachable = True
+        # Nothing this pass gave the engine failed to reach it: rows taken, or none left to give
+        # (another relay sent them once the broker was back).
+        self.broker_reachable = True
         failures = self.backoff.succeeded()
         if failures:
             emit(logger, "jobs.relay.recovered", failures=failures)

@@ -153,7 +153,7 @@ def test_relay_health__not_ready_while_its_broker_refuses_rows() -> None:
     relay.broker_reachable = False
     found = relay_health(relay, moment=now)
     assert (found.live, found.ready) == (True, False)
-    assert "broker refuses" in found.detail
+    assert "its broker could not be reached" in found.detail
 
 
 # -- /healthz and /readyz ----------------------------------------------------------------------

@@ -180,6 +180,23 @@ def test_relay__a_broker_that_is_down_keeps_the_row_until_it_is_back(
 
 
 @pytest.mark.django_db
+def test_relay__ready_again_once_another_relay_sent_what_it_could_not(
+    broker: redis.Redis, redis_server: RedisServer
+) -> None:
+    celery_round("relay.ready")
+    first = relay()
+    redis_server.stop()
+    try:
+        assert first._pass() is False
+        assert not first.broker_reachable
+    finally:
+        redis_server.start()
+    assert relay().relay_once() == 1  # Another relay, once the broker is back.
+    first._pass()  # Nothing left for it to send.
+    assert first.broker_reachable
+
+
+@pytest.mark.django_db
 def test_relay__a_broker_that_hangs_is_down_after_the_publish_timeout(
     broker: redis.Redis, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,7 +2,7 @@
 ``enqueue()``, and which of their errors mean the engine is down rather than that it refused
 the row.
 
-A Celery task goes through its own app's ``apply_async`` with a task id derived from the job
+A Celery task goes through the current app's ``apply_async`` with a task id derived from the job
 key, so every send of one row carries the same id; a Django Task goes through its backend's
 ``enqueue()``. Only a connection or transport error (``broker_down``) is an outage, which the
 relay's loop backs off from; any other error is this row's own (``RelayRefusedError``), and an
@@ -155,7 +155,8 @@ def _refusal_fix(error: BaseException, *, what: str) -> str:
 
 
 def send_celery(job: Job, using: str) -> Sent:
-    """Publish ``job`` through its task's own app, routed where Celery routes that task."""
+    """Publish ``job`` through the current app's task of its name, routed where Celery routes
+    that task."""
     try:
         from .celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
     except ImportError as error:

@@ -21,6 +21,7 @@ from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable
 
 from .health import RoleHealth, database_health
+from .logs import failure_fields
 
 
 @dataclasses.dataclass
@@ -41,8 +42,10 @@ class _Role(HealthCheck):
         try:
             return database_health(self.database, roles=[self.role])[0]
         except DatabaseError as error:
+            fields = failure_fields(error)
             raise ServiceUnavailable(
-                f"the database could not be read ({type(error).__name__})"
+                f"the database could not be read ({type(error).__name__}) [{fields['code']}]; "
+                f"fix: {fields['fix']}"
             ) from error
 
 

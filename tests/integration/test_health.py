@@ -397,6 +397,36 @@ def test_jobs_status_check__json() -> None:
 # -- django-health-check ------------------------------------------------------------------------
 
 
+def test_health_check_plugin__a_database_it_cannot_read_is_said_with_the_code_and_fix(
+    django_db_blocker: Any,
+) -> None:
+    import asyncio
+
+    from django.db import connections
+    from health_check.exceptions import ServiceUnavailable
+
+    from ultimat3_jobs.health_checks import Worker
+
+    away = {
+        **connections.settings["default"],
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": "127.0.0.1",
+        "PORT": "1",  # Nothing listens: every connection is refused at once.
+        "NAME": "nowhere",
+        "OPTIONS": {},
+    }
+    connections.settings["away"] = away
+    try:
+        with django_db_blocker.unblock(), pytest.raises(ServiceUnavailable) as raised:
+            asyncio.run(Worker(database="away").run())
+    finally:
+        connections["away"].close()
+        del connections.settings["away"]
+    said = str(raised.value)
+    assert "the database could not be read (OperationalError) [jobs.database-unavailable]" in said
+    assert "; fix: " in said
+
+
 @pytest.mark.django_db
 def test_health_check_plugin__the_scheduler_and_worker_checks_on_their_page() -> None:
     client = Client()

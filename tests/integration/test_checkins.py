@@ -253,17 +253,22 @@ def test_checkins__an_occurrence_without_jobs_opens_and_closes_at_once(envelopes
         monitor=True,
     )
     clock = FrozenClock(T0)
-    scheduler = Scheduler(
+    scheduler = sole_scheduler(task, clock)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    assert list(by_check_in(envelopes, "m-empty").values()) == [["in_progress", "ok"]]
+
+
+def sole_scheduler(task: TaskHandle, clock: FrozenClock) -> Scheduler:
+    """A scheduler of ``task`` alone, on ``clock``, sending its check-ins as it goes."""
+    return Scheduler(
         state=DatabaseState(node_id="node-a", leader="sole", clock=clock),
         clock=clock,
         tasks=[task],
         drain_on_shutdown=False,
         checkins=CheckIns(tasks=[task], inline=True),
     )
-    scheduler.tick()
-    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
-    scheduler.tick()
-    assert list(by_check_in(envelopes, "m-empty").values()) == [["in_progress", "ok"]]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -276,13 +281,7 @@ def test_checkins__an_occurrence_a_backfill_enqueued_ahead_closes_when_its_jobs_
 
     task = monitored("m.ahead", [(demo_ping(), {"label": "a"})])
     clock = FrozenClock(T0)
-    scheduler = Scheduler(
-        state=DatabaseState(node_id="node-a", leader="sole", clock=clock),
-        clock=clock,
-        tasks=[task],
-        drain_on_shutdown=False,
-        checkins=CheckIns(tasks=[task], inline=True),
-    )
+    scheduler = sole_scheduler(task, clock)
 
     def drain() -> None:
         worker = Worker(

@@ -231,12 +231,21 @@ def send_django_task(job: Job) -> Sent:
         ) from error
     # A backend that runs the task inline (ImmediateBackend) is done with it already.
     if result.status == TaskResultStatus.SUCCESSFUL:
-        return Sent(str(result.id), done=True, return_value=result.return_value)
+        return Sent(str(result.id), done=True, return_value=result_value(result))
     if result.status == TaskResultStatus.FAILED:
         errors = getattr(result, "errors", None) or []
         text = errors[-1].traceback if errors else "failed"
         return Sent(str(result.id), done=True, ok=False, error=text)
     return Sent(str(result.id))
+
+
+def result_value(result: Any) -> Any:
+    """A finished Django Task's return value as its backend gives it (None if it will not:
+    what the row keeps of it is the store's to decide)."""
+    try:
+        return result.return_value
+    except Exception:
+        return None
 
 
 def send(job: Job, using: str) -> Sent:
@@ -259,6 +268,7 @@ __all__ = [
     "Sent",
     "broker_down",
     "celery_task_id",
+    "result_value",
     "send",
     "send_celery",
     "send_django_task",

@@ -38,7 +38,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from . import clock as default_clock
 from . import instruments, nodes, tasks_compat
 from .conf import get_settings
-from .engines import Sent, send
+from .engines import Sent, result_value, send
 from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
 from .lifecycle import (
     BURST_GIVE_UP_AFTER,
@@ -229,7 +229,7 @@ class Relay:
                     job_id=job.pk,
                     now=self.clock(),
                     ok=ok,
-                    return_value=result.return_value if ok else None,
+                    return_value=result_value(result) if ok else None,
                     error="" if ok else (errors[-1].traceback if errors else "failed"),
                     name=job.name,
                 )

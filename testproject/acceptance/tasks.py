@@ -166,6 +166,17 @@ if os.environ.get("ULTIMAT3_ACCEPTANCE_MONITORS"):
     def unmonitored(occurrence: datetime) -> list[Entry]:
         return [(monitored_job, {"occurrence": occurrence.isoformat(), "part": 1})]
 
+    if DJANGO_TASKS:
+        from testproject.demo.background import stamp
+
+        @task(
+            cron="* * * * *", tz="UTC", name="acceptance.monitored_django_task",
+            catch_up="run-all", monitor=True,
+        )  # fmt: skip
+        def monitored_django_task(occurrence: datetime) -> list[Entry]:
+            # A Django Task's run closes its check-in where it runs: in a process pool, the child.
+            return [(stamp, {"occurrence": occurrence.isoformat()})]
+
 
 if os.environ.get("ULTIMAT3_ACCEPTANCE_MANY"):
     # Past one slice of new task rows, which a first start makes in a thread of their own while

@@ -38,6 +38,7 @@ MONITORED = [
     "acceptance.monitored_dropped",
     "acceptance.monitored_paused",
     "acceptance.unmonitored",
+    "acceptance.monitored_django_task",
 ]
 
 
@@ -61,8 +62,13 @@ def occurrences(task: str) -> list[datetime]:
     return sorted(at for at in found if at is not None)
 
 
+@pytest.mark.parametrize(
+    "pool",
+    [[], ["--pool", "process", "--max-jobs-per-child", "1"]],
+    ids=["threads", "recycled_children"],
+)
 def test_checkins__in_progress_from_the_scheduler_then_ok_or_error_from_the_worker(
-    tmp_path: Path, processes: list[Process]
+    tmp_path: Path, processes: list[Process], pool: list[str]
 ) -> None:
     envelopes = tmp_path / "envelopes.jsonl"
     env = {"ULTIMAT3_ACCEPTANCE_MONITORS": "1", "ULTIMAT3_SENTRY_ENVELOPES": str(envelopes)}
@@ -74,10 +80,15 @@ def test_checkins__in_progress_from_the_scheduler_then_ok_or_error_from_the_work
     Task.objects.filter(name__in=MONITORED).update(last_fired_at=back)
     Task.objects.filter(name="acceptance.monitored_paused").update(paused=True)
     run(tmp_path, processes, "scheduler-fires", env, "run_scheduler", "--once")
-    run(tmp_path, processes, "worker", env, "run_worker", "--burst", "--concurrency", "2")
+    run(tmp_path, processes, "worker", env, "run_worker", "--burst", "--concurrency", "2", *pool)
 
     items = [item for item in read(str(envelopes)) if item["type"] == "check_in"]
-    for task, final in (("acceptance.monitored", "ok"), ("acceptance.monitored_fails", "error")):
+    for task, final in (
+        ("acceptance.monitored", "ok"),
+        ("acceptance.monitored_fails", "error"),
+        # Closed by the Django Task's run: in the child, which a recycle ends right after.
+        ("acceptance.monitored_django_task", "ok"),
+    ):
         fired = occurrences(task)
         assert len(fired) >= 3, fired  # run-all: every minute moved back
         monitor = task.replace(".", "-")

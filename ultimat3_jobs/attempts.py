@@ -21,7 +21,8 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from .backends import TaskRun
 
 logger = logging.getLogger("ultimat3_jobs.worker")
+#: The block of a job run while tracing is off.
+_UNTRACED: AbstractContextManager[None] = nullcontext()
 
 _T = TypeVar("_T")
 
@@ -187,6 +190,8 @@ class Attempts:
         self.outcomes: dict[Outcome, int] = {"succeeded": 0, "retrying": 0, "failed": 0, "lost": 0}
         self._lock = threading.Lock()
         self._marks = StartMarks(store=store, node_id=node_id, clock=clock)
+        #: The spans of the attempts running here, by (job id, attempt): a timeout ends one.
+        self._spans: dict[tuple[int, int], Any] = {}
 
     # -- running ------------------------------------------------------------------------------
 
@@ -213,7 +218,7 @@ class Attempts:
             return self.unknown(job, started)
         try:
             # Its span continues the trace its row keeps (its occurrence's, its caller's).
-            with tracing.job_run(job, worker=self.node_id):
+            with tracing.job_run(job, worker=self.node_id) as span, self._spanned(job, span):
                 handle.func(**job.input)
         except BaseException as error:
             return self.raised(job, format_error(error), failure_fields(error), started)
@@ -238,9 +243,26 @@ class Attempts:
         )
         return self._failed(job, message, started, retry=False, fields={"error": message})
 
+    def _spanned(self, job: ClaimedJob, span: Any) -> AbstractContextManager[None]:
+        """``span`` known as the running attempt's while the block runs (``_broken_off_span``);
+        nothing to do while tracing is off, on a no-op job's path."""
+        return _UNTRACED if span is None else self._holding(job, span)
+
+    @contextmanager
+    def _holding(self, job: ClaimedJob, span: Any) -> Iterator[None]:
+        self._spans[job.id, job.attempts] = span
+        try:
+            yield
+        finally:
+            self._spans.pop((job.id, job.attempts), None)
+
+    def _broken_off_span(self, job: ClaimedJob, error: UltimateError) -> None:
+        tracing.broken_off(self._spans.pop((job.id, job.attempts), None), error)
+
     def broken_off(self, job: ClaimedJob, error: UltimateError, started: float) -> Ended:
         """The attempt was ended from outside (``timed_out``, ``died``): a failed attempt,
-        retried by the job's ``max_attempts``."""
+        retried by the job's ``max_attempts``. Its span ends now, failed."""
+        self._broken_off_span(job, error)
         return self._failed(job, str(error), started, retry=True, fields=error.as_fields())
 
     def _failed(
@@ -264,7 +286,7 @@ class Attempts:
         from . import backends
 
         started = time.monotonic()
-        with tracing.job_run(job, worker=self.node_id) as span:
+        with tracing.job_run(job, worker=self.node_id) as span, self._spanned(job, span):
             run = backends.run_task(row)
             if run.error is not None:
                 tracing.failed(span, run.error)
@@ -291,6 +313,7 @@ class Attempts:
         """A Django Task's run ended from outside (``timed_out``, ``died``): failed with
         ``error``, written at once (the framework never retries). What its run writes later,
         if it ever returns, finds the row no longer running and changes nothing."""
+        self._broken_off_span(job, error)
         error_class = f"{type(error).__module__}.{type(error).__qualname__}"
         finish = Finish.failed(job, now=self.clock(), error=storable(str(error)))
         finish = replace(finish, result=TaskResultColumns(None, error_class, ""))

@@ -140,22 +140,45 @@ def job_run(job: RunningJob, *, worker: str) -> AbstractContextManager[Span | No
     found = tracer()
     if found is None:
         return _NOTHING
-    return found.start_as_current_span(
-        f"run {job.name}",
-        context=_restored(job.trace_context),
-        kind=trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "run",
-            "messaging.destination.name": job.queue,
-            "messaging.message.id": str(job.id),
-            "messaging.client.id": worker,
-            "ultimat3_jobs.job.name": job.name,
-            "ultimat3_jobs.job.key": job.key,
-            "ultimat3_jobs.job.attempt": job.attempts,
-        },
+    return _ended_once(
+        found.start_as_current_span(
+            f"run {job.name}",
+            end_on_exit=False,
+            context=_restored(job.trace_context),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "run",
+                "messaging.destination.name": job.queue,
+                "messaging.message.id": str(job.id),
+                "messaging.client.id": worker,
+                "ultimat3_jobs.job.name": job.name,
+                "ultimat3_jobs.job.key": job.key,
+                "ultimat3_jobs.job.attempt": job.attempts,
+            },
+        )
     )
+
+
+@contextmanager
+def _ended_once(started: AbstractContextManager[Span]) -> Iterator[Span]:
+    """``started``'s span, ended as its block ends unless ``broken_off`` ended it first."""
+    span: Span | None = None
+    try:
+        with started as span:
+            yield span
+    finally:
+        if span is not None and span.is_recording():
+            span.end()
+
+
+def broken_off(span: Span | None, error: BaseException) -> None:
+    """End a job's ``span`` failed by ``error`` now: its attempt was given up from outside
+    (a timeout) while its function may run on, unseen."""
+    if span is not None and span.is_recording():
+        failed(span, error)
+        span.end()
 
 
 def failed(span: Span | None, error: BaseException) -> None:

@@ -231,6 +231,25 @@ def test_worker__a_failed_attempt_records_its_error_on_the_run_span(
     assert [event.name for event in run.events] == ["exception"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_worker__an_attempt_past_its_timeout_ends_its_run_span_failed_at_once(
+    spans: InMemorySpanExporter,
+) -> None:
+    import time
+
+    from testproject.demo.tasks import hang
+
+    hang.enqueue({"label": "x", "seconds": 2.6})  # Its timeout is 2 s.
+    burst()
+    [run] = named(spans, "run demo.hang")  # Ended by the timeout, its function still running.
+    assert run.status.status_code == trace.StatusCode.ERROR
+    [event] = run.events
+    assert event.name == "exception"
+    assert "JobTimeoutError" in str(dict(event.attributes or {})["exception.type"])
+    time.sleep(1)  # The function returns: its span is not ended a second time.
+    assert len(named(spans, "run demo.hang")) == 1
+
+
 # -- code that enqueues ---------------------------------------------------------------------------
 
 

@@ -46,7 +46,6 @@ from . import clock
 from .errors import RelayTargetError
 from .inputs import relayed_result
 from .logs import emit
-from .outbox import CELERY
 from .retries import format_error
 from .store import FINISHED, store_for
 
@@ -250,8 +249,9 @@ def _plain_task_unknown_to_its_worker(
         "retry the row from the admin (Retry failed)",
         cause=name,
     )
+    # A plain task's relay kind, outbox.CELERY (which imports this module for ExactlyOnceTask).
     store_for(using).relayed_done(
-        job_id=job_id, now=clock.now(), ok=False, error=str(error), relay=CELERY
+        job_id=job_id, now=clock.now(), ok=False, error=str(error), relay="celery"
     )
 
 

@@ -94,6 +94,12 @@ DATABASE_UNAVAILABLE_FIX = (
     "host; the loop backs off and retries by itself"
 )
 NOT_MIGRATED_FIX = "run: python manage.py migrate"
+DATABASE_TIMEOUT_FIX = (
+    "a statement ran past the database's statement_timeout or lock_timeout (or was cancelled "
+    "by pg_cancel_backend): raise those for this role (ALTER ROLE ... SET, or the options of "
+    "DATABASES / DATABASE_URL), or find what holds its locks in pg_stat_activity; the running "
+    "loops retry by themselves"
+)
 PREPARED_STATEMENT_LOST_FIX = (
     "a transaction-pooling PgBouncer older than 1.21 (or one with max_prepared_statements = 0) "
     "cannot keep prepared statements: remove prepare_threshold from the OPTIONS of DATABASES "
@@ -127,18 +133,47 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
         psycopg.OperationalError,
         psycopg.InterfaceError,
     )
+    sqlstate = _sqlstate(error)
     if prepared_statement_lost(error):
         code, fix = "jobs.prepared-statement-lost", PREPARED_STATEMENT_LOST_FIX
-    elif isinstance(error, ProgrammingError | OperationalError) and (
-        "does not exist" in text or "no such table" in text
+    elif isinstance(error, ProgrammingError | OperationalError | psycopg.Error) and (
+        sqlstate in _MISSING_SCHEMA or (sqlstate is None and _names_missing_schema(text))
     ):
         code, fix = "jobs.database-not-migrated", NOT_MIGRATED_FIX
+    elif sqlstate in _CANCELLED:
+        code, fix = "jobs.database-timeout", DATABASE_TIMEOUT_FIX
     elif isinstance(error, unavailable):
         code, fix = "jobs.database-unavailable", DATABASE_UNAVAILABLE_FIX
     else:
         code = "jobs.unexpected-error"
         fix = "this is not a known failure: report it with the traceback (run with -v 2)"
     return {"error": message, "code": code, "cause": cause, "fix": fix}
+
+
+#: PostgreSQL's undefined_table and undefined_column: a table or column of the app is missing.
+#: "does not exist" alone is no sign: a database or a role that does not exist says it too.
+_MISSING_SCHEMA = frozenset({"42P01", "42703"})
+#: query_canceled (``statement_timeout``, ``pg_cancel_backend``) and lock_not_available
+#: (``lock_timeout``): the server is there and refused to go on.
+_CANCELLED = frozenset({"57014", "55P03"})
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of ``error`` or of the driver's error Django wrapped in it; ``None`` for
+    SQLite, and for a connection that failed before the server answered."""
+    for found in (error, error.__cause__):
+        for name in ("sqlstate", "pgcode"):  # psycopg's, psycopg2's
+            sqlstate = getattr(found, name, None)
+            if isinstance(sqlstate, str):
+                return sqlstate
+    return None
+
+
+def _names_missing_schema(text: str) -> bool:
+    """A missing table or column by the words of an error that has no SQLSTATE (SQLite's)."""
+    if "no such table" in text or "no such column" in text:
+        return True
+    return "does not exist" in text and ('relation "' in text or 'column "' in text)
 
 
 def _jsonable(value: Any) -> Any:

@@ -16,6 +16,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 LOG_CODES = [
     "jobs.database-unavailable",
     "jobs.database-not-migrated",
+    "jobs.database-timeout",
     "jobs.prepared-statement-lost",
     "jobs.unexpected-error",
 ]

@@ -61,6 +61,30 @@ def _raised_by_django(error: psycopg.Error) -> ProgrammingError:
             id="not_migrated",
         ),
         pytest.param(
+            _raised_by_django(psycopg.errors.UndefinedColumn('column "priority" does not exist')),
+            "jobs.database-not-migrated",
+            "manage.py migrate",
+            id="not_migrated_column",
+        ),
+        pytest.param(
+            OperationalError('connection failed: FATAL:  database "shop" does not exist'),
+            "jobs.database-unavailable",
+            "reachable",
+            id="no_such_database",
+        ),
+        pytest.param(
+            OperationalError("no such table: ultimat3_jobs_job"),
+            "jobs.database-not-migrated",
+            "manage.py migrate",
+            id="not_migrated_sqlite",
+        ),
+        pytest.param(
+            _raised_by_django(psycopg.errors.QueryCanceled("canceling statement due to timeout")),
+            "jobs.database-timeout",
+            "statement_timeout",
+            id="statement_timeout",
+        ),
+        pytest.param(
             _raised_by_django(psycopg.errors.InvalidSqlStatementName(_LOST)),
             "jobs.prepared-statement-lost",
             "remove prepare_threshold",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,7 +18,7 @@ from ultimat3_jobs.logs import failure_fields
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def _params() -> dict[str, object]:
+def _params() -> dict[str, Any]:
     """The test database's connection, for psycopg alone."""
     params = dict(connection.get_connection_params())
     params.pop("cursor_factory", None)

@@ -1007,6 +1007,28 @@ def test_job_cancel__cancels_queued_jobs_only(runner: User) -> None:
     assert "Cancelled 1 queued job." in _messages(response)[0][1]
 
 
+@pytest.mark.parametrize(
+    ("action", "status", "said"),
+    [
+        ("retry_failed", JobStatus.FAILED, "Requeued 2 failed jobs."),
+        ("cancel_queued", JobStatus.QUEUED, "Cancelled 2 queued jobs."),
+    ],
+)
+def test_job_actions__on_a_list_filtered_by_the_status_report_what_they_did(
+    runner: User, action: str, status: str, said: str
+) -> None:
+    # The selection is the filtered list's: once its rows change status, it selects none.
+    jobs = [_job(f"j{i}", status) for i in range(2)]
+
+    response = logged_in(runner).post(
+        f"{JOBS_URL}?status__exact={status}",
+        {"action": action, "_selected_action": [job.pk for job in jobs]},
+        follow=True,
+    )
+
+    assert _messages(response) == [(constants.SUCCESS, said)]
+
+
 def test_job_actions__need_change_permission(viewer: User) -> None:
     failed = _job("f", JobStatus.FAILED)
     queued = _job("q")

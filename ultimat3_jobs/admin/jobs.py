@@ -255,14 +255,16 @@ class JobAdmin(GuardedDelete):
     @admin.action(permissions=["change"], description="Retry selected failed jobs")
     def retry_failed(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Failed -> queued, due now, with a fresh set of attempts (``JobStore.retry_failed``)."""
+        selected = queryset.count()  # Before: the selection may be filtered by the status.
         count = self._store(queryset).retry_failed(queryset)
-        self._report(request, count, queryset.count(), "requeued", "failed")
+        self._report(request, count, selected, "requeued", "failed")
 
     @admin.action(permissions=["change"], description="Cancel selected queued jobs")
     def cancel_queued(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Queued -> cancelled. A job a worker already claimed is running and is left alone."""
+        selected = queryset.count()  # Before: the selection may be filtered by the status.
         count = self._store(queryset).cancel_queued(queryset)
-        self._report(request, count, queryset.count(), "cancelled", "queued")
+        self._report(request, count, selected, "cancelled", "queued")
 
     def _report(
         self, request: HttpRequest, done: int, selected: int, verb: str, status: str

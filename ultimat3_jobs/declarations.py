@@ -207,6 +207,14 @@ def task(
     being one (False); None follows ``SENTRY_CRONS``. Every problem with the declaration raises
     here, at import, with a fix.
     """
+    if callable(cron):
+        # ``@task`` without its parentheses: the function came in as the cron, and what the
+        # module would hold under its name is the decorator, declaring nothing.
+        raise InvalidDeclarationError(
+            f"@task was put on {_default_name(cron)} without its arguments",
+            fix='declare it with its schedule: @task(cron="0 3 * * *", tz="Europe/Paris")',
+            cause=cron,
+        )
     _check_name(name, "task")
 
     def decorate(fn: Callable[[datetime], Iterable[Entry]]) -> TaskHandle:

@@ -395,10 +395,13 @@ class TaskHandle:
             raise
         except Exception as error:
             raise TaskEntriesError(
-                f'task "{self.name}" raised for occurrence {at.isoformat()}: '
+                f'task "{self.name}" raised '
+                f"{'for occurrence' if occurrence else 'when run at'} {at.isoformat()}: "
                 f"{type(error).__name__}: {readable(error)}",
                 fix=f'fix the function of task "{self.name}"; the scheduler retries this '
-                "occurrence every round until it returns entries",
+                "occurrence every round until it returns entries"
+                if occurrence
+                else f'fix the function of task "{self.name}", then run it again',
                 cause=error,
             ) from error
         checked: list[tuple[JobHandle, dict[str, Any]]] = []

@@ -14,6 +14,7 @@ from ultimat3_jobs.errors import (
     ConfigurationError,
     InvalidCatchUpError,
     InvalidCronError,
+    InvalidDeclarationError,
     InvalidJobInputError,
     InvalidOverlapError,
     InvalidTimeoutError,
@@ -220,6 +221,31 @@ def test_task__entries_that_raise_become_a_task_error_with_a_fix() -> None:
     assert "boom" in caught.value.message
     assert caught.value.code == "jobs.task.entries-failed"
     assert isinstance(caught.value.cause, RuntimeError)
+    assert "retries this occurrence every round" in caught.value.fix
+
+    # Run now (no occurrence): nothing retries it, and the instant is the click's.
+    with pytest.raises(TaskEntriesError) as caught:
+        broken.entries()
+    assert "raised when run at" in caught.value.message
+    assert caught.value.fix.endswith("then run it again")
+    assert "retries" not in caught.value.fix
+
+
+def test_task__put_on_a_function_without_its_arguments_is_refused_at_import(
+    fresh_registry: Registry,
+) -> None:
+    before = [handle.name for handle in fresh_registry.tasks()]
+
+    with pytest.raises(InvalidDeclarationError) as caught:
+
+        @task  # type: ignore[arg-type]
+        def forgot(occurrence: datetime) -> list[Entry]:
+            return []
+
+    assert caught.value.code == "jobs.declaration-invalid"
+    assert "without its arguments" in caught.value.message
+    assert '@task(cron="0 3 * * *", tz=' in caught.value.fix
+    assert [handle.name for handle in fresh_registry.tasks()] == before
 
 
 def test_task__describe_is_json_safe_with_jobs_in_declaration_order() -> None:

@@ -13,6 +13,10 @@ class Ultimat3JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from . import shutdown
+
+        # A SIGTERM while the project's tasks.py modules import is kept for the role.
+        shutdown.catch_early_in(sys.argv)
         from . import (  # noqa: F401  (registers the system checks)
             checks,
             handles,

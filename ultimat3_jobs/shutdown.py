@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -60,6 +61,22 @@ def catch_early() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in SIGNALS:
             signal.signal(signum, _handle_early)
+
+
+#: The commands that run a role until signalled (``JobsCommand.runs_until_signalled``).
+ROLE_COMMANDS = frozenset({"run_scheduler", "run_worker", "run_relay", "run_jobs"})
+
+
+def catch_early_in(argv: list[str]) -> None:
+    """``catch_early`` in a process that runs a role from the command line, called from the
+    app's ``ready()``: before the project's ``tasks.py`` modules import, seconds before the
+    command itself runs. Never in a process-pool child, which multiprocessing starts with its
+    parent's ``argv``: its signals are its own."""
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None and process.parent_process() is not None:
+        return
+    if len(argv) > 1 and argv[1] in ROLE_COMMANDS:
+        catch_early()
 
 
 def on_shutdown(name: str, callback: Callable[[str], None]) -> Callable[[], None]:

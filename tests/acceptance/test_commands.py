@@ -175,25 +175,32 @@ def test_jobs_status__a_bad_setting_is_refused_with_its_fix_not_a_traceback() ->
 
 
 @pytest.mark.parametrize(
-    ("role", "flags"),
-    [("scheduler", ()), ("scheduler", ("--once",)), ("worker", ())],
-    ids=["scheduler", "scheduler_once", "worker"],
+    ("role", "flags", "slow"),
+    [
+        ("scheduler", (), "checks"),
+        ("scheduler", ("--once",), "checks"),
+        ("worker", (), "checks"),
+        ("scheduler", (), "import"),
+        ("worker", (), "import"),
+        ("relay", (), "import"),
+    ],
+    ids=["scheduler", "scheduler_once", "worker", "scheduler_setup", "worker_setup", "relay_setup"],
 )
 def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
-    tmp_path: Path, processes: list[Process], role: str, flags: tuple[str, ...]
+    tmp_path: Path, processes: list[Process], role: str, flags: tuple[str, ...], slow: str
 ) -> None:
-    # The system checks call each task's function: this one takes seconds, and the signal
-    # comes meanwhile, before the role could hook it.
+    # The system checks call each task's function, and Django's setup imports each tasks.py:
+    # one of them takes seconds, and the signal comes meanwhile, before the role could hook it.
     called = tmp_path / "called"
+    sleep = f"    open({str(called)!r}, 'w').close()\n    time.sleep(4)\n"
     env = _project(
         tmp_path,
         "",
-        "import time\n\nfrom ultimat3_jobs import task\n\n\n"
+        "import time\n\nfrom ultimat3_jobs import task\n\n"
+        + ("if True:\n" + sleep if slow == "import" else "")
+        + "\n"
         '@task(cron="0 3 * * *", tz="UTC", name="probed.slow")\n'
-        "def slow(occurrence):\n"
-        f"    open({str(called)!r}, 'w').close()\n"
-        "    time.sleep(4)\n"
-        "    return []\n",
+        "def slow(occurrence):\n" + (sleep if slow == "checks" else "") + "    return []\n",
     )
     process = spawn(tmp_path, role, f"run_{role}", *flags, env=env)
     processes.append(process)

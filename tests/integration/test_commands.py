@@ -61,3 +61,15 @@ def test_commands__a_commands_module_loads_the_role_it_runs_only_once_it_runs() 
     assert "ultimat3_jobs.management.commands.run_worker" in loaded
     roles = {"management.roles", "scheduler", "state", "worker", "relay", "metrics"}
     assert sorted({f"ultimat3_jobs.{name}" for name in roles} & set(loaded)) == []
+
+
+def test_role_commands__ready_keeps_an_early_signal_for_the_commands_that_run_a_role() -> None:
+    from ultimat3_jobs.shutdown import ROLE_COMMANDS
+
+    ours = [name for name, app in get_commands().items() if app == "ultimat3_jobs"]
+    roles = {
+        name
+        for name in ours
+        if getattr(load_command_class("ultimat3_jobs", name), "runs_until_signalled", False)
+    }
+    assert roles == ROLE_COMMANDS

@@ -38,7 +38,13 @@ from django.db import (
 from . import instruments, tracing
 from .checkins import CheckIns
 from .conf import get_settings
-from .errors import JobProcessDiedError, JobTimeoutError, ResultUnstorableError, UltimateError
+from .errors import (
+    JobProcessDiedError,
+    JobRowUnreadableError,
+    JobTimeoutError,
+    ResultUnstorableError,
+    UltimateError,
+)
 from .logs import emit, failure_fields
 from .models import JobStatus
 from .registry import registry
@@ -242,6 +248,24 @@ class Attempts:
             "retry the job from the admin"
         )
         return self._failed(job, message, started, retry=False, fields={"error": message})
+
+    def unreadable(self, job: ClaimedJob) -> Ended:
+        """A row the claim could not read (``ClaimedJob.unreadable``): failed unrun, since a
+        retry reads the same row; a Django Task's with its ``TaskError``."""
+        error = JobRowUnreadableError(
+            f"job {job.id} ({job.name}) holds a value this worker cannot read: {job.unreadable}",
+            fix="correct the row's run_at, created_at, input or args (written around the app, "
+            "by SQL), then retry the job from the admin; enqueue through the app, which refuses "
+            "such values",
+        )
+        ended = self._failed(
+            job, str(error), time.monotonic(), retry=False, fields=error.as_fields()
+        )
+        if job.backend:
+            error_class = f"{type(error).__module__}.{type(error).__qualname__}"
+            finish = replace(ended.finish, result=TaskResultColumns(None, error_class, ""))
+            ended = replace(ended, finish=finish)
+        return ended
 
     def _spanned(self, job: ClaimedJob, span: Any) -> AbstractContextManager[None]:
         """``span`` known as the running attempt's while the block runs (``_broken_off_span``);

@@ -127,6 +127,14 @@ class JobProcessDiedError(UltimateError):
     code = "jobs.job.process-died"
 
 
+class JobRowUnreadableError(UltimateError):
+    """A claimed job row holds a value this worker cannot read, written around the app (by
+    SQL): an instant that is infinite or past Python's years 1 to 9999, JSON nested past
+    Python's recursion limit. The job fails alone, unrun and not retried; its batch goes on."""
+
+    code = "jobs.job.row-unreadable"
+
+
 class InvalidDeclarationError(UltimateError):
     """A ``@job`` or ``@task`` used on something it cannot wrap, or with a bad option."""
 

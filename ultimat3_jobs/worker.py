@@ -82,6 +82,8 @@ DEFAULT_PREFETCH = 100
 CLEAN_EXIT = 0
 #: Exit status when the drain ran out of grace and jobs in flight went back to the queue.
 ABANDONED_EXIT = shutdown.FORCED_EXIT
+#: An error the loop does not handle ended it (the command prints its traceback).
+CRASHED_EXIT = 1
 
 Pool = Literal["thread", "process"]
 #: Where job functions run: in the worker's threads, or each slot's child process.
@@ -243,6 +245,7 @@ class Worker:
         #: Of those, the jobs whose function ran: their attempt stays counted.
         self._lost: set[int] = set()
         self._gave_up = False
+        self._crashed = False
         self._listener: Listener | None = None
 
     @property
@@ -328,6 +331,9 @@ class Worker:
 
     def _take(self, job: ClaimedJob, slot: _Slot) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
+        if job.unreadable:
+            self._hand_in(self.attempts.unreadable(job))
+            return
         if slot.child is not None:
             try:
                 slot.child.ensure()  # A replaced child starts before the job is marked started.
@@ -552,7 +558,7 @@ class Worker:
             self.exit_code = None
             self.claimed = 0
             self._abandoned.clear()
-            self._gave_up = False
+            self._gave_up = self._crashed = False
 
     def stop(self, reason: str = "stop", *, wait: bool = True) -> None:
         """Stop claiming and let the jobs in flight finish, within the drain grace."""
@@ -591,6 +597,10 @@ class Worker:
             exit_code = self._settle()
             if self._gave_up and exit_code == CLEAN_EXIT:
                 exit_code = UNAVAILABLE_EXIT
+        except BaseException:
+            # Its stopped line must not say it ended as asked; the error goes on to the caller.
+            exit_code, self._crashed = CRASHED_EXIT, True
+            raise
         finally:
             self._shut_down(exit_code)
         return exit_code
@@ -952,7 +962,15 @@ class Worker:
             logger,
             "jobs.worker.stopped",
             reason=self.life.reason
-            or ("database-unavailable" if self._gave_up else "burst" if self.burst else "max-jobs"),
+            or (
+                "crashed"
+                if self._crashed
+                else "database-unavailable"
+                if self._gave_up
+                else "burst"
+                if self.burst
+                else "max-jobs"
+            ),
             exit_code=exit_code,
             claimed=self.claimed,
             **outcomes,

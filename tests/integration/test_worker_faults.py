@@ -612,3 +612,75 @@ def _reconnect() -> None:
     restart."""
     connections["default"].ensure_connection()
     connections.close_all()
+
+
+# -- rows written around the app ------------------------------------------------------------------
+
+POISONS = {
+    "run_at_minus_infinity": "UPDATE ultimat3_jobs_job SET run_at = '-infinity' WHERE id = %s",
+    "run_at_before_year_1": (
+        "UPDATE ultimat3_jobs_job SET run_at = '0001-01-01 00:00+05' WHERE id = %s"
+    ),
+    "input_nested_5000_deep": (
+        "UPDATE ultimat3_jobs_job SET input = "
+        "jsonb_build_object('label', (repeat('[', 5000) || repeat(']', 5000))::jsonb) "
+        "WHERE id = %s"
+    ),
+    "task_created_at_infinity": (
+        "UPDATE ultimat3_jobs_job SET created_at = 'infinity' WHERE id = %s"
+    ),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("poison", sorted(POISONS))
+def test_run__a_row_written_by_sql_that_no_worker_can_read_fails_alone_and_the_batch_runs(
+    poison: str,
+) -> None:
+    # The rows share one claim: before, the claim itself failed (an infinite instant) or its
+    # reading raised after it committed, the whole batch left running and the worker dead.
+    good = _pings(6, "good")
+    bad = (
+        background.add.enqueue(1, 2).id
+        if poison.startswith("task_")
+        else make_job(data={"label": "bad"}, run_at=clock.now() - timedelta(seconds=30)).id
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(POISONS[poison], [int(bad)])
+    worker, _ = _worker(concurrency=2, node_id="w-poison")
+
+    assert worker.run() == CLEAN_EXIT
+
+    row = Job.objects.filter(pk=bad).values("status", "attempts", "last_error").get()
+    assert row["status"] == JobStatus.FAILED
+    assert "jobs.job.row-unreadable" in row["last_error"]
+    assert row["attempts"] == 1
+    statuses = Counter(
+        Job.objects.filter(pk__in=[j.pk for j in good]).values_list("status", flat=True)
+    )
+    assert statuses == {JobStatus.SUCCEEDED: 6}
+    assert Ping.objects.count() == 6
+    assert _nothing_running()
+    if poison.startswith("task_"):
+        # Its TaskError's class (its result cannot be loaded: Django reads no infinite instant).
+        kept = Job.objects.filter(pk=bad).values_list("error_class", flat=True).get()
+        assert kept == "ultimat3_jobs.errors.JobRowUnreadableError"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__an_error_the_loop_does_not_handle_ends_it_with_a_stopped_line_that_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _pings(2, "crash")
+    worker, _ = _worker(fail("finish_and_claim", RuntimeError("not a database error")))
+
+    with (
+        caplog.at_level(logging.INFO, logger="ultimat3_jobs.worker"),
+        pytest.raises(RuntimeError, match="not a database error"),
+    ):
+        worker.run()
+
+    [stopped] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.stopped"]
+    fields = getattr(stopped, "fields", {})
+    assert (fields["reason"], fields["exit_code"]) == ("crashed", 1)

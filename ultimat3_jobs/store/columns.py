@@ -72,8 +72,10 @@ CARRIED = tuple(column for column in NEW_JOB_COLUMNS if column.new is None)
 KEY, QUEUE, RELAY = (NEW_JOB_NAMES.index(name) for name in ("key", "queue", "relay"))
 
 #: The columns a claim returns, in ``ClaimedJob``'s order; ``started_at`` follows them (NULL
-#: unless the claim marked the row started).
-CLAIMED_COLUMNS = tuple(field.name for field in fields(ClaimedJob) if field.name != "started_at")
+#: unless the claim marked the row started). ``unreadable`` is the reading's, not a column.
+CLAIMED_COLUMNS = tuple(
+    field.name for field in fields(ClaimedJob) if field.name not in ("started_at", "unreadable")
+)
 
 
 # -- new rows -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -518,25 +518,53 @@ def _finish_params(worker: str, finishes: Sequence[Finish]) -> dict[str, Any]:
 
 
 def _claimed_rows(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
-    """Claimed rows (``CLAIMED_COLUMNS``, then ``started``) as records, in the claim's order."""
+    """Claimed rows (``CLAIMED_COLUMNS``, then ``started``) as records, in the claim's order.
+
+    A row that cannot be read comes back ``unreadable``, to be failed alone: raising here
+    would leave its whole batch claimed and never run."""
     instant = instants_from_microseconds()
     jobs = []
     for row in rows:
-        # Django loads jsonb as text for JSONField to decode; this bypasses the field.
-        data, args = row[3], row[11]
-        run_at = instant(row[7])
-        assert run_at is not None  # A NOT NULL column.
-        jobs.append(
-            ClaimedJob(
-                row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
-                row[4], row[5], row[6], run_at, row[8], row[9], row[10],
-                json.loads(args) if isinstance(args, str) else args,
-                # Only a Django Task's run reads it.
-                instant(row[12]) if row[9] else None,
-                instant(row[13]),
-            )
-        )  # fmt: skip
+        try:
+            jobs.append(_claimed(row, instant))
+        except (ValueError, OverflowError, RecursionError) as error:
+            why = f"{type(error).__name__}: {error}"
+            jobs.append(
+                ClaimedJob(
+                    row[0], row[1], row[2], {}, row[4], row[5], row[6], UNREADABLE_AT, row[8],
+                    row[9], row[10], unreadable=why[:1000],
+                )
+            )  # fmt: skip
     return sorted(jobs, key=_by_priority_then_due)
+
+
+#: An unreadable row's ``run_at``: first in its batch, as the earliest due would be.
+UNREADABLE_AT = datetime.min.replace(tzinfo=UTC)
+
+
+def _claimed(row: Sequence[Any], instant: Callable[[int | None], datetime | None]) -> ClaimedJob:
+    # Django loads jsonb as text for JSONField to decode; this bypasses the field.
+    data, args = row[3], row[11]
+    run_at = instant(row[7])
+    if run_at is None:  # A NOT NULL column: NULL is an instant the claim could not send.
+        raise ValueError(f"run_at is not a finite instant ({row[7]!r})")
+    return ClaimedJob(
+        row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
+        row[4], row[5], row[6], run_at, row[8], row[9], row[10],
+        json.loads(args) if isinstance(args, str) else args,
+        # Only a Django Task's run reads it.
+        _finite(instant, row[12], "created_at") if row[9] else None,
+        instant(row[13]),
+    )  # fmt: skip
+
+
+def _finite(
+    instant: Callable[[int | None], datetime | None], value: int | None, column: str
+) -> datetime:
+    found = instant(value)
+    if found is None:
+        raise ValueError(f"{column} is not a finite instant")
+    return found
 
 
 def _by_priority_then_due(job: ClaimedJob) -> tuple[int, datetime, int]:

@@ -194,9 +194,12 @@ COPY_OCCURRENCES_TYPES = (
 
 # What a claim returns: ``CLAIMED_COLUMNS``, then started_at (NULL unless the claim marked the
 # row started); instants as microseconds since the epoch (see ``db.instants_from_microseconds``).
+# An infinite instant (written around the app) is NULL, never a cast the server refuses: that
+# would fail every claim, the rows behind it stuck.
 _RETURNING = ", ".join(
     [
-        f"(extract(epoch FROM job.{column}) * 1000000)::bigint"
+        f"CASE WHEN isfinite(job.{column}) "
+        f"THEN (extract(epoch FROM job.{column}) * 1000000)::bigint END"
         if column in ("run_at", "created_at", "started_at")
         else f"job.{column}"
         for column in (*CLAIMED_COLUMNS, "started_at")

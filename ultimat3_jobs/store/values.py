@@ -91,6 +91,10 @@ class ClaimedJob:
     #: claimed ahead, until ``JobStore.mark_started`` says its function may run; only a
     #: started attempt is counted when its worker dies.
     started_at: datetime | None = None
+    #: Why a row the claim returned cannot be read (a value written around the app: an instant
+    #: past Python's years, JSON nested past its recursion limit); empty for a readable one.
+    #: Such a job is failed alone, unrun, and the rest of its batch goes on.
+    unreadable: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,6 +127,15 @@ class JobProcessDiedError(UltimateError):
     code = "jobs.job.process-died"
 
 
+class WorkerLostError(UltimateError):
+    """The worker running a job stopped before the job's outcome was written: it was killed
+    (SIGKILL, the OOM killer, a lost host), or its drain grace ran out. Another worker's
+    recovery, or its own drain, ends the attempt: retried by ``max_attempts``, else failed;
+    a failed Django Task keeps this class as its ``TaskError``."""
+
+    code = "jobs.job.worker-lost"
+
+
 class JobRowUnreadableError(UltimateError):
     """A claimed job row holds a value this worker cannot read, written around the app (by
     SQL): an instant that is infinite or past Python's years 1 to 9999, JSON nested past

@@ -655,6 +655,34 @@ def test_recover__claimed_ahead_rows_go_back_uncounted_started_ones_keep_their_a
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("how", ["recovered", "given_back"])
+def test_a_django_task_its_worker_never_finished_fails_with_a_task_error_saying_why(
+    how: str,
+) -> None:
+    from django_tasks import TaskResultStatus
+
+    from testproject.demo import background
+
+    _node("dead", stale=True)
+    result = background.add.enqueue(1, 2)
+    Job.objects.filter(pk=result.id).update(
+        status=JobStatus.RUNNING, attempts=1, started_at=T0, worker="dead"
+    )
+    if how == "recovered":
+        store_for("default").recover(stale_after=timedelta(seconds=60), now=T0)
+    else:
+        store_for("default").give_back(job_ids=[int(result.id)], worker="dead", now=T0)
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.WorkerLostError"
+    assert error.exception_class.__name__ == "WorkerLostError"  # importable
+    assert "worker dead" in error.traceback
+    assert error.traceback.endswith("no attempts left")  # one attempt: it "kept" nothing up
+
+
+@pytest.mark.django_db
 def test_recover__a_hand_made_running_row_without_attempts_goes_back_at_zero() -> None:
     row = running("gone", attempts=0, started=False)
     found = store_for("default").recover(stale_after=timedelta(seconds=60), now=T0)

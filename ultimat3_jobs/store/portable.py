@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import (
     BooleanField,
+    Case,
     Count,
     DateTimeField,
     DurationField,
@@ -29,13 +30,15 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    TextField,
     Value,
+    When,
 )
 from django.db.models.functions import Concat, Greatest, Now
 
 from .. import clock, history, tracing
 from ..conf import get_settings
-from ..errors import ResultUnstorableError, TaskSyncError
+from ..errors import ResultUnstorableError, TaskSyncError, WorkerLostError
 from ..inputs import check_key, check_run_at, occurrence_prefix, relayed_result
 from ..models import CheckIn, Job, JobStatus, Node, Occurrence, Outcome, Task
 from ..retries import bounded, storable
@@ -1037,10 +1040,26 @@ def _requeue_or_fail(
     requeued = rows.filter(attempts__lt=F("max_attempts")).update(
         status=JobStatus.QUEUED, run_at=now, worker="", last_error=note
     )
+    # A job of one attempt (every Django Task) did not "keep" doing anything: say only that.
+    said = Case(
+        When(max_attempts__gt=1, then=Concat(note, Value(exhausted))),
+        default=Concat(note, Value("; no attempts left")),
+        output_field=TextField(),
+    )
+    # A Django Task's result shows its TaskError: the class, and what happened as its text.
+    task = ~Q(backend="")
     failed = rows.filter(attempts__gte=F("max_attempts")).update(
-        status=JobStatus.FAILED, finished_at=now, last_error=Concat(note, Value(exhausted))
+        status=JobStatus.FAILED,
+        finished_at=now,
+        last_error=said,
+        error_class=Case(When(task, then=Value(WORKER_LOST_CLASS)), default=F("error_class")),
+        traceback=Case(When(task, then=said), default=F("traceback"), output_field=TextField()),
     )
     return requeued, failed
+
+
+#: The ``TaskError`` class of a Django Task its worker never finished.
+WORKER_LOST_CLASS = f"{WorkerLostError.__module__}.{WorkerLostError.__qualname__}"
 
 
 def _delete_in_batches(

@@ -333,16 +333,21 @@ class Attempts:
         [outcome] = self.report_all(written)
         return None if written.refused else outcome
 
-    def end_task(self, job: ClaimedJob, error: UltimateError, started: float) -> Outcome:
+    def end_task(
+        self, job: ClaimedJob, row: StartedTask, error: UltimateError, started: float
+    ) -> Outcome:
         """A Django Task's run ended from outside (``timed_out``, ``died``): failed with
-        ``error``, written at once (the framework never retries). What its run writes later,
-        if it ever returns, finds the row no longer running and changes nothing."""
+        ``error``, written at once (the framework never retries), and ``task_finished`` sent
+        once it is. What its run writes later, if it ever returns, finds the row no longer
+        running and changes nothing."""
+        from . import backends
+
         self._broken_off_span(job, error)
-        error_class = f"{type(error).__module__}.{type(error).__qualname__}"
+        run = backends.ended_from_outside(row, error)
         finish = Finish.failed(job, now=self.clock(), error=storable(str(error)))
-        finish = replace(finish, result=TaskResultColumns(None, error_class, ""))
+        finish = replace(finish, result=TaskResultColumns(None, run.error_class, run.traceback))
         [outcome] = self.report_all(
-            self.record([Ended(job, finish, _since(started), error.as_fields())])
+            self.record([Ended(job, finish, _since(started), error.as_fields(), run=run)])
         )
         return outcome
 

@@ -475,6 +475,20 @@ def run_task(job: StartedTask) -> TaskRun:
     return run
 
 
+def ended_from_outside(job: StartedTask, error: BaseException) -> TaskRun:
+    """The run of ``job`` its worker ended (a timeout, its process's death) with ``error``: what
+    ``finished`` tells ``task_finished`` of, once the failure is written. Its result is made
+    again here, the one its run made being another thread's or process's."""
+    cls = type(error)
+    run = TaskRun(job, error=error, error_class=f"{cls.__module__}.{cls.__qualname__}")
+    run.traceback = bounded(str(error))
+    with contextlib.suppress(Exception):  # Not loadable (its run failed so): nothing to tell.
+        run.backend = backend_class(job.backend)
+        run.task = load_task(job.name)
+        run.result = result_of(job, run.task, job.backend)
+    return run
+
+
 def finished(run: TaskRun, *, now: Any) -> None:
     """Send ``task_finished`` with the result as recorded (status, value or error): the one
     its run started with, brought up to date in place as the framework's ``refresh`` does."""
@@ -507,6 +521,7 @@ __all__ = [
     "RelayedTaskHandle",
     "TaskRun",
     "django_task_handle",
+    "ended_from_outside",
     "finished",
     "load_task",
     "result_of",

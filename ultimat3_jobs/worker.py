@@ -107,6 +107,8 @@ class _Slot:
     thread: threading.Thread = field(init=False)
     child: Child | None = None
     job: ClaimedJob | None = None
+    #: The job's started row, for a Django Task: a timeout ends its run and tells of it.
+    row: StartedTask | None = None
     started: float = 0.0
     deadline: float = 0.0
     abandoned: bool = False
@@ -366,6 +368,7 @@ class Worker:
             # The dispatcher watches the deadline: this thread may never come back from the job.
             with self._lock:
                 slot.job, slot.started = job, time.monotonic()
+                slot.row = None if started is True else started
                 slot.deadline = slot.started + timeout
                 self._timed.add(slot)
                 sooner = slot.deadline < self._next_deadline
@@ -410,7 +413,7 @@ class Worker:
                 code=error.code,
             )
             if row is not None:
-                self.attempts.end_task(job, error, begun)
+                self.attempts.end_task(job, row, error, begun)
                 self.life.wake.set()
             else:
                 self._hand_in(self.attempts.broken_off(job, error, begun))
@@ -450,17 +453,18 @@ class Worker:
         """End the thread pool's jobs past their timeout (the dispatcher's part); seconds until
         the next deadline (``inf``: none)."""
         now = time.monotonic()
-        expired: list[tuple[_Slot, ClaimedJob, float, float]] = []
+        expired: list[tuple[_Slot, ClaimedJob, StartedTask | None, float, float]] = []
         with self._lock:
             for slot in list(self._timed):
                 if slot.deadline <= now and slot.job is not None:
-                    expired.append((slot, slot.job, slot.started, slot.deadline - slot.started))
+                    timeout = slot.deadline - slot.started
+                    expired.append((slot, slot.job, slot.row, slot.started, timeout))
                     slot.abandoned = True
                     self._timed.discard(slot)
                     self._in_flight.pop(slot.job.id, None)
             nearest = min((slot.deadline for slot in self._timed), default=float("inf"))
             self._next_deadline = nearest
-        for slot, job, begun, timeout in expired:
+        for slot, job, row, begun, timeout in expired:
             # The stuck thread cannot be killed: it is left to itself, a fresh one takes its slot.
             self._stuck = [thread for thread in self._stuck if thread.is_alive()]
             self._stuck.append(slot.thread)
@@ -477,9 +481,9 @@ class Worker:
                 max_stuck=self.max_abandoned_threads,
             )
             error = timed_out(timeout)
-            if job.backend:
+            if row is not None:
                 try:
-                    self.attempts.end_task(job, error, begun)
+                    self.attempts.end_task(job, row, error, begun)
                 except DATABASE_ERRORS as failure:
                     self._let_go(job, failure, ran=True)
             else:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from django.db import DataError, OperationalError, connection, connections
 from django_tasks import TaskResultStatus
+from django_tasks.signals import task_finished
 
 from testproject.demo import background
 from testproject.demo.models import Ping
@@ -520,6 +521,13 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
     settings: Any,
 ) -> None:
     settings.ULTIMAT3_JOBS = {"JOB_TIMEOUT": 1}  # Its setting_changed clears the settings.
+    told: list[tuple[str, str, list[str]]] = []
+
+    def receive(*, task_result: Any, **kwargs: Any) -> None:
+        paths = [error.exception_class_path for error in task_result.errors]
+        told.append((task_result.id, str(task_result.status), paths))
+
+    task_finished.connect(receive, weak=False)
     result = background.nap.enqueue(3)
     after = background.add.enqueue(1, 1)
     worker, _ = _worker(burst=False)
@@ -543,6 +551,10 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
     assert "jobs.job.timeout" in Job.objects.get(pk=int(result.id)).last_error
     after.refresh()  # The slot ran the next one.
     assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+    task_finished.disconnect(receive)
+    # Its task_finished was sent too, as for a task that raised: its receivers hear of it.
+    assert (result.id, "FAILED", ["ultimat3_jobs.errors.JobTimeoutError"]) in told
+    assert (after.id, "SUCCESSFUL", []) in told
 
 
 def _terminated_while_idle() -> None:

@@ -30,9 +30,16 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
-from .errors import TaskBackendError
+from .errors import InvalidJobInputError, TaskBackendError
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
-from .inputs import NAME_LIMIT, QUEUE_LIMIT, check_arguments, check_result, unstorable_result
+from .inputs import (
+    MAX_INPUT_DEPTH,
+    NAME_LIMIT,
+    QUEUE_LIMIT,
+    check_arguments,
+    check_result,
+    unstorable_result,
+)
 from .outbox import TASKS
 from .retries import bounded, format_error
 from .tasks_compat import (
@@ -123,7 +130,14 @@ class JobsBackend(BaseTaskBackend):
         outside one): a rolled-back enqueue announces nothing.
         """
         self.validate_task(task)
-        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        try:
+            args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        except RecursionError:
+            # The framework's walk recurses: nesting this deep is past what a row keeps anyway.
+            raise InvalidJobInputError(
+                f"the arguments of {task.module_path} nest too deep for a job row",
+                fix=f"pass ids and small values, nested at most {MAX_INPUT_DEPTH} levels",
+            ) from None
         check_arguments(task.module_path, args, kwargs)
         job = self.store.enqueue_task(django_task_handle(task), args, kwargs, run_at=task.run_after)
         result = result_of(job, task, self.alias)
@@ -273,7 +287,9 @@ class DjangoTaskHandle(JobHandle):
             task.func, name=task.module_path, key=None, max_attempts=1, queue=task.queue_name
         )
         self.task = task
-        self.priority = task.priority
+        # The framework lets a bool or a whole float through its range check; the column is
+        # an integer, which a bool is not to the database.
+        self.priority = int(task.priority)
         self.backend = task.backend
         if task.takes_context:
             # The worker passes the context first; entries name the other arguments.
@@ -466,6 +482,8 @@ def run_task(job: StartedTask) -> TaskRun:
             value = normalize_json(value)
         except (TypeError, ValueError) as error:
             raise unstorable_result(job.name, f"is not JSON: {error}") from error
+        except RecursionError:
+            raise unstorable_result(job.name, "nests too deep for a job row") from None
         run.return_value = check_result(job.name, value)
     except BaseException as error:
         run.error = error

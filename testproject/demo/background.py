@@ -97,6 +97,15 @@ def not_json(label: str) -> dict[str, object]:
 
 
 @task()
+def nested(levels: int) -> list[object]:
+    """Return a list nested ``levels`` deep: past Python's recursion limit, no row keeps it."""
+    value: list[object] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@task()
 def nap(seconds: float) -> None:
     """Sleeps: past ``JOB_TIMEOUT``, the worker ends it failed."""
     time.sleep(seconds)

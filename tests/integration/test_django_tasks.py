@@ -573,6 +573,11 @@ def test_enqueue__arguments_a_row_cannot_hold_are_refused_and_the_transaction_go
             background.record.enqueue(label="bad\x00")
         with pytest.raises(InvalidJobInputError, match="surrogate"):
             background.echo.enqueue(["\ud800"])
+        deep: list[object] = []
+        for _ in range(5_000):  # Past Python's recursion limit: the framework's walk recurses.
+            deep = [deep]
+        with pytest.raises(InvalidJobInputError, match="nest too deep"):
+            background.echo.enqueue(deep)
         Ping.objects.create(label="after")  # The caller's transaction is still usable.
     assert list(Ping.objects.order_by("pk").values_list("label", flat=True)) == ["before", "after"]
     assert not Job.objects.exists()
@@ -616,3 +621,28 @@ def test_run_now_and_round__announce_their_django_tasks_only_once_committed(
         assert signals == []
     [entry] = run.created
     assert signals == [("enqueued", str(entry.result.job_id), "READY")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_return_value_nested_past_the_recursion_limit_ends_failed_as_unstorable() -> None:
+    result = background.nested.enqueue(5_000)
+    fine = background.nested.enqueue(3)
+
+    burst()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.ResultUnstorableError"
+    assert "nests too deep" in error.traceback
+    fine.refresh()
+    assert (fine.status, fine.return_value) == (TaskResultStatus.SUCCESSFUL, [[[[]]]])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__a_bool_or_whole_float_priority_is_stored_as_the_integer_it_is() -> None:
+    # The framework's range check lets both through; the column is an integer.
+    high = background.add.using(priority=True).enqueue(1, 1)
+    five = background.add.using(priority=5.0).enqueue(1, 1)  # type: ignore[arg-type]
+    rows = dict(Job.objects.values_list("pk", "priority"))
+    assert (rows[int(high.id)], rows[int(five.id)]) == (1, 5)

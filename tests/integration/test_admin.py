@@ -1029,6 +1029,16 @@ def test_job_actions__on_a_list_filtered_by_the_status_report_what_they_did(
     assert _messages(response) == [(constants.SUCCESS, said)]
 
 
+def test_job_search__finds_an_input_by_its_non_ascii_text(runner: User) -> None:
+    # On SQLite the input is kept as JSON text with "ü" written "\u00fc".
+    munich = _job("munich", input={"label": "München"})
+    _job("paris", input={"label": "Paris"})
+
+    found = logged_in(runner).get(JOBS_URL, {"q": "München"}).context["cl"].result_list
+
+    assert [job.pk for job in found] == [munich.pk]
+
+
 def test_job_actions__need_change_permission(viewer: User) -> None:
     failed = _job("f", JobStatus.FAILED)
     queued = _job("q")

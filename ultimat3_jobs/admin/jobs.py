@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import AdminSite
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -235,6 +236,17 @@ class JobAdmin(GuardedDelete):
         # "change" gates the list's actions; a job's own page stays read-only, because saving
         # it would write back every column as loaded over what a worker wrote meanwhile.
         return obj is None and super().has_change_permission(request, obj)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term and not term.isascii() and connections[queryset.db].vendor == "sqlite":
+            # SQLite keeps an input as Django's JSON text, non-ASCII escaped ("\u00fc"): the
+            # term as it is there finds it too.
+            found |= queryset.filter(input__icontains=json.dumps(term)[1:-1])
+        return found, duplicates
 
     def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         # Only a finished job may be deleted (it frees its key, as pruning does). A queued one

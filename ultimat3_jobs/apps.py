@@ -1,9 +1,12 @@
+import os
 import sys
+import traceback
 
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
 from .collector import paused
+from .errors import UltimateError
 
 
 class Ultimat3JobsConfig(AppConfig):
@@ -35,7 +38,11 @@ class Ultimat3JobsConfig(AppConfig):
 
         # Every installed app's tasks.py, as the admin discovers admin.py: a bad declaration
         # fails here, at startup, rather than at the first round.
-        discover_tasks()
+        try:
+            discover_tasks()
+        except UltimateError as error:
+            _exit_on_the_command_line(error)
+            raise
         if "celery" in sys.modules:
             # The project runs Celery (its app module is imported first, as Celery's Django
             # layout has it): mark plain Celery tasks' outbox rows done when they finish.
@@ -47,3 +54,24 @@ def discover_tasks() -> None:
     (``collector.paused``): what the declarations make lives as long as the process."""
     with paused():
         autodiscover_modules("tasks")
+
+
+#: How Django's command line is run: ``manage.py``, ``django-admin``, ``python -m django``.
+_COMMAND_LINE = frozenset({"manage.py", "django-admin", "django-admin.py", "__main__.py"})
+
+
+def _exit_on_the_command_line(error: UltimateError) -> None:
+    """A declaration's error as a management command's (its message, code and fix, where it
+    is, exit status 1), not a traceback through Django's setup; ``--traceback`` keeps that.
+    Returns in any other process (a web server, a test run), for the caller to raise it."""
+    argv = sys.argv
+    if len(argv) < 2 or os.path.basename(argv[0]) not in _COMMAND_LINE or "--traceback" in argv:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    where = ""
+    for frame, line in traceback.walk_tb(error.__traceback__):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(here + os.sep) and "importlib" not in path:
+            where = f" ({path}, line {line})"
+    sys.stderr.write(f"{error.message}{where} [{error.code}]\nfix: {error.fix}\n")
+    raise SystemExit(1)

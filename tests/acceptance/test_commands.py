@@ -214,3 +214,31 @@ def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
     [draining] = process.named(f"jobs.{role}.draining")
     assert draining["reason"] == "SIGTERM"
     assert process.named(f"jobs.{role}.stopped")
+
+
+@pytest.mark.parametrize(
+    "argv", [["check"], ["run_scheduler", "--once"], ["run_worker", "--burst"]]
+)
+def test_a_bad_declaration__stops_each_command_with_its_code_fix_and_place_not_a_traceback(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    env = _project(
+        tmp_path,
+        "",
+        "from ultimat3_jobs import task\n\n\n"
+        '@task(cron="0 3 * * *", tz="Europe/Nowhere", name="probed.lost")\n'
+        "def lost(occurrence):\n"
+        "    return []\n",
+    )
+
+    result = run(*argv, **env)
+    shown = run(*argv, "--traceback", **env)
+
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "[jobs.task.tz-invalid]" in result.stderr
+    assert f"{tmp_path / 'probed' / 'tasks.py'}, line 4" in result.stderr
+    assert "\nfix: " in result.stderr
+    # Asked for, the traceback is there as before.
+    assert shown.returncode == 1
+    assert "Traceback" in shown.stderr

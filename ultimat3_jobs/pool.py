@@ -161,6 +161,15 @@ class Child:
         any thread; the child is ended by the thread that started it."""
         self._cancelled.set()
 
+    def end_now(self) -> None:
+        """SIGKILL the child from any thread: the worker leaves without its job (its drain
+        grace ran out). The thread that runs it finds it dead, and reaps it."""
+        process = self._process
+        pid = None if process is None else process.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def _ready(self, conn: Connection) -> bool:
         deadline = time.monotonic() + READY_WITHIN
         try:

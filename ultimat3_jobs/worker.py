@@ -208,6 +208,9 @@ class Worker:
         #: Jobs claimed since ``run()`` started (those given back unrun are taken off).
         self.claimed = 0
         self._abandoned = threading.Event()
+        #: The drain gave up and the process pool's children were killed: their threads
+        #: leave without a word, their jobs given back already.
+        self._leaving = threading.Event()
         #: Runs the attempts, writes and reports how they ended.
         self.attempts = Attempts(
             store=self.store,
@@ -402,6 +405,8 @@ class Worker:
         except ChildTimedOut:
             error = timed_out(timeout or 0.0)
         except ChildDied as death:
+            if self._leaving.is_set():
+                return  # Killed by the worker on its way out: its job was given back.
             error = died(death.exit_code)
         if error is not None:
             emit(
@@ -562,6 +567,7 @@ class Worker:
             self.exit_code = None
             self.claimed = 0
             self._abandoned.clear()
+            self._leaving.clear()
             self._gave_up = self._crashed = False
 
     def stop(self, reason: str = "stop", *, wait: bool = True) -> None:
@@ -950,6 +956,15 @@ class Worker:
         for _ in self._threads:
             self._inbox.put(None)
         if clean:
+            self.join(timeout=5)
+        elif any(slot.child is not None for slot in self._slots):
+            # The children still run jobs that went back to the queue: end them and let their
+            # threads reap them now, not the interpreter's exit, which would find the threads
+            # still replacing them.
+            self._leaving.set()
+            for slot in self._slots:
+                if slot.child is not None:
+                    slot.child.end_now()
             self.join(timeout=5)
         if self._listener is not None:
             self._listener.stop()

@@ -233,3 +233,34 @@ def test_thread_pool__too_many_abandoned_threads__the_worker_drains_and_exits_0(
     assert (stopped["reason"], stopped["exit_code"]) == ("abandoned-threads", 0)
     (recycling,) = worker.named("jobs.worker.recycling")
     assert recycling["stuck"] == 2
+
+
+def test_a_process_pool_drain_that_runs_out_of_grace__ends_its_children_before_its_last_line(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = start_worker(
+        tmp_path, processes, "worker", "--concurrency", "2", "--pool", "process",
+        "--drain-grace", "0.5",
+    )  # fmt: skip
+    node_of(worker)
+    started = [tmp_path / f"started-{n}" for n in range(2)]
+    jobs = [
+        hang.enqueue({"label": f"held-{n}", "seconds": 30, "started": str(path)}).job_id
+        for n, path in enumerate(started)
+    ]
+    wait_for(lambda: all(path.exists() for path in started), 30, "both jobs to start")
+
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(30) == 1
+    log = worker.log_path.read_text(errors="replace")
+    events = [event["event"] for event in worker.events()]
+    assert "jobs.worker.drain-timeout" in events
+    assert events[-1] == "jobs.worker.stopped", events[events.index("jobs.worker.drain-timeout") :]
+    assert "Exception ignored" not in log
+    assert "process object is closed" not in log
+    for job_id in jobs:  # One attempt each: given back failed, saying why.
+        row = job_row(job_id)
+        assert row.status == JobStatus.FAILED
+        assert "stopped before this attempt finished" in row.last_error
+    assert not Ping.objects.filter(label__startswith="held-").exists()

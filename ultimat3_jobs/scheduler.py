@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
+import sys
 import threading
 import time
 import typing
@@ -17,12 +18,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import FrameType
 from typing import Any
 
 from . import clock as default_clock
 from . import collector, instruments, tracing
 from .catchup import Decision
 from .checkins import CheckIns
+from .conf import get_settings
 from .db import Ahead, OwnLockWaits, instant_texts
 from .errors import RoundLockWaitError
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
@@ -171,6 +174,8 @@ class Scheduler:
         self._round: Future[Report] | None = None
         self._stopping: Future[None] | None = None
         self._thread: threading.Thread | None = None
+        #: Set once a run stops: its round watch ends (``_watch``).
+        self._unwatched = threading.Event()
         # Next due instant per task, the tasks due at each instant, and a heap of those
         # instants: a round with nothing due pops nothing and touches no task, and tasks that
         # share a schedule share one instant (one heap entry rather than a tuple per task, each
@@ -687,6 +692,7 @@ class Scheduler:
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         self._thread = threading.Thread(target=self._loop, name="ultimat3-scheduler", daemon=True)
         self._thread.start()
+        self._watch()
 
     def run_once(self) -> Report:
         """One round as a whole life: start, tick, stop. For ``run_scheduler --once``.
@@ -696,6 +702,7 @@ class Scheduler:
         """
         self.life.hook(self.stop)
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
+        self._watch()
         try:
             return self.tick()
         finally:
@@ -729,6 +736,46 @@ class Scheduler:
                 rest = time.monotonic() - began
                 gap = min(gap, max(self._until_next_due(), rest))
             self.life.rest(gap)
+
+    def _watch(self) -> None:
+        """Watch the rounds of this run for a task function that holds one (``_watch_rounds``)."""
+        self._unwatched = threading.Event()
+        threading.Thread(
+            target=self._watch_rounds,
+            args=(self._unwatched, get_settings().stale_round_warning.total_seconds()),
+            name="ultimat3-round-watch",
+            daemon=True,
+        ).start()
+
+    def _watch_rounds(self, unwatched: threading.Event, slow_after: float) -> None:
+        """Name the task whose function holds a round ``slow_after`` seconds or more, once a
+        round. A task's function runs inside the round, which nothing can interrupt: while it
+        hangs, no task fires and a drain waits. Read from the round's stack, so the round
+        itself pays nothing for it."""
+        told: set[tuple[float, str]] = set()
+        while not unwatched.wait(min(WATCH_EVERY, slow_after / 2)):
+            began = self.round_began
+            if self._round is None or began is None:
+                continue
+            held = time.monotonic() - began
+            if held < slow_after:
+                continue
+            for name in _tasks_being_called():
+                if (began, name) in told:
+                    continue
+                told.add((began, name))
+                emit(
+                    logger,
+                    "jobs.scheduler.task-slow",
+                    logging.WARNING,
+                    task=name,
+                    round_s=round(held, 1),
+                    draining=self.life.status == "draining",
+                    fix=f'make the function of task "{name}" return promptly (return the slow '
+                    "work as a job's entry): it runs inside the round, which holds the "
+                    "leadership, so no other task fires and a drain waits until it returns; "
+                    "py-spy dump --pid <this process> shows where it waits",
+                )
 
     def _until_next_due(self) -> float:
         """Seconds until the earliest occurrence this leader owes; a follower has none.
@@ -791,11 +838,34 @@ class Scheduler:
             if self.checkins is not None:
                 self.checkins.close()
             emit(logger, "jobs.scheduler.stopped", reason=reason)
+            self._unwatched.set()
             self.life.end()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until stopped; True if it is."""
         return self.life.wait(timeout)
+
+
+#: Seconds between two looks at a round in flight for a task function that holds it.
+WATCH_EVERY = 1.0
+
+
+def _tasks_being_called() -> list[str]:
+    """The tasks whose function some thread is in now (the round's, or its planning's)."""
+    names = []
+    for frame in sys._current_frames().values():
+        at: FrameType | None = frame
+        while at is not None:
+            if at.f_code is _ENTRIES:
+                handle = at.f_locals.get("self")
+                if isinstance(handle, TaskHandle):
+                    names.append(handle.name)
+                break
+            at = at.f_back
+    return names
+
+
+_ENTRIES = TaskHandle.entries.__code__
 
 
 def _waited_on_round(task: str, cause: Exception | None) -> RoundLockWaitError:

@@ -285,3 +285,36 @@ def test_scheduler__killed_while_copying_new_task_rows__none_stay_and_the_next_s
     close_old_connections()
     assert mine.count() == 1500
     assert {tuple(jobs) for jobs in mine.values_list("jobs", flat=True)} == {("acceptance.mark",)}
+
+
+def test_scheduler__a_task_function_that_holds_its_round_is_named_while_it_does(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    # Nothing can interrupt a task's function: the round waits for it, and so does a drain.
+    # What the scheduler can do is say which task holds it, past STALE_ROUND_WARNING.
+    marker = tmp_path / "rounds.txt"
+    marker.touch()
+    node = spawn(
+        tmp_path,
+        "slow",
+        "run_scheduler",
+        "--leader",
+        "advisory",
+        settings_overrides={**FAST, "STALE_ROUND_WARNING": 2},
+        env={"ULTIMAT3_ACCEPTANCE_SLOW": "30", "ULTIMAT3_ACCEPTANCE_MARKER": str(marker)},
+    )
+    processes.append(node)
+    wait_for(lambda: marker.read_text().strip(), 30, "a slow round to begin", step=0.05)
+
+    [slow] = wait_for(lambda: node.named("jobs.scheduler.task-slow"), 10, "the task named")
+    node.signal(signal.SIGTERM)
+    wait_for(lambda: node.named("jobs.scheduler.draining"), 10, "the drain to begin", step=0.05)
+
+    assert slow["task"] == "acceptance.slow"
+    assert slow["round_s"] >= 2
+    assert slow["draining"] is False
+    assert 'make the function of task "acceptance.slow" return promptly' in slow["fix"]
+    time.sleep(3)
+    assert len(node.named("jobs.scheduler.task-slow")) == 1  # once a round
+    node.signal(signal.SIGTERM)
+    assert node.wait(10) == 1

@@ -704,7 +704,11 @@ class Scheduler:
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         self._watch()
         try:
-            return self.tick()
+            report = self.tick()
+            if not self.is_leader:
+                # Exit 0 all the same: another node leads and dispatches, as it should.
+                emit(logger, "jobs.scheduler.not-leader", leader=self.leader.name)
+            return report
         finally:
             self.stop("once")
 

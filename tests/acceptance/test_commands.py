@@ -242,3 +242,21 @@ def test_a_bad_declaration__stops_each_command_with_its_code_fix_and_place_not_a
     # Asked for, the traceback is there as before.
     assert shown.returncode == 1
     assert "Traceback" in shown.stderr
+
+
+@pytest.mark.postgres
+def test_run_scheduler_once__on_a_node_that_does_not_lead_says_so_and_exits_0() -> None:
+    import psycopg
+
+    from ultimat3_jobs.conf import get_settings
+
+    url = process_database_url().replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(url, autocommit=True) as leader:
+        leader.execute("SELECT pg_advisory_lock(%s)", [get_settings().advisory_lock_key])
+        result = run("run_scheduler", "--once", "--leader", "advisory", "--log-format", "json")
+
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    [said] = [event for event in events if event["event"] == "jobs.scheduler.not-leader"]
+    assert said["leader"] == "advisory"
+    assert not [event for event in events if event["event"] == "jobs.scheduler.dispatched"]

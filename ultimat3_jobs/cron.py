@@ -213,7 +213,15 @@ class _WallMatcher:
             # half a unit before keeps the answer exact far from 1970.
             since = start - self.unit / 2
             with self._lock:
-                found: datetime = min(w.get_next(datetime, start_time=since) for w in self._walkers)
+                try:
+                    found: datetime = min(
+                        w.get_next(datetime, start_time=since) for w in self._walkers
+                    )
+                except ValueError as error:
+                    if since.year < date.max.year:
+                        raise
+                    # Its walk went past the calendar's end: the callers end there.
+                    raise OverflowError("no later date in the calendar") from error
             return found
         day = start.date()
         if self._day_matches(day):
@@ -248,6 +256,9 @@ class _WallMatcher:
             i = bisect_left(self._months, day.month)
             if i < len(self._months):
                 day = date(day.year, self._months[i], 1)
+            elif day.year == date.max.year:
+                # ``day += _DAY`` past the calendar raises this too: the callers end there.
+                raise OverflowError("no later date in the calendar")
             else:
                 day = date(day.year + 1, self._months[0], 1)
         # parse() refuses expressions that never match, so this is a broken invariant.
@@ -390,7 +401,10 @@ def _validate(
                 + spec.fix,
                 cause=token,
             )
-    fields = [_one_value_ranges(token) for token in fields]
+    fields = [
+        _wrapped_steps(_one_value_ranges(token), spec)
+        for spec, token in zip(specs, fields, strict=True)
+    ]
     try:
         expanded, _nth = croniter.expand(" ".join(fields), second_at_beginning=has_seconds)
     except CroniterError as exc:
@@ -443,6 +457,47 @@ def _one_value_ranges(token: str) -> str:
         )
         if same:
             items[i] = low
+    return ",".join(items)
+
+
+_STEPPED_RANGE: Final = re.compile(r"([0-9]+|[A-Za-z]+)-([0-9]+|[A-Za-z]+)/([0-9]+)")
+#: Cron's names for months and days of the week (English, whatever the locale).
+_NAMED: Final = {
+    "month": {
+        name: n
+        for n, name in enumerate(
+            ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+            start=1,
+        )
+    },
+    "day-of-week": {
+        name: n for n, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))
+    },
+}
+
+
+def _wrapped_steps(token: str, spec: _Field) -> str:
+    """``token`` with each reversed range that has a step ("23-1/2", "SAT-TUE/2") written as
+    the values it stands for: the range wraps past the field's end ("23-1" is 23, 0, 1) and the
+    step takes every n-th of those (23 and 1). Croniter counts the step wrongly after the wrap
+    ("20-3/3" as 20, 23, 3 rather than 20, 23, 2)."""
+    names = _NAMED.get(spec.name, {})
+    high = 6 if spec.name == "day-of-week" else spec.high  # 7 is Sunday again, not a day
+    items = token.split(",")
+    for i, item in enumerate(items):
+        match = _STEPPED_RANGE.fullmatch(item)
+        if match is None or not int(match.group(3)):
+            continue  # Not such a range; a step of 0 is refused with the rest.
+        ends = [int(end) if end.isdigit() else names.get(end.lower()) for end in match.group(1, 2)]
+        low, top = ends
+        if low is None or top is None or low <= top or not spec.low <= top <= low <= spec.high:
+            continue  # In order, or out of range: croniter reads it, or refuses it, as it is.
+        if spec.name == "day-of-week":
+            low %= 7
+            if low <= top:
+                continue
+        cycle = [*range(low, high + 1), *range(spec.low, top + 1)]
+        items[i] = ",".join(str(value) for value in cycle[:: int(match.group(3))])
     return ",".join(items)
 
 
@@ -686,7 +741,7 @@ def _zone(tz: str | ZoneInfo) -> ZoneInfo:
         return tz
     if isinstance(tz, str):
         # As a declaration reads it: a zone of the IANA database, never a host's file.
-        return resolve_zone(tz, "next_occurrence")
+        return resolve_zone(tz, "", given_to="next_occurrence()")
     raise TypeError(f"tz must be an IANA zone name or a ZoneInfo, got {type(tz).__name__}")
 
 

@@ -29,18 +29,23 @@ def _zone_names() -> frozenset[str]:
     return names - NOT_ZONES
 
 
-def resolve_zone(tz: object, owner: str) -> zoneinfo.ZoneInfo:
-    """The IANA zone ``tz`` names, or an error whose fix names real zone ids."""
+def resolve_zone(tz: object, owner: str, *, given_to: str | None = None) -> zoneinfo.ZoneInfo:
+    """The IANA zone ``tz`` names, or an error whose fix names real zone ids. The error speaks
+    of task ``owner``, or of the function or flag ``given_to`` where it is not a task's."""
+    has = f'task "{owner}" has' if given_to is None else f"{given_to} was given"
     if tz is None or tz == "":
         raise MissingTimezoneError(
-            f'task "{owner}" has no tz: a cron without a timezone is a bug waiting for March',
-            fix=f'add tz to @task for "{owner}", e.g. tz="UTC" or tz="Europe/Paris" '
+            f"{has} no tz: a cron without a timezone is a bug waiting for March",
+            fix=(f'add tz to @task for "{owner}"' if given_to is None else "pass a zone")
+            + ', e.g. tz="UTC" or tz="Europe/Paris" '
             "(an unzoned cron drifts by an hour at every DST change)",
         )
     if not isinstance(tz, str):
         raise InvalidTimezoneError(
-            f'task "{owner}" has tz {tz!r}, not an IANA zone name',
-            fix=f'pass the zone id as a string on "{owner}", e.g. tz="America/Bogota"',
+            f"{has} tz {tz!r}, not an IANA zone name",
+            fix="pass the zone id as a string"
+            + (f' on "{owner}"' if given_to is None else "")
+            + ', e.g. tz="America/Bogota"',
             cause=tz,
         )
     if tz in _zone_names():
@@ -51,7 +56,7 @@ def resolve_zone(tz: object, owner: str) -> zoneinfo.ZoneInfo:
     suffix = [name for name in sorted(zones) if name.endswith("/" + tz)]
     found = [name for name in dict.fromkeys(same + suffix + close) if name in zones]
     examples = found[:3] or ["UTC", "America/Bogota", "Europe/Paris"]
-    message = f'task "{owner}" has tz "{tz}", which is not a zone in the IANA tz database'
+    message = f'{has} tz "{tz}", which is not a zone in the IANA tz database'
     if tz in NOT_ZONES:
         message += (
             ": it is a file of the host's zone directory, so the schedule would follow "

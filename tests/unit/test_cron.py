@@ -5,6 +5,7 @@ DST behaviour lives in ``test_cron_dst.py``; random expressions in ``test_cron_p
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime, timedelta, timezone
 from itertools import islice
 from zoneinfo import ZoneInfo
@@ -677,6 +678,33 @@ def test_next_occurrence__a_range_with_equal_ends_is_that_one_value(expr: str, p
     assert parse(expr).wall_clock == parse(plain).wall_clock
 
 
+@pytest.mark.parametrize(
+    ("expr", "plain"),
+    [
+        pytest.param("0 20-3/3 * * *", "0 20,23,2 * * *", id="hours"),
+        pytest.param("0 23-1/2 * * *", "0 23,1 * * *", id="hours_one_past_midnight"),
+        pytest.param("0 17-16/5 * * *", "0 17,22,3,8,13 * * *", id="hours_round_the_clock"),
+        pytest.param("50-10/7 0 * * *", "50,57,4 0 * * *", id="minutes"),
+        pytest.param("0 0 * * SAT-TUE/2", "0 0 * * 6,1", id="day_names"),
+        pytest.param("0 0 * * 5-1/2", "0 0 * * 5,0", id="day_numbers"),
+        pytest.param("0 0 1 NOV-feb/2 *", "0 0 1 11,1 *", id="month_names"),
+        pytest.param("0 0 30-2/2 * *", "0 0 30,1 * *", id="days_of_month"),
+        pytest.param("50-5/10,30 * * * * *", "50,0,30 * * * * *", id="seconds_in_a_list"),
+        pytest.param("0 22-2/2 * * *", "0 22,0,2 * * *", id="even_steps"),
+        pytest.param("0 0 * * 7-2/2", "0 0 * * 0,2", id="sunday_as_7_is_not_reversed"),
+    ],
+)
+def test_next_occurrence__a_reversed_range_with_a_step_steps_through_the_wrap(
+    expr: str, plain: str
+) -> None:
+    # "23-1" is 23, 0 and 1; "/2" every second of those: 23 and 1 (croniter gave 23 alone).
+    after = utc("2026-01-01T00:00:00")
+    assert list(islice(occurrences(expr, "UTC", after), 12)) == list(
+        islice(occurrences(plain, "UTC", after), 12)
+    )
+    assert parse(expr).expr == expr  # shown as written
+
+
 @pytest.mark.parametrize("expr", ["0 ² * * *", "*/² * * * *", "1-² * * * *", "0 0 * * ²"])
 def test_parse__digits_that_are_not_ascii_are_refused_with_the_field(expr: str) -> None:
     with pytest.raises(InvalidCronError) as caught:
@@ -691,6 +719,9 @@ def test_next_occurrence__a_name_no_declaration_takes_is_refused_as_there(tz: st
         next_occurrence("0 3 * * *", tz, utc("2026-05-03T00:00:00"))
     assert caught.value.code in ("jobs.task.tz-invalid", "jobs.task.tz-missing")
     assert caught.value.fix
+    # The maths function is not a task: the error speaks of what it was given.
+    assert caught.value.message.startswith("next_occurrence() was given")
+    assert "@task" not in caught.value.fix
 
 
 def test_next_occurrence__bad_tz_type_is_refused() -> None:
@@ -839,3 +870,8 @@ def test_the_calendar_end__iterators_stop_and_next_occurrence_says_so() -> None:
         next_occurrence("0 0 * * *", "UTC", utc("9999-12-31T12:00:00"))
     with pytest.raises(ValueError, match="before the end of year 9999"):
         next_occurrence("0 0 * * *", "UTC", utc("9999-12-31T12:00:00"), dst_repeat="both")
+    # A yearly day the last year has passed: the same, whether croniter walks it ("L") or not.
+    for expr in ("0 0 1 1 *", "0 0 29 2 *", "0 0 L 2 *"):
+        assert list(occurrences(expr, "UTC", utc("9999-12-30T00:00:00"))) == []
+        with pytest.raises(ValueError, match=re.escape(f'cron "{expr}" has no occurrence after')):
+            next_occurrence(expr, "UTC", utc("9999-12-30T00:00:00"))

@@ -1,6 +1,7 @@
 import os
 import sys
 import traceback
+from types import FrameType
 
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
@@ -56,16 +57,15 @@ def discover_tasks() -> None:
         autodiscover_modules("tasks")
 
 
-#: How Django's command line is run: ``manage.py``, ``django-admin``, ``python -m django``.
-_COMMAND_LINE = frozenset({"manage.py", "django-admin", "django-admin.py", "__main__.py"})
-
-
 def _exit_on_the_command_line(error: UltimateError) -> None:
     """A declaration's error as a management command's (its message, code and fix, where it
     is, exit status 1), not a traceback through Django's setup; ``--traceback`` keeps that.
-    Returns in any other process (a web server, a test run), for the caller to raise it."""
+    Returns in any other process (a web server, a test run, ``runserver``'s reloader, which
+    shows the traceback and waits for the file to be fixed), for the caller to raise it."""
     argv = sys.argv
-    if len(argv) < 2 or os.path.basename(argv[0]) not in _COMMAND_LINE or "--traceback" in argv:
+    if "--traceback" in argv or not _in_management_utility():
+        return
+    if len(argv) > 1 and argv[1] == "runserver" and "--noreload" not in argv:
         return
     here = os.path.dirname(os.path.abspath(__file__))
     where = ""
@@ -75,3 +75,18 @@ def _exit_on_the_command_line(error: UltimateError) -> None:
             where = f" ({path}, line {line})"
     sys.stderr.write(f"{error.message}{where} [{error.code}]\nfix: {error.fix}\n")
     raise SystemExit(1)
+
+
+def _in_management_utility() -> bool:
+    """Whether Django's command line (``manage.py``, ``django-admin``, ``python -m django``) is
+    setting Django up: its ``ManagementUtility.execute`` is on the stack."""
+    management = sys.modules.get("django.core.management")
+    if management is None:
+        return False
+    execute = management.ManagementUtility.execute.__code__
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        if frame.f_code is execute:
+            return True
+        frame = frame.f_back
+    return False

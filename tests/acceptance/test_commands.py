@@ -244,6 +244,45 @@ def test_a_bad_declaration__stops_each_command_with_its_code_fix_and_place_not_a
     assert "Traceback" in shown.stderr
 
 
+def test_a_bad_declaration__is_raised_as_it_is_outside_a_command_and_kept_by_runserver(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    env = {
+        **os.environ,
+        "DATABASE_URL": process_database_url(),
+        **_project(
+            tmp_path,
+            "",
+            "from ultimat3_jobs import task\n\n\n"
+            '@task(cron="0 3 * * *", tz="Europe/Nowhere", name="probed.lost")\n'
+            "def lost(occurrence):\n"
+            "    return []\n",
+        ),
+    }
+    # A process of its own setting Django up (a web server's, a script's): the exception.
+    setup = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert setup.returncode == 1
+    assert "Traceback" in setup.stderr
+    assert "InvalidTimezoneError" in setup.stderr
+    # runserver's reloader shows the traceback and waits for the file to be fixed.
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "runserver", "127.0.0.1:0"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.wait(8)
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=30)
+    assert "InvalidTimezoneError" in errors
+
+
 @pytest.mark.postgres
 def test_run_scheduler_once__on_a_node_that_does_not_lead_says_so_and_exits_0() -> None:
     import psycopg

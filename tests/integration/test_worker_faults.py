@@ -638,6 +638,9 @@ POISONS = {
         "jsonb_build_object('label', (repeat('[', 5000) || repeat(']', 5000))::jsonb) "
         "WHERE id = %s"
     ),
+    "task_created_at_in_year_294270": (  # Past what a bigint of microseconds holds.
+        "UPDATE ultimat3_jobs_job SET created_at = '294270-06-01 00:00+00' WHERE id = %s"
+    ),
     "task_created_at_infinity": (
         "UPDATE ultimat3_jobs_job SET created_at = 'infinity' WHERE id = %s"
     ),

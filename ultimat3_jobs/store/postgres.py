@@ -547,7 +547,7 @@ def _claimed(row: Sequence[Any], instant: Callable[[int | None], datetime | None
     data, args = row[3], row[11]
     run_at = instant(row[7])
     if run_at is None:  # A NOT NULL column: NULL is an instant the claim could not send.
-        raise ValueError(f"run_at is not a finite instant ({row[7]!r})")
+        raise ValueError("run_at is not an instant of years 1 to 9999 in UTC")
     return ClaimedJob(
         row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
         row[4], row[5], row[6], run_at, row[8], row[9], row[10],
@@ -563,7 +563,7 @@ def _finite(
 ) -> datetime:
     found = instant(value)
     if found is None:
-        raise ValueError(f"{column} is not a finite instant")
+        raise ValueError(f"{column} is not an instant of years 1 to 9999 in UTC")
     return found
 
 

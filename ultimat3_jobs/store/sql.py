@@ -194,11 +194,13 @@ COPY_OCCURRENCES_TYPES = (
 
 # What a claim returns: ``CLAIMED_COLUMNS``, then started_at (NULL unless the claim marked the
 # row started); instants as microseconds since the epoch (see ``db.instants_from_microseconds``).
-# An infinite instant (written around the app) is NULL, never a cast the server refuses: that
-# would fail every claim, the rows behind it stuck.
+# An instant Python cannot hold (written around the app: infinite, before year 1 or after 9999
+# in UTC) is NULL, never a cast the server refuses past year 294,000: that would fail every
+# claim, the rows behind it stuck.
 _RETURNING = ", ".join(
     [
-        f"CASE WHEN isfinite(job.{column}) "
+        f"CASE WHEN job.{column} >= '0001-01-01 00:00+00' "
+        f"AND job.{column} < '10000-01-01 00:00+00' "
         f"THEN (extract(epoch FROM job.{column}) * 1000000)::bigint END"
         if column in ("run_at", "created_at", "started_at")
         else f"job.{column}"

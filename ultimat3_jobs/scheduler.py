@@ -688,11 +688,11 @@ class Scheduler:
         """Start the loop in a thread; only from a standstill."""
         if not self.life.begin():
             return
+        self._watch()  # Before the hook: a signal kept from the start stops what it started.
         self.life.hook(self.stop)
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         self._thread = threading.Thread(target=self._loop, name="ultimat3-scheduler", daemon=True)
         self._thread.start()
-        self._watch()
 
     def run_once(self) -> Report:
         """One round as a whole life: start, tick, stop. For ``run_scheduler --once``.
@@ -700,9 +700,9 @@ class Scheduler:
         SIGTERM/SIGINT drain it as they drain the loop: a round under way is finished and
         committed, one not begun is not.
         """
+        self._watch()
         self.life.hook(self.stop)
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
-        self._watch()
         try:
             report = self.tick()
             if not self.is_leader:
@@ -746,34 +746,37 @@ class Scheduler:
         self._unwatched = threading.Event()
         threading.Thread(
             target=self._watch_rounds,
-            args=(self._unwatched, get_settings().stale_round_warning.total_seconds()),
+            args=(self._unwatched, max(get_settings().stale_round_warning.total_seconds(), 1.0)),
             name="ultimat3-round-watch",
             daemon=True,
         ).start()
 
     def _watch_rounds(self, unwatched: threading.Event, slow_after: float) -> None:
-        """Name the task whose function holds a round ``slow_after`` seconds or more, once a
-        round. A task's function runs inside the round, which nothing can interrupt: while it
-        hangs, no task fires and a drain waits. Read from the round's stack, so the round
-        itself pays nothing for it."""
-        told: set[tuple[float, str]] = set()
-        while not unwatched.wait(min(WATCH_EVERY, slow_after / 2)):
-            began = self.round_began
-            if self._round is None or began is None:
+        """Name a task whose function has run ``slow_after`` seconds or more, once a call. A
+        task's function runs inside the round, which nothing can interrupt: while it hangs, no
+        task fires and a drain waits. Read from the threads' stacks while a round runs, once
+        a second, so the round itself pays nothing for it."""
+        first_seen: dict[int, float] = {}  # id of a call's frame -> when it was first seen
+        told: set[int] = set()
+        while not unwatched.wait(WATCH_EVERY):
+            if self._round is None:
+                first_seen.clear()
                 continue
-            held = time.monotonic() - began
-            if held < slow_after:
-                continue
-            for name in _tasks_being_called():
-                if (began, name) in told:
+            now = time.monotonic()
+            calls = _task_calls()
+            first_seen = {key: first_seen.get(key, now) for key in calls}
+            told &= first_seen.keys()
+            for key, name in calls.items():
+                held = now - first_seen[key]
+                if held < slow_after or key in told:
                     continue
-                told.add((began, name))
+                told.add(key)
                 emit(
                     logger,
                     "jobs.scheduler.task-slow",
                     logging.WARNING,
                     task=name,
-                    round_s=round(held, 1),
+                    running_s=round(held, 1),
                     draining=self.life.status == "draining",
                     fix=f'make the function of task "{name}" return promptly (return the slow '
                     "work as a job's entry): it runs inside the round, which holds the "
@@ -854,19 +857,20 @@ class Scheduler:
 WATCH_EVERY = 1.0
 
 
-def _tasks_being_called() -> list[str]:
-    """The tasks whose function some thread is in now (the round's, or its planning's)."""
-    names = []
+def _task_calls() -> dict[int, str]:
+    """The calls of task functions some thread is in now (the round's, or its planning's):
+    the id of each call's frame, which lives as long as the call, and its task's name."""
+    calls = {}
     for frame in sys._current_frames().values():
         at: FrameType | None = frame
         while at is not None:
             if at.f_code is _ENTRIES:
                 handle = at.f_locals.get("self")
                 if isinstance(handle, TaskHandle):
-                    names.append(handle.name)
+                    calls[id(at)] = handle.name
                 break
             at = at.f_back
-    return names
+    return calls
 
 
 _ENTRIES = TaskHandle.entries.__code__

@@ -163,12 +163,12 @@ class Child:
 
     def end_now(self) -> None:
         """SIGKILL the child from any thread: the worker leaves without its job (its drain
-        grace ran out). The thread that runs it finds it dead, and reaps it."""
+        grace ran out). The thread that runs it finds it dead, and reaps it; one it reaped
+        already (closed) is left alone, and a reaped child is never signalled again."""
         process = self._process
-        pid = None if process is None else process.pid
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if process is not None:
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                process.kill()
 
     def _ready(self, conn: Connection) -> bool:
         deadline = time.monotonic() + READY_WITHIN

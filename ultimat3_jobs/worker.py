@@ -932,6 +932,13 @@ class Worker:
         self._flush()
         with self._lock:
             left = sorted(self._in_flight)
+        if any(slot.child is not None for slot in self._slots):
+            # The children still run those jobs: ended before they go back, so another worker
+            # never claims one still running here. Their threads leave without a word.
+            self._leaving.set()
+            for slot in self._slots:
+                if slot.child is not None:
+                    slot.child.end_now()
         emit(
             logger,
             "jobs.worker.drain-timeout",
@@ -957,14 +964,9 @@ class Worker:
             self._inbox.put(None)
         if clean:
             self.join(timeout=5)
-        elif any(slot.child is not None for slot in self._slots):
-            # The children still run jobs that went back to the queue: end them and let their
-            # threads reap them now, not the interpreter's exit, which would find the threads
-            # still replacing them.
-            self._leaving.set()
-            for slot in self._slots:
-                if slot.child is not None:
-                    slot.child.end_now()
+        elif self._leaving.is_set():
+            # The threads reap the children ended in the drain now, not the interpreter's exit,
+            # which would find them still replacing them.
             self.join(timeout=5)
         if self._listener is not None:
             self._listener.stop()

@@ -1032,11 +1032,19 @@ def test_job_actions__on_a_list_filtered_by_the_status_report_what_they_did(
 def test_job_search__finds_an_input_by_its_non_ascii_text(runner: User) -> None:
     # On SQLite the input is kept as JSON text with "ü" written "\u00fc".
     munich = _job("munich", input={"label": "München"})
+    _job("munich-other", name="demo.other", input={"label": "München"})
     _job("paris", input={"label": "Paris"})
+    client = logged_in(runner)
 
-    found = logged_in(runner).get(JOBS_URL, {"q": "München"}).context["cl"].result_list
+    def found(q: str) -> list[str]:
+        listed = client.get(JOBS_URL, {"q": q}).context["cl"].result_list
+        return sorted(job.key for job in listed)
 
-    assert [job.pk for job in found] == [munich.pk]
+    assert found("München") == ["munich", "munich-other"]
+    assert found("MÜNCHEN") == ["munich", "munich-other"]
+    assert found('"München"') == ["munich", "munich-other"]  # the admin's quoted phrase
+    assert found("München demo.ping") == [munich.key]  # each word must match, as ever
+    assert found("Zürich") == []
 
 
 def test_job_actions__need_change_permission(viewer: User) -> None:

@@ -8,11 +8,12 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import AdminSite
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 
 from .. import clock
 from ..attempts import timeout_of
@@ -240,13 +241,22 @@ class JobAdmin(GuardedDelete):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        found, duplicates = super().get_search_results(request, queryset, search_term)
-        term = search_term.strip()
-        if term and not term.isascii() and connections[queryset.db].vendor == "sqlite":
-            # SQLite keeps an input as Django's JSON text, non-ASCII escaped ("\u00fc"): the
-            # term as it is there finds it too.
-            found |= queryset.filter(input__icontains=json.dumps(term)[1:-1])
-        return found, duplicates
+        if search_term.isascii() or connections[queryset.db].vendor != "sqlite":
+            return super().get_search_results(request, queryset, search_term)
+        # SQLite keeps an input as Django's JSON text, non-ASCII escaped ("\u00fc"): Django's
+        # search, each word also matched as that text writes it.
+        for word in smart_split(search_term):
+            if word[:1] in ('"', "'") and word[-1:] == word[0] and len(word) > 1:
+                word = unescape_string_literal(word)
+            found = Q()
+            for field in self.search_fields:
+                found |= Q(**{f"{field}__icontains": word})
+            if not word.isascii():
+                # SQLite's LIKE folds the case of ASCII letters only: each case of the others.
+                for form in {word, word.lower(), word.upper()}:
+                    found |= Q(input__icontains=json.dumps(form)[1:-1])
+            queryset = queryset.filter(found)
+        return queryset, False
 
     def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         # Only a finished job may be deleted (it frees its key, as pruning does). A queued one

@@ -201,6 +201,8 @@ class Scheduler:
         self.round_began: float | None = None
         self.round_ended: float | None = None
         self.round_failed = False
+        #: The election said no in a round of this run: another node leads (``--once``).
+        self.refused = False
 
     @property
     def status(self) -> RunStatus:
@@ -308,6 +310,7 @@ class Scheduler:
             raise
         if not held:
             self._concede()
+            self.refused = True
             self.state.heartbeat(is_leader=False, round_at=None, error=self.last_error)
             return NOTHING
         handles = self._handles()
@@ -704,8 +707,9 @@ class Scheduler:
         self.life.hook(self.stop)
         emit(logger, "jobs.scheduler.started", tasks=len(self.tasks()), leader=self.leader.name)
         try:
+            self.refused = False
             report = self.tick()
-            if not self.is_leader:
+            if self.refused:
                 # Exit 0 all the same: another node leads and dispatches, as it should.
                 emit(logger, "jobs.scheduler.not-leader", leader=self.leader.name)
             return report

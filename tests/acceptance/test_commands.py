@@ -214,6 +214,7 @@ def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
     [draining] = process.named(f"jobs.{role}.draining")
     assert draining["reason"] == "SIGTERM"
     assert process.named(f"jobs.{role}.stopped")
+    assert not process.named("jobs.scheduler.not-leader")  # it asked no election
 
 
 @pytest.mark.parametrize(

@@ -94,12 +94,13 @@ DATABASE_UNAVAILABLE_FIX = (
     "host; the loop backs off and retries by itself"
 )
 NOT_MIGRATED_FIX = "run: python manage.py migrate"
-DATABASE_TIMEOUT_FIX = (
+#: What to do about a cancelled statement; a loop retries it by itself, a command does not.
+TIMEOUT_FIX = (
     "a statement ran past the database's statement_timeout or lock_timeout (or was cancelled "
     "by pg_cancel_backend): raise those for this role (ALTER ROLE ... SET, or the options of "
-    "DATABASES / DATABASE_URL), or find what holds its locks in pg_stat_activity; the running "
-    "loops retry by themselves"
+    "DATABASES / DATABASE_URL), or find what holds its locks in pg_stat_activity"
 )
+DATABASE_TIMEOUT_FIX = f"{TIMEOUT_FIX}; the loop backs off and retries by itself"
 PREPARED_STATEMENT_LOST_FIX = (
     "a transaction-pooling PgBouncer older than 1.21 (or one with max_prepared_statements = 0) "
     "cannot keep prepared statements: remove prepare_threshold from the OPTIONS of DATABASES "

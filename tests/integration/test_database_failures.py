@@ -107,3 +107,23 @@ def test_failure_fields__a_statement_cancelled_by_an_operator_is_a_timeout_with_
     assert fields["code"] == "jobs.database-timeout"
     assert "pg_cancel_backend" in fields["fix"]
     assert "statement_timeout" in fields["fix"]
+
+
+def test_a_one_shot_command_stopped_by_a_statement_timeout_says_to_run_it_again() -> None:
+    from django.core.management import CommandError
+
+    from ultimat3_jobs.management.preflight import database_error
+
+    with pytest.raises(DatabaseError) as raised, connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 20")
+        try:
+            cursor.execute("SELECT pg_sleep(2)")
+        finally:
+            cursor.execute("RESET statement_timeout")
+
+    error = database_error("default", raised.value)
+
+    assert isinstance(error, CommandError)
+    assert "[jobs.database-timeout]" in str(error)
+    assert str(error).endswith("then run the command again")
+    assert "retries" not in str(error)

@@ -6,7 +6,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 
 from ultimat3_jobs.errors import UltimateError, UnknownDatabaseError
-from ultimat3_jobs.logs import NOT_MIGRATED_FIX, failure_fields
+from ultimat3_jobs.logs import NOT_MIGRATED_FIX, TIMEOUT_FIX, failure_fields
 from ultimat3_jobs.store import store_for
 
 
@@ -53,6 +53,8 @@ def database_error(using: str, error: BaseException) -> CommandError:
     fix = fields["fix"]
     if fields["code"] == "jobs.database-unavailable":
         fix = unavailable_fix(using)
+    elif fields["code"] == "jobs.database-timeout":
+        fix = f"{TIMEOUT_FIX}, then run the command again"
     return CommandError(
         f"the database {using!r} failed: {fields['error']} [{fields['code']}]\nfix: {fix}"
     )

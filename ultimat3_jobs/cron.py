@@ -402,7 +402,7 @@ def _validate(
                 cause=token,
             )
     fields = [
-        _wrapped_steps(_one_value_ranges(token), spec)
+        _wrapped_steps(_one_value_ranges(token, spec), spec)
         for spec, token in zip(specs, fields, strict=True)
     ]
     try:
@@ -440,24 +440,27 @@ def _validate(
 _RANGE: Final = re.compile(r"([0-9]+|[A-Za-z]+)-([0-9]+|[A-Za-z]+)(?:/.*)?")
 
 
-def _one_value_ranges(token: str) -> str:
-    """``token`` with each range whose ends are the same value ("5-5", "MON-MON", "1-1/3")
-    written as that value, as Vixie cron reads it: croniter reads such a range as the whole
-    field ("Jan-Jan" as every month), so "5-5 3-3 * * *" would fire every minute."""
+def _one_value_ranges(token: str, spec: _Field) -> str:
+    """``token`` with each range whose ends are the same value ("5-5", "MON-MON", "1-1/3",
+    "7-SUN") written as that value, as Vixie cron reads it: croniter reads such a range as the
+    whole field ("Jan-Jan" as every month), so "5-5 3-3 * * *" would fire every minute."""
     items = token.split(",")
     for i, item in enumerate(items):
         match = _RANGE.fullmatch(item)
         if match is None:
             continue
-        low, high = match.group(1), match.group(2)
-        same = (
-            int(low) == int(high)
-            if low.isdigit() and high.isdigit()
-            else low.lower() == high.lower()
-        )
-        if same:
-            items[i] = low
+        low, high = (_value(end, spec) for end in match.group(1, 2))
+        # Sunday is 0 and 7: "7-0" is Sunday alone, where "0-7" is the whole week.
+        sunday = spec.name == "day-of-week" and (low, high) == (7, 0)
+        if low is not None and (low == high or sunday):
+            items[i] = match.group(1)
     return ",".join(items)
+
+
+def _value(end: str, spec: _Field) -> int | None:
+    """A range's end as the field's number (a name as its number: SUN is 0); None for a name
+    the field has not, which croniter refuses as it is."""
+    return int(end) if end.isdigit() else _NAMED.get(spec.name, {}).get(end.lower())
 
 
 _STEPPED_RANGE: Final = re.compile(r"([0-9]+|[A-Za-z]+)-([0-9]+|[A-Za-z]+)/([0-9]+)")
@@ -481,21 +484,17 @@ def _wrapped_steps(token: str, spec: _Field) -> str:
     the values it stands for: the range wraps past the field's end ("23-1" is 23, 0, 1) and the
     step takes every n-th of those (23 and 1). Croniter counts the step wrongly after the wrap
     ("20-3/3" as 20, 23, 3 rather than 20, 23, 2)."""
-    names = _NAMED.get(spec.name, {})
     high = 6 if spec.name == "day-of-week" else spec.high  # 7 is Sunday again, not a day
     items = token.split(",")
     for i, item in enumerate(items):
         match = _STEPPED_RANGE.fullmatch(item)
         if match is None or not int(match.group(3)):
             continue  # Not such a range; a step of 0 is refused with the rest.
-        ends = [int(end) if end.isdigit() else names.get(end.lower()) for end in match.group(1, 2)]
-        low, top = ends
-        if low is None or top is None or low <= top or not spec.low <= top <= low <= spec.high:
+        low, top = (_value(end, spec) for end in match.group(1, 2))
+        if low is not None and spec.name == "day-of-week":
+            low %= 7  # "7-2/2" starts on Sunday: in order, not reversed
+        if low is None or top is None or low <= top or not spec.low <= top <= low <= high:
             continue  # In order, or out of range: croniter reads it, or refuses it, as it is.
-        if spec.name == "day-of-week":
-            low %= 7
-            if low <= top:
-                continue
         cycle = [*range(low, high + 1), *range(spec.low, top + 1)]
         items[i] = ",".join(str(value) for value in cycle[:: int(match.group(3))])
     return ",".join(items)

@@ -667,6 +667,8 @@ def test_next_occurrence__non_datetime_after_is_refused() -> None:
         pytest.param("0 0 1-1/3 * *", "0 0 1 * *", id="with_a_step"),
         pytest.param("0 0 * 2-2 5#5", "0 0 * 2 5#5", id="with_nth_weekday"),
         pytest.param("5-5,10 * * * * *", "5,10 * * * * *", id="in_a_list_with_seconds"),
+        pytest.param("0 9 * * 7-0", "0 9 * * 0", id="sunday_as_7_and_0"),
+        pytest.param("0 9 * * 7-SUN/2", "0 9 * * 0", id="sunday_as_7_and_a_name_with_a_step"),
     ],
 )
 def test_next_occurrence__a_range_with_equal_ends_is_that_one_value(expr: str, plain: str) -> None:
@@ -692,6 +694,8 @@ def test_next_occurrence__a_range_with_equal_ends_is_that_one_value(expr: str, p
         pytest.param("50-5/10,30 * * * * *", "50,0,30 * * * * *", id="seconds_in_a_list"),
         pytest.param("0 22-2/2 * * *", "0 22,0,2 * * *", id="even_steps"),
         pytest.param("0 0 * * 7-2/2", "0 0 * * 0,2", id="sunday_as_7_is_not_reversed"),
+        pytest.param("0 0 * * 0-7/2", "0 0 * * 0,2,4,6", id="the_whole_week"),
+        pytest.param("0 0 * * 1-7/2", "0 0 * * 1,3,5,0", id="to_sunday_as_7"),
     ],
 )
 def test_next_occurrence__a_reversed_range_with_a_step_steps_through_the_wrap(

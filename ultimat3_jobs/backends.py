@@ -466,15 +466,13 @@ def run_task(job: StartedTask) -> TaskRun:
     """
     run = TaskRun(job)
     try:
-        run.backend = backend_class(job.backend)
-        run.task = load_task(job.name)
-        run.result = result = result_of(job, run.task, job.backend)
+        task, result = _loaded(run)
         task_started.send(run.backend, task_result=result)
         args = list(job.args or [])
-        if run.task.takes_context:
+        if task.takes_context:
             args.insert(0, TaskContext(task_result=result))
         # Task.call runs a coroutine function to completion (async_to_sync), a plain one as is.
-        value = run.task.call(*args, **(job.input or {}))
+        value = task.call(*args, **(job.input or {}))
         # Held to what the row's JSON column keeps, as its input was: a value that is not
         # JSON, or one the database would refuse, ends the run failed
         # (``ResultUnstorableError``), never left running.
@@ -501,10 +499,17 @@ def ended_from_outside(job: StartedTask, error: BaseException) -> TaskRun:
     run = TaskRun(job, error=error, error_class=f"{cls.__module__}.{cls.__qualname__}")
     run.traceback = bounded(str(error))
     with contextlib.suppress(Exception):  # Not loadable (its run failed so): nothing to tell.
-        run.backend = backend_class(job.backend)
-        run.task = load_task(job.name)
-        run.result = result_of(job, run.task, job.backend)
+        _loaded(run)
     return run
+
+
+def _loaded(run: TaskRun) -> tuple[Task, TaskResult]:
+    """``run``'s backend class, task and result, loaded from its row; raises what fails."""
+    job = run.job
+    run.backend = backend_class(job.backend)
+    run.task = task = load_task(job.name)
+    run.result = result = result_of(job, task, job.backend)
+    return task, result
 
 
 def finished(run: TaskRun, *, now: Any) -> None:

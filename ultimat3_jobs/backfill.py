@@ -33,6 +33,7 @@ from .errors import (
     BackfillPausedError,
     BackfillRangeError,
     BackfillTooLargeError,
+    TaskEntriesError,
     UnknownTaskError,
 )
 from .handles import TaskHandle
@@ -332,7 +333,12 @@ def _entries(
     """The jobs of each occurrence, keyed as the scheduler keys them."""
     planned = []
     for at in found:
-        entries = handle.entries(at)
+        try:
+            entries = handle.entries(at)
+        except TaskEntriesError as error:
+            # Nothing retries a backfill: its fix is to run it again, not to wait for a round.
+            error.fix = f'fix the function of task "{handle.name}", then run the backfill again'
+            raise
         for job, _ in entries:
             # Refused as the round refuses it: a Django Task whose backend cannot take the row
             # in this transaction (an alias not in TASKS, a JobsBackend on another database).

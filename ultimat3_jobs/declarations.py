@@ -211,7 +211,7 @@ def task(
         # ``@task`` without its parentheses: the function came in as the cron, and what the
         # module would hold under its name is the decorator, declaring nothing.
         raise InvalidDeclarationError(
-            f"@task was put on {_default_name(cron)} without its arguments",
+            f"@task was put on {getattr(cron, '__qualname__', repr(cron))} without its arguments",
             fix='declare it with its schedule: @task(cron="0 3 * * *", tz="Europe/Paris")',
             cause=cron,
         )

@@ -236,8 +236,9 @@ def test_run__a_failing_function_writes_nothing() -> None:
         return [(note, {"at": occurrence.isoformat()})]
 
     handle = task(cron="0 3 * * *", tz="UTC", name="bf.flaky")(entries)
-    with pytest.raises(TaskEntriesError):
+    with pytest.raises(TaskEntriesError) as raised:
         backfill.run(handle, at("2026-06-01T00:00Z"), at("2026-06-03T23:00Z"), user="o", via="t")
+    assert raised.value.fix.endswith("then run the backfill again")  # no round retries it
     assert not Job.objects.exists()
     assert not Occurrence.objects.exists()
 

@@ -544,6 +544,7 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
         )
     finally:
         worker.stop()
+        task_finished.disconnect(receive)
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     [error] = result.errors
@@ -551,7 +552,6 @@ def test_run__a_django_task_past_the_timeout_ends_failed_with_the_timeout_as_its
     assert "jobs.job.timeout" in Job.objects.get(pk=int(result.id)).last_error
     after.refresh()  # The slot ran the next one.
     assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
-    task_finished.disconnect(receive)
     # Its task_finished was sent too, as for a task that raised: its receivers hear of it.
     assert (result.id, "FAILED", ["ultimat3_jobs.errors.JobTimeoutError"]) in told
     assert (after.id, "SUCCESSFUL", []) in told

@@ -43,7 +43,7 @@ class Command(JobsCommand):
         zone = tz or getattr(settings, "CELERY_TIMEZONE", None) or settings.TIME_ZONE or "UTC"
         try:
             # Refused here, not at the import of the file printed: a name or zone no task takes.
-            resolve_zone(zone, "", given_to="--tz")
+            resolve_zone(zone, "", given_to="the zone (--tz, else CELERY_TIMEZONE or TIME_ZONE)")
             if not prefix.strip() or ":" in prefix or len(prefix) > 100:
                 raise InvalidDeclarationError(
                     f"--prefix {prefix!r} cannot begin a task name",

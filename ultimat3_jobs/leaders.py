@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -104,6 +105,7 @@ class LeaseLeader:
     def acquire(self) -> bool:
         rows = Lease.objects.using(self.using)
         mine_or_free = Q(owner=self.node_id) | Q(expires_at__lt=Now())
+        began = time.monotonic()
         updated = rows.filter(mine_or_free, name=self.lease).update(
             owner=self.node_id,
             expires_at=_expires_in(self.ttl),
@@ -113,7 +115,16 @@ class LeaseLeader:
             ),
         )
         if updated:
-            return True
+            if time.monotonic() - began < self.ttl.total_seconds() / 3:
+                return True
+            # The update waited on the row's lock (a leader stopped mid-round held it): its
+            # expiry counts from the statement's start, before the wait, and may have passed.
+            # Renewed now, while it is still ours.
+            return bool(
+                rows.filter(name=self.lease, owner=self.node_id).update(
+                    expires_at=_expires_in(self.ttl)
+                )
+            )
         if not rows.filter(name=self.lease).exists():
             # First election on this database: create the row expired, then contend for it.
             try:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
@@ -184,6 +185,41 @@ def test_lease__only_the_owner_renews_and_an_expired_lease_is_taken() -> None:
     assert Lease.objects.get().owner == "b"
     b.release()
     assert a.acquire()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lease__taken_after_a_wait_on_its_row_lives_its_whole_ttl_from_then() -> None:
+    # A leader stopped mid-round holds the lease row's lock past the TTL; the node waiting
+    # to take the expired lease is granted it once the lock goes, and must then hold it.
+    import psycopg
+
+    from ultimat3_jobs.models import Lease
+
+    ttl = timedelta(seconds=1)
+    waiting = LeaseLeader(node_id="b", ttl=ttl)
+    assert LeaseLeader(node_id="a", ttl=ttl).acquire()
+    Lease.objects.update(expires_at=datetime(2001, 1, 1, tzinfo=UTC))
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    with psycopg.connect(**params) as stopped:
+        stopped.execute("SELECT 1 FROM ultimat3_jobs_lease FOR UPDATE")
+        got: list[bool] = []
+
+        def take() -> None:
+            try:
+                got.append(waiting.acquire())
+            finally:
+                connections.close_all()  # This thread's own connection.
+
+        taking = threading.Thread(target=take)
+        taking.start()
+        time.sleep(1.5)  # past the TTL, the taker's statement waiting all along
+        stopped.rollback()
+        taking.join(10)
+
+    assert got == [True]
+    assert waiting.fence("default")  # not granted already expired
 
 
 @pytest.mark.django_db

@@ -44,6 +44,7 @@ from .errors import (
     JobTimeoutError,
     ResultUnstorableError,
     UltimateError,
+    class_path,
 )
 from .logs import emit, failure_fields
 from .models import JobStatus
@@ -78,7 +79,7 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 REFUSED_ERRORS = (DataError, IntegrityError)
 
 #: The path of the error a refused outcome ends with, as a Django Task's row keeps it.
-UNSTORABLE_CLASS = f"{ResultUnstorableError.__module__}.{ResultUnstorableError.__qualname__}"
+UNSTORABLE_CLASS = class_path(ResultUnstorableError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,8 +263,8 @@ class Attempts:
             job, str(error), time.monotonic(), retry=False, fields=error.as_fields()
         )
         if job.backend:
-            error_class = f"{type(error).__module__}.{type(error).__qualname__}"
-            finish = replace(ended.finish, result=TaskResultColumns(None, error_class, ""))
+            result = TaskResultColumns(None, class_path(JobRowUnreadableError), "")
+            finish = replace(ended.finish, result=result)
             ended = replace(ended, finish=finish)
         return ended
 

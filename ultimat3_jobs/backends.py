@@ -30,7 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
-from .errors import InvalidJobInputError, TaskBackendError
+from .errors import InvalidJobInputError, TaskBackendError, class_path
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import (
     MAX_INPUT_DEPTH,
@@ -485,8 +485,7 @@ def run_task(job: StartedTask) -> TaskRun:
         run.return_value = check_result(job.name, value)
     except BaseException as error:
         run.error = error
-        cls = type(error)
-        run.error_class = f"{cls.__module__}.{cls.__qualname__}"
+        run.error_class = class_path(type(error))
         run.traceback = bounded(get_exception_traceback(error))
     return run
 
@@ -495,8 +494,7 @@ def ended_from_outside(job: StartedTask, error: BaseException) -> TaskRun:
     """The run of ``job`` its worker ended (a timeout, its process's death) with ``error``: what
     ``finished`` tells ``task_finished`` of, once the failure is written. Its result is made
     again here, the one its run made being another thread's or process's."""
-    cls = type(error)
-    run = TaskRun(job, error=error, error_class=f"{cls.__module__}.{cls.__qualname__}")
+    run = TaskRun(job, error=error, error_class=class_path(type(error)))
     run.traceback = bounded(str(error))
     with contextlib.suppress(Exception):  # Not loadable (its run failed so): nothing to tell.
         _loaded(run)

@@ -254,6 +254,12 @@ class AppNotReadyError(UltimateError):
     code = "jobs.app.not-ready"
 
 
+def class_path(kind: type) -> str:
+    """Where a class is imported from, as a ``TaskError`` names an exception's:
+    ``ultimat3_jobs.errors.JobTimeoutError``."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def readable(value: object) -> str:
     """``str(value)``, or a placeholder when even that raises: reporting a failure never fails."""
     try:

@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from .db import Ahead, prepared_statement_lost
-from .errors import UltimateError, readable
+from .errors import UltimateError, class_path, readable
 
 
 def emit(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
@@ -126,7 +126,7 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
     if len(message) > MESSAGE_LIMIT:
         # An exception may carry megabytes: a log line of them is dropped or split downstream.
         message = f"{message[:MESSAGE_LIMIT]}... ({len(message):,} characters)"
-    cause = f"{type(error).__module__}.{type(error).__qualname__}"
+    cause = class_path(type(error))
     text = text.lower()
     unavailable = (
         OperationalError,

@@ -10,6 +10,8 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 
+from .errors import class_path
+
 #: ``last_error`` keeps the end of a traceback this long: the raise site is at the end.
 ERROR_LIMIT = 20_000
 #: Longest wait between two passes of a loop (scheduler rounds, worker claims) that keep failing.
@@ -51,8 +53,7 @@ def format_error(error: BaseException) -> str:
     try:
         text = "".join(traceback.format_exception(error))
     except Exception:
-        name = f"{type(error).__module__}.{type(error).__qualname__}"
-        text = f"{name} (its traceback could not be formatted)"
+        text = f"{class_path(type(error))} (its traceback could not be formatted)"
     return bounded(storable(text))
 
 

@@ -38,7 +38,7 @@ from django.db.models.functions import Concat, Greatest, Now
 
 from .. import clock, history, tracing
 from ..conf import get_settings
-from ..errors import ResultUnstorableError, TaskSyncError, WorkerLostError
+from ..errors import ResultUnstorableError, TaskSyncError, WorkerLostError, class_path
 from ..inputs import check_key, check_run_at, occurrence_prefix, relayed_result
 from ..models import CheckIn, Job, JobStatus, Node, Occurrence, Outcome, Task
 from ..retries import bounded, storable
@@ -1059,7 +1059,7 @@ def _requeue_or_fail(
 
 
 #: The ``TaskError`` class of a Django Task its worker never finished.
-WORKER_LOST_CLASS = f"{WorkerLostError.__module__}.{WorkerLostError.__qualname__}"
+WORKER_LOST_CLASS = class_path(WorkerLostError)
 
 
 def _delete_in_batches(

@@ -545,12 +545,9 @@ UNREADABLE_AT = datetime.min.replace(tzinfo=UTC)
 def _claimed(row: Sequence[Any], instant: Callable[[int | None], datetime | None]) -> ClaimedJob:
     # Django loads jsonb as text for JSONField to decode; this bypasses the field.
     data, args = row[3], row[11]
-    run_at = instant(row[7])
-    if run_at is None:  # A NOT NULL column: NULL is an instant the claim could not send.
-        raise ValueError("run_at is not an instant of years 1 to 9999 in UTC")
     return ClaimedJob(
         row[0], row[1], row[2], json.loads(data) if isinstance(data, str) else data,
-        row[4], row[5], row[6], run_at, row[8], row[9], row[10],
+        row[4], row[5], row[6], _finite(instant, row[7], "run_at"), row[8], row[9], row[10],
         json.loads(args) if isinstance(args, str) else args,
         # Only a Django Task's run reads it.
         _finite(instant, row[12], "created_at") if row[9] else None,
@@ -561,6 +558,7 @@ def _claimed(row: Sequence[Any], instant: Callable[[int | None], datetime | None
 def _finite(
     instant: Callable[[int | None], datetime | None], value: int | None, column: str
 ) -> datetime:
+    # NOT NULL columns: NULL is an instant the claim could not send.
     found = instant(value)
     if found is None:
         raise ValueError(f"{column} is not an instant of years 1 to 9999 in UTC")

@@ -217,20 +217,22 @@ def test_run_role__a_sigterm_while_it_starts_drains_it_at_once_and_exits_0(
     assert not process.named("jobs.scheduler.not-leader")  # it asked no election
 
 
+#: A tasks.py whose one declaration names a zone no database has.
+BAD_ZONE_TASKS = (
+    "from ultimat3_jobs import task\n\n\n"
+    '@task(cron="0 3 * * *", tz="Europe/Nowhere", name="probed.lost")\n'
+    "def lost(occurrence):\n"
+    "    return []\n"
+)
+
+
 @pytest.mark.parametrize(
     "argv", [["check"], ["run_scheduler", "--once"], ["run_worker", "--burst"]]
 )
 def test_a_bad_declaration__stops_each_command_with_its_code_fix_and_place_not_a_traceback(
     tmp_path: Path, argv: list[str]
 ) -> None:
-    env = _project(
-        tmp_path,
-        "",
-        "from ultimat3_jobs import task\n\n\n"
-        '@task(cron="0 3 * * *", tz="Europe/Nowhere", name="probed.lost")\n'
-        "def lost(occurrence):\n"
-        "    return []\n",
-    )
+    env = _project(tmp_path, "", BAD_ZONE_TASKS)
 
     result = run(*argv, **env)
     shown = run(*argv, "--traceback", **env)
@@ -253,14 +255,7 @@ def test_a_bad_declaration__is_raised_as_it_is_outside_a_command_and_kept_by_run
     env = {
         **os.environ,
         "DATABASE_URL": process_database_url(),
-        **_project(
-            tmp_path,
-            "",
-            "from ultimat3_jobs import task\n\n\n"
-            '@task(cron="0 3 * * *", tz="Europe/Nowhere", name="probed.lost")\n'
-            "def lost(occurrence):\n"
-            "    return []\n",
-        ),
+        **_project(tmp_path, "", BAD_ZONE_TASKS),
     }
     # A process of its own setting Django up (a web server's, a script's): the exception.
     setup = subprocess.run(

@@ -18,7 +18,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .errors import CeleryBeatReadError
+from . import cron
+from .errors import CeleryBeatReadError, InvalidCronError
 from .inputs import NAME_LIMIT
 
 TASKS_TABLE = "django_celery_beat_periodictask"
@@ -129,6 +130,8 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
                 f"FROM {CRONTAB_TABLE}"
             )
             for pk, minute, hour, dom, month, dow, tz in cursor.fetchall():
+                # Celery reads a day by its first three letters, in any case: "Monday", "TUE".
+                dow = re.sub(r"[A-Za-z]+", lambda name: name[0][:3].lower(), str(dow))
                 crontabs[pk] = (f"{minute} {hour} {dom} {month} {dow}", str(tz or default_tz))
     intervals: dict[int, tuple[int, str]] = {}
     if INTERVAL_TABLE in tables:
@@ -166,6 +169,11 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
         if row.get("crontab_id") in crontabs:
             beat.cron, beat.tz = crontabs[row["crontab_id"]]
             beat.schedule = f"crontab {beat.cron} ({beat.tz})"
+            try:
+                cron.parse(beat.cron)
+            except InvalidCronError as error:
+                beat.blocked = True
+                beat.notes.append(f"{error.message}: write the cron by hand")
             _, _, dom, _, dow = beat.cron.split(" ")
             if _restricted(dom) and _restricted(dow):
                 beat.blocked = True

@@ -199,6 +199,16 @@ def send_celery(job: Job, using: str) -> Sent:
 
 def send_django_task(job: Job) -> Sent:
     """Enqueue ``job`` through its Django Task's backend (the row's ``backend`` alias)."""
+    from . import tasks_compat
+
+    if not tasks_compat.AVAILABLE:
+        # A relay with the celery extra alone, fed by a scheduler that has both.
+        raise RelayTargetError(
+            f'job {job.pk} is the Django Task "{job.name}", and Django Tasks is not installed '
+            "here (Django 6's django.tasks, or the django-tasks package)",
+            fix="install the tasks extra (pip install ultimat3-jobs[tasks]) where run_relay runs",
+            cause=job.name,
+        )
     from .backends import load_task
     from .tasks_compat import TaskResultStatus
 

@@ -287,6 +287,14 @@ class BrokerUnavailableError(UltimateError):
     code = "jobs.relay.broker-unavailable"
 
 
+class RelaySendFailedError(UltimateError):
+    """One outbox row failed as an outage would (its connection broken, a transport error)
+    while the engine took a row after it: the row's own fault (a message larger than the
+    broker takes, say), which it waits out of the way of, as a row whose task is unknown."""
+
+    code = "jobs.relay.send-failed"
+
+
 class RelayRefusedError(UltimateError):
     """The engine refused this one outbox row (its arguments, its options, its message): the
     row fails with the engine's error, and the rows behind it are sent."""

@@ -39,7 +39,12 @@ from . import clock as default_clock
 from . import instruments, nodes, tasks_compat
 from .conf import get_settings
 from .engines import Sent, result_value, send
-from .errors import BrokerUnavailableError, RelayTargetError, UltimateError
+from .errors import (
+    BrokerUnavailableError,
+    RelaySendFailedError,
+    RelayTargetError,
+    UltimateError,
+)
 from .lifecycle import (
     BURST_GIVE_UP_AFTER,
     DATABASE_ERRORS,
@@ -162,6 +167,10 @@ class Relay:
         """
         now = self.clock()
         down: BrokerUnavailableError | None = None
+        # The first row of each engine that failed as if the engine were down, until the batch
+        # shows which it was: a second row failing so (down), or another row it took.
+        suspects: dict[str, tuple[Job, BrokerUnavailableError]] = {}
+        took: dict[str, Job] = {}
         handed = 0
         with transaction.atomic(using=self.using):
             rows = self.store.claim_outbox(
@@ -180,8 +189,11 @@ class Relay:
                     with transaction.atomic(using=self.using) if inline else nullcontext():
                         sent = self.sender(job, self.using)
                 except BrokerUnavailableError as error:
-                    down = error
-                    break
+                    if _engine(job) in suspects:
+                        down = suspects.pop(_engine(job))[1]
+                        break
+                    suspects[_engine(job)] = (job, error)
+                    continue
                 except RelayTargetError as error:
                     self._target_unknown(job, error)
                     continue
@@ -198,6 +210,13 @@ class Relay:
                     sent = Sent("", done=True, ok=False, error=format_error(error))
                 self._record(job, sent)
                 handed += 1
+                took[_engine(job)] = job
+            for engine, (suspect, failure) in suspects.items():
+                if engine in took:
+                    # The engine took another row: this one broke on its own message.
+                    self._send_failed(suspect, failure, taken=took[engine])
+                elif down is None:
+                    down = failure  # Alone, it cannot be told from an outage.
         if down is not None:
             raise down
         return handed
@@ -263,11 +282,12 @@ class Relay:
             done=sent.done,
         )
 
-    def _refuse(self, job: Job, error: UltimateError, *, after_grace: bool = False) -> None:
+    def _refuse(self, job: Job, error: UltimateError, *, given_up: str = "") -> None:
+        """Fail ``job`` with ``error``; ``given_up`` says why the grace it had ran out."""
         fields = error.as_fields()
-        if after_grace:
+        if given_up:
             fields["error"] = (
-                f"{error.message}; no relay knew it within RELAY_UNKNOWN_TASK_GRACE "
+                f"{error.message}; {given_up} within RELAY_UNKNOWN_TASK_GRACE "
                 f"({self.unknown_task_grace.total_seconds():g} s)"
             )
         text = storable(f"{fields['error']} [{error.code}]\nfix: {error.fix}")
@@ -278,6 +298,38 @@ class Relay:
     def _target_unknown(self, job: Job, error: RelayTargetError) -> None:
         """Put off a row whose task this relay cannot find, so the rows behind it go on: a
         relay of the new release may know it (a rolling deploy). Past the grace, fail it."""
+        self._put_off(
+            job,
+            error,
+            waiting="waiting for a relay that knows it",
+            given_up="no relay knew it",
+            event="jobs.relay.target-waiting",
+        )
+
+    def _send_failed(self, job: Job, error: BrokerUnavailableError, *, taken: Job) -> None:
+        """Put off a row that failed as an outage would while the engine took ``taken`` after
+        it, so it holds up no other: tried again every ``TARGET_RETRY`` (a broker that came
+        back just then takes it), failed past the grace."""
+        failed = RelaySendFailedError(
+            f"{error.message}; the engine took job {taken.pk} in the same batch",
+            fix="find what in this row's message the engine cannot take (larger than the "
+            "broker's limit, such as Redis' proto-max-bulk-len or RabbitMQ's max_message_size; "
+            "input the backend raises an OS error for) and change the entry, then retry the row",
+            cause=error.cause,
+        )
+        self._put_off(
+            job,
+            failed,
+            waiting="tried again",
+            given_up="it failed each time",
+            event="jobs.relay.send-waiting",
+        )
+
+    def _put_off(
+        self, job: Job, error: UltimateError, *, waiting: str, given_up: str, event: str
+    ) -> None:
+        """Put off a row that cannot go now but holds up no other, ``TARGET_RETRY`` at a time
+        for ``RELAY_UNKNOWN_TASK_GRACE`` from the first time; past it, fail it."""
         if job.status == JobStatus.RELAYED:
             self._resend_later(job, error)
             return
@@ -285,11 +337,11 @@ class Relay:
         since = job.target_unknown_since or now
         deadline = since + self.unknown_task_grace
         if now >= deadline:
-            self._refuse(job, error, after_grace=True)
+            self._refuse(job, error, given_up=given_up)
             return
         until = min(now + TARGET_RETRY, deadline)
         note = (
-            f"{error.message}; waiting for a relay that knows it until "
+            f"{error.message}; {waiting} until "
             f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, then failed"
         )
         self.store.relay_deferred(
@@ -301,7 +353,7 @@ class Relay:
         self.stats.waiting += 1
         emit(
             logger,
-            "jobs.relay.target-waiting",
+            event,
             logging.WARNING,
             job_id=job.pk,
             name=job.name,
@@ -381,7 +433,12 @@ class Relay:
                 if time.monotonic() - last_stats >= self.stats_interval.total_seconds():
                     self.log_stats()
                     last_stats = time.monotonic()
-                self.life.rest(self.backoff.rest())
+                if self.backoff.failures:
+                    # Not cut short by a NOTIFY (rows keep coming while a broker is down): only
+                    # a drain ends the backoff.
+                    self.life.draining.wait(self.backoff.rest())
+                else:
+                    self.life.rest(self.backoff.rest())
         finally:
             if self._listener is not None:
                 self._listener.stop()
@@ -462,6 +519,12 @@ class Relay:
             by_relay=self.stats.by_relay,
             **{f"rows_{name}": value for name, value in counts.items()},
         )
+
+
+def _engine(job: Job) -> str:
+    """Which engine ``job``'s row goes to: the Celery app's broker, or a Tasks backend's
+    alias. A row that went through says only that its own engine is up."""
+    return f"tasks:{job.backend}" if job.relay == TASKS else "celery"
 
 
 def _reporting_backends() -> list[str]:

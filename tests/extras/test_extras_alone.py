@@ -192,3 +192,30 @@ def test_extras__the_relay_hands_entries_on_and_keeps_running(
         assert set(relayed.values_list("status", flat=True)) == {JobStatus.RELAYED}
     if DJANGO_TASKS:
         assert Ping.objects.filter(label__startswith="immediate ").exists()
+
+
+@pytest.mark.skipif(DJANGO_TASKS, reason="a leg without the tasks extra")
+def test_extras__a_django_task_row_waits_for_a_relay_that_has_the_tasks_extra() -> None:
+    # A scheduler with both extras wrote it; this relay has Celery at most. The row steps out
+    # of the way of the rows behind it, as one whose task is unknown here, and says what to do.
+    from django.utils import timezone
+
+    from ultimat3_jobs.relay import TARGET_RETRY, Relay
+
+    now = timezone.now()
+    row = Job.objects.create(
+        name="testproject.demo.background.elsewhere",
+        key="extras.tasks-row",
+        status=JobStatus.OUTBOX,
+        relay="tasks",
+        backend="elsewhere",
+        run_at=now,
+        created_at=now,
+    )
+    assert Relay(listen=False).relay_once() == 0
+    row.refresh_from_db()
+    assert row.status == JobStatus.OUTBOX
+    assert row.target_unknown_since is not None and row.run_at > now
+    assert row.run_at - row.target_unknown_since <= TARGET_RETRY
+    assert "Django Tasks is not installed here" in row.last_error
+    assert "fix: install the tasks extra (pip install ultimat3-jobs[tasks])" in row.last_error

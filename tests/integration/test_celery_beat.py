@@ -57,6 +57,10 @@ ROWS = [
 #: Rows whose names, arguments or schedules need more than a copy.
 ODD_ROWS = [
     "INSERT INTO django_celery_beat_crontabschedule VALUES (3, '0', '0', '5', '13', '*', 'UTC')",
+    # Celery reads a day by its first three letters; a minute of 61 it refuses, not the table.
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (4, '0', '9', 'Monday,FRIDAY', '*', "
+    "'*', 'UTC')",
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (5, '61', '9', '*', '*', '*', 'UTC')",
     *(
         "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, "
         f"enabled, one_off, crontab_id) VALUES ({pk}, '{name}', 'demo.plain_row', {args}, "
@@ -69,6 +73,8 @@ ODD_ROWS = [
             (10, "bad kwargs", "'[]'", """'{''label'': 1}'""", 1),
             (11, "not finite", "'[]'", """'{"label": NaN}'""", 1),
             (12, "friday 13th", "'[]'", """'{"label": "f"}'""", 3),
+            (13, "day names", "'[]'", """'{"label": "d"}'""", 4),
+            (14, "minute 61", "'[]'", """'{"label": "m"}'""", 5),
         ]
     ),
 ]
@@ -112,6 +118,10 @@ def test_celery_beat_tasks__odd_rows_print_a_module_that_imports_and_runs(
     assert "is not a JSON object (beat could not run it)" in source
     assert "# NOTE: kwargs hold NaN or Infinity" in source
     assert 'both day of month "13" and day of week "5"' in source
+    days = fresh_registry.get_task("beat.day_names")
+    assert days is not None and days.cron == "0 9 * * mon,fri"
+    assert fresh_registry.get_task("beat.minute_61") is None
+    assert re.search(r"# NOTE: .*61.*: write the cron by hand", source), source
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 from django.core.management import call_command
-from django.db import close_old_connections, connection, transaction
+from django.db import OperationalError, close_old_connections, connection, transaction
 
 from testproject.demo import background
 from testproject.demo.celery_tasks import plain_row, write_row
@@ -22,7 +23,7 @@ from testproject.demo.models import Ping
 from ultimat3_jobs import tasks_compat
 from ultimat3_jobs.celery import DATABASE_HEADER, JOB_HEADER, KEY_HEADER
 from ultimat3_jobs.clock import FrozenClock
-from ultimat3_jobs.engines import celery_task_id, send
+from ultimat3_jobs.engines import Sent, celery_task_id, send
 from ultimat3_jobs.errors import BrokerUnavailableError
 from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.models import Job
@@ -485,6 +486,39 @@ def test_relay__stop_from_another_thread_ends_run(broker: redis.Redis) -> None:
     assert relayer.stats.sent == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_relay__wake_ups_while_the_broker_is_down_do_not_cut_its_backoff_short() -> None:
+    celery_round("relay.backoff")
+    tries: list[float] = []
+
+    def down(job: Job, using: str) -> Sent:
+        tries.append(time.monotonic())
+        raise BrokerUnavailableError("the broker is down", fix="start it", cause=None)
+
+    relayer = relay(poll_interval=timedelta(seconds=0.05), sender=down)
+
+    def serve() -> None:
+        try:
+            relayer.run()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        # Rows keep coming while the broker is down: a NOTIFY each, every 10 ms, for 1.2 s.
+        for _ in range(120):
+            relayer.life.wake.set()
+            time.sleep(0.01)
+    finally:
+        relayer.stop("test")
+        thread.join(30)
+    assert not thread.is_alive()
+    # 0.1, 0.2, 0.4 and 0.8 s apart: four or five passes, however many wake-ups came.
+    assert 3 <= len(tries) <= 5, [round(b - a, 3) for a, b in itertools.pairwise(tries)]
+    assert relayer.stats.broker_errors == len(tries)
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_relay__two_relays_share_the_outbox_without_sending_a_row_twice(
@@ -664,7 +698,6 @@ def test_run_relay__stats_prints_the_outbox_by_state(broker: redis.Redis) -> Non
 def test_relay__a_surprise_from_the_engine_is_logged_and_the_row_sent_on_the_next_pass(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from ultimat3_jobs.engines import Sent
 
     job = celery_round("relay.surprise")
     calls: list[int] = []
@@ -685,3 +718,19 @@ def test_relay__a_surprise_from_the_engine_is_logged_and_the_row_sent_on_the_nex
     failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.relay.loop-failed"]
     assert len(failed) == 1
     assert "surprised" in getattr(failed[0], "fields", {})["error"]
+
+
+@pytest.mark.django_db
+def test_run_relay__a_burst_that_gave_up_on_a_surprise_names_it_not_the_database() -> None:
+    from django.core.management import CommandError
+
+    from ultimat3_jobs.management.roles import relay_exit
+
+    with pytest.raises(CommandError) as raised:
+        relay_exit(RuntimeError("the engine surprised us"), "default")
+    assert raised.value.returncode == 3
+    assert str(raised.value).startswith(
+        "RuntimeError: the engine surprised us [jobs.unexpected-error]; this burst gave up"
+    )
+    with pytest.raises(CommandError, match=r"^the database 'default' failed: .*\[jobs.database-"):
+        relay_exit(OperationalError("connection refused"), "default")

@@ -198,6 +198,77 @@ def test_relay__a_broker_that_is_down_holds_every_row_and_sends_them_when_back(
     assert [h["id"] for h in messages(broker)] == [celery_task_id(job.key) for job in rows]
 
 
+@pytest.mark.django_db
+def test_relay__a_message_that_breaks_the_broker_s_connection_waits_and_the_rows_behind_go(
+    broker: redis.Redis, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis drops the connection of a command larger than proto-max-bulk-len: the publish
+    # fails as an outage would, though the broker takes every other message.
+    settings.ULTIMAT3_JOBS = {"RELAY_UNKNOWN_TASK_GRACE": 8}
+    before, big, after = outbox(
+        "faults.oversized",
+        (write_row, {"occurrence": "before"}),
+        (write_row, {"occurrence": "x" * 900_000}),
+        (write_row, {"occurrence": "after"}),
+    )
+    limit = str(broker.config_get("proto-max-bulk-len")["proto-max-bulk-len"])
+    broker.config_set("proto-max-bulk-len", "1mb")
+    try:
+        clock = FrozenClock(NOW)
+        relayer = relay(clock)
+        with caplog.at_level(logging.INFO, logger="ultimat3_jobs.relay"):
+            assert relayer.relay_once() == 2
+        statuses = dict(Job.objects.filter(task="faults.oversized").values_list("pk", "status"))
+        assert statuses == {before.pk: "relayed", big.pk: "outbox", after.pk: "relayed"}
+        big.refresh_from_db()
+        assert (big.target_unknown_since, big.run_at) == (NOW, NOW + TARGET_RETRY)
+        assert f"the engine took job {after.pk} in the same batch; tried again until" in (
+            big.last_error
+        )
+        assert "[jobs.relay.send-failed]\nfix: find what in this row's message" in big.last_error
+        [waiting] = events(caplog, "jobs.relay.send-waiting")
+        assert (waiting["job_id"], waiting["code"]) == (big.pk, "jobs.relay.send-failed")
+        assert events(caplog, "jobs.relay.broker-down") == []
+        assert relayer.broker_reachable
+        # Alone in its batch, past the grace: it fails, and nothing else waited on it.
+        clock.set(NOW + timedelta(seconds=8))
+        with pytest.raises(BrokerUnavailableError):
+            relayer.relay_once()  # alone, it cannot be told from an outage
+        outbox("faults.oversized-next", (write_row, {"occurrence": "next"}))
+        assert relayer.relay_once() == 1
+    finally:
+        broker.config_set("proto-max-bulk-len", limit)
+    big.refresh_from_db()
+    assert big.status == "failed"
+    assert "it failed each time within RELAY_UNKNOWN_TASK_GRACE (8 s)" in big.last_error
+    assert [h["id"] for h in messages(broker)] == [
+        celery_task_id(job.key)
+        for job in (before, after, *Job.objects.filter(task="faults.oversized-next"))
+    ]
+
+
+@pytest.mark.django_db
+def test_relay__a_row_of_another_engine_going_through_does_not_clear_a_broker_that_is_down(
+    broker: redis.Redis, redis_server: RedisServer, dummy: Any
+) -> None:
+    celery_row, task_row = outbox(
+        "faults.two-engines",
+        (write_row, {"occurrence": "a"}),
+        (background.elsewhere, {"label": "b"}),
+    )
+    redis_server.stop()
+    try:
+        with pytest.raises(BrokerUnavailableError):
+            relay().relay_once()
+    finally:
+        redis_server.start()
+    celery_row.refresh_from_db()
+    task_row.refresh_from_db()
+    # The Tasks backend took its row; the Celery row waits for its broker, not put off.
+    assert (task_row.status, celery_row.status) == ("relayed", "outbox")
+    assert (celery_row.target_unknown_since, celery_row.last_error) == (None, "")
+
+
 # -- Django Tasks on another backend: refused, or down ---------------------------------------------
 
 

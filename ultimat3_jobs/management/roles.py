@@ -220,12 +220,13 @@ def relay_exit(gave_up: BaseException | None, database: str) -> None:
     the rows it could not send wait in the outbox."""
     if gave_up is None:
         return
-    if isinstance(gave_up, UltimateError):
-        failure = CommandError(
-            f"{gave_up.message} [{gave_up.code}]; this burst gave up, the rows it could not "
-            f"send wait in the outbox\nfix: {gave_up.fix}"
-        )
-    else:
+    fields = logs.failure_fields(gave_up)
+    if fields["code"].startswith("jobs.database-"):
         failure = database_error(database, gave_up)
+    else:
+        failure = CommandError(
+            f"{fields['error']} [{fields['code']}]; this burst gave up, the rows it could not "
+            f"send wait in the outbox\nfix: {fields['fix']}"
+        )
     failure.returncode = UNAVAILABLE_EXIT
     raise failure

@@ -38,6 +38,7 @@ from django.db import (
 from . import instruments, tracing
 from .checkins import CheckIns
 from .conf import get_settings
+from .db import committed, in_transaction, left_in_transaction
 from .errors import (
     JobProcessDiedError,
     JobRowUnreadableError,
@@ -223,11 +224,15 @@ class Attempts:
         started = time.monotonic()
         if handle is None:
             return self.unknown(job, started)
+        before = in_transaction()
         try:
             # Its span continues the trace its row keeps (its occurrence's, its caller's).
             with tracing.job_run(job, worker=self.node_id) as span, self._spanned(job, span):
                 handle.func(**job.input)
+                committed(job.name, before)
         except BaseException as error:
+            # Whatever it raised: the next job's writes must not join its transaction.
+            left_in_transaction(before)
             return self.raised(job, format_error(error), failure_fields(error), started)
         return self.succeeded(job, started)
 

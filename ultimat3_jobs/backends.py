@@ -30,6 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
+from .db import committed, in_transaction, left_in_transaction
 from .errors import InvalidJobInputError, TaskBackendError, class_path
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import (
@@ -465,6 +466,7 @@ def run_task(job: StartedTask) -> TaskRun:
     Sends ``task_started``; the caller records the outcome, then calls ``finished``.
     """
     run = TaskRun(job)
+    before = in_transaction()
     try:
         task, result = _loaded(run)
         task_started.send(run.backend, task_result=result)
@@ -473,6 +475,7 @@ def run_task(job: StartedTask) -> TaskRun:
             args.insert(0, TaskContext(task_result=result))
         # Task.call runs a coroutine function to completion (async_to_sync), a plain one as is.
         value = task.call(*args, **(job.input or {}))
+        committed(job.name, before)
         # Held to what the row's JSON column keeps, as its input was: a value that is not
         # JSON, or one the database would refuse, ends the run failed
         # (``ResultUnstorableError``), never left running.
@@ -484,6 +487,7 @@ def run_task(job: StartedTask) -> TaskRun:
             raise unstorable_result(job.name, "nests too deep for a job row") from None
         run.return_value = check_result(job.name, value)
     except BaseException as error:
+        left_in_transaction(before)
         run.error = error
         run.error_class = class_path(type(error))
         run.traceback = bounded(get_exception_traceback(error))

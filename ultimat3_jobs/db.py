@@ -4,6 +4,7 @@ ahead of the statement that takes them (``Ahead``), kept off the round's own loc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import queue
@@ -20,6 +21,8 @@ import orjson
 import psycopg
 from django.db import connections
 from psycopg.pq import TransactionStatus
+
+from .errors import JobTransactionLeftOpenError
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -39,6 +42,10 @@ def dedicated_connection(using: str, application_name: str) -> psycopg.Connectio
     return psycopg.connect(
         **params,
         autocommit=True,
+        # Never prepared: a statement run once a round gains nothing from it, and a
+        # transaction-pooling PgBouncer cannot keep it (psycopg's default prepares from the
+        # sixth run).
+        prepare_threshold=None,
         connect_timeout=5,
         application_name=application_name,
         keepalives=1,
@@ -46,6 +53,75 @@ def dedicated_connection(using: str, application_name: str) -> psycopg.Connectio
         keepalives_interval=2,
         keepalives_count=2,
     )
+
+
+def in_transaction() -> frozenset[str]:
+    """The databases whose Django connection in this thread is in a transaction now (an
+    atomic block, autocommit off). No statement."""
+    return frozenset(
+        wrapper.alias
+        for wrapper in connections.all(initialized_only=True)
+        if wrapper.connection is not None and _in_transaction(wrapper)
+    )
+
+
+def _in_transaction(wrapper: Any) -> bool:
+    return bool(
+        wrapper.in_atomic_block or wrapper.autocommit != wrapper.settings_dict["AUTOCOMMIT"]
+    )
+
+
+def left_in_transaction(before: frozenset[str] = frozenset()) -> list[str]:
+    """The databases whose Django connection in this thread is in a transaction it was not in
+    ``before`` the code it ran (autocommit turned off and never back on, an atomic block
+    entered and never left), each closed: the server rolls its writes back, and the next job
+    of the thread opens a clean one rather than writing into that transaction. No statement."""
+    left = []
+    for wrapper in connections.all(initialized_only=True):
+        if wrapper.connection is None or wrapper.alias in before:
+            continue
+        if _in_transaction(wrapper):
+            left.append(wrapper.alias)
+            # Out of the block, so that close() lets the connection go (connect() resets the
+            # rest of the block's state).
+            wrapper.in_atomic_block = False
+            wrapper.close()
+    return left
+
+
+def committed(name: str, before: frozenset[str] = frozenset()) -> None:
+    """Raise ``JobTransactionLeftOpenError`` if the run of the job or task ``name`` that just
+    returned in this thread left a transaction open (``left_in_transaction``)."""
+    left = left_in_transaction(before)
+    if left:
+        raise JobTransactionLeftOpenError(
+            f'"{name}" returned with a transaction open on the database '
+            f"{', '.join(map(repr, left))}: what it wrote there was rolled back",
+            fix="commit before returning: write in a transaction.atomic() block, or call "
+            "transaction.commit() and set_autocommit(True) after set_autocommit(False); then "
+            "retry the job from the admin",
+            cause=left,
+        )
+
+
+def cancel_statements(wrappers: Iterable[Any]) -> None:
+    """Cancel the statement each of ``wrappers`` (Django connections, another thread's or this
+    one's) is running, if any: a job past its timeout must not go on in the server, holding
+    its locks, however its own code is stuck. From any thread, even a signal handler."""
+    for wrapper in wrappers:
+        raw = wrapper.connection
+        if raw is None:
+            continue
+        with contextlib.suppress(Exception):  # Closed meanwhile, or the server away: nothing runs.
+            if wrapper.vendor == "postgresql":
+                if raw.info.transaction_status == TransactionStatus.ACTIVE:
+                    raw.cancel_safe(timeout=CANCEL_TIMEOUT)
+            elif wrapper.vendor == "sqlite":
+                raw.interrupt()
+
+
+#: Seconds a cancel request may take to reach the server.
+CANCEL_TIMEOUT = 2.0
 
 
 def hung_up(connection: Any) -> bool:

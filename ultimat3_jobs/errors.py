@@ -134,6 +134,11 @@ class WorkerLostError(UltimateError):
     a failed Django Task keeps this class as its ``TaskError``."""
 
     code = "jobs.job.worker-lost"
+    #: What a row it ends says to do (the worker that wrote it is gone: nothing raises it).
+    FIX: ClassVar[str] = (
+        "find why the worker died (its exit, the kernel's log): give it memory or a longer "
+        "--drain-grace; a job that kills its process fails alone with --pool process"
+    )
 
 
 class JobRowUnreadableError(UltimateError):
@@ -272,6 +277,14 @@ class TaskBackendError(UltimateError):
     """A scheduler entry names a Django Task whose backend cannot take it in the round."""
 
     code = "jobs.task.backend-unsupported"
+
+
+class JobTransactionLeftOpenError(UltimateError):
+    """A job's function returned with a transaction of its own still open on its thread's
+    connection (autocommit turned off and never back on): nothing it wrote there was
+    committed, and the connection was closed, so no later job writes into it."""
+
+    code = "jobs.job.transaction-left-open"
 
 
 class RelayTargetError(UltimateError):

@@ -19,6 +19,7 @@ is replaced after ``max_jobs`` jobs or once its peak resident memory passes ``ma
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -258,11 +259,14 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
     """A child's life: set Django up, then run what the pipe brings until told to stop."""
     # The worker drains on SIGINT (a terminal's ^C reaches the whole group): let the job end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_the_worker(parent)
     threading.Thread(target=_exit_if_orphaned, args=(parent,), daemon=True).start()
     import django
     from django.conf import settings
 
     django.setup()
+    # A timeout's SIGTERM: the job's statement under way, if any, is cancelled first.
+    signal.signal(signal.SIGTERM, _cancel_then_end)
     # What setup built lives as long as the child: the collector need not walk it again, in the
     # child's full collections nor in those its interpreter runs at exit (as ``JobsCommand``).
     gc.freeze()
@@ -315,17 +319,21 @@ def _told(conn: Connection, message: object) -> bool:
 
 def _run_job(job: ClaimedJob, setup: ChildSetup) -> Reply:
     from . import tracing
+    from .db import committed, in_transaction, left_in_transaction
     from .logs import failure_fields
     from .registry import registry
     from .retries import format_error
 
     handle = registry.get_job(job.name)
     assert handle is not None  # The worker runs only the jobs its own code declares.
+    before = in_transaction()
     try:
         # Its span, as in the thread pool: the trace its row keeps, continued in this child.
         with tracing.job_run(job, worker=setup.node_id):
             handle.func(**job.input)
+            committed(job.name, before)
     except BaseException as error:
+        left_in_transaction(before)
         return Reply("raised", _peak_rss_kb(), format_error(error), failure_fields(error))
     return Reply("succeeded", _peak_rss_kb())
 
@@ -351,6 +359,34 @@ def _task_attempts(setup: ChildSetup) -> Any:
 def _peak_rss_kb() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak // 1024 if sys.platform == "darwin" else peak  # bytes there, KiB on Linux
+
+
+#: ``prctl``'s option that has the kernel signal a process when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_worker(parent: int) -> None:
+    """On Linux, have the kernel SIGKILL this child as its worker dies (the thread that
+    started it, which outlives it), whatever the job holds: a C call that keeps the GIL
+    leaves ``_exit_if_orphaned``'s thread no turn. Elsewhere that thread alone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)  # It died before the kernel was told.
+
+
+def _cancel_then_end(signum: int, frame: Any) -> None:
+    """SIGTERM (a timeout, a stop): cancel the statement the job's connections run, so that
+    it and its locks end with this process, then die of the signal as without a handler.
+    The server would otherwise run it on, a statement not noticing its client gone."""
+    from django.db import connections
+
+    from .db import cancel_statements
+
+    cancel_statements(connections.all(initialized_only=True))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _exit_if_orphaned(parent: int) -> None:

@@ -48,7 +48,7 @@ def format_error(error: BaseException) -> str:
     """The traceback as stored in ``last_error``: the end kept, storable whatever it holds.
 
     Never raises: a failure that cannot be recorded would leave its job running until it is
-    recovered and finally failed as "kept killing its worker".
+    recovered and finally failed as its worker having died in each attempt.
     """
     try:
         text = "".join(traceback.format_exception(error))

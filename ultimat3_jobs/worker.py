@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
@@ -47,6 +47,8 @@ from .attempts import (
 )
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
+from .db import cancel_statements
+from .errors import WorkerLostError
 from .lifecycle import (
     BURST_GIVE_UP_AFTER,
     DATABASE_ERRORS,
@@ -112,6 +114,8 @@ class _Slot:
     started: float = 0.0
     deadline: float = 0.0
     abandoned: bool = False
+    #: The Django connections of its thread, whose statement a timeout cancels.
+    databases: list[Any] = field(default_factory=list)
 
 
 class Worker:
@@ -281,6 +285,8 @@ class Worker:
                 failed=recovered.failed,
                 released=recovered.released,
                 jobs=list(recovered.jobs),
+                code=WorkerLostError.code,
+                fix=WorkerLostError.FIX,
             )
         if recovered.failed:
             instruments.recovered_failed(recovered.failed_jobs)
@@ -290,6 +296,7 @@ class Worker:
     # -- threads ----------------------------------------------------------------------------
 
     def _job_thread(self, slot: _Slot) -> None:
+        slot.databases = [connections[alias] for alias in connections]
         try:
             if slot.child is not None:
                 # Ready before the first job: a child takes a while to start. One that cannot
@@ -471,6 +478,8 @@ class Worker:
             self._next_deadline = nearest
         for slot, job, row, begun, timeout in expired:
             # The stuck thread cannot be killed: it is left to itself, a fresh one takes its slot.
+            # The statement it waits on, if any, is ended: its locks with its transaction.
+            cancel_statements(slot.databases)
             self._stuck = [thread for thread in self._stuck if thread.is_alive()]
             self._stuck.append(slot.thread)
             self._start_slot(self._slots.index(slot))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.db import transaction
 from django_tasks import TaskContext, task
 
 from .models import Ping
@@ -18,6 +19,14 @@ def add(a: int, b: int) -> int:
 @task()
 def record(label: str) -> str:
     """Leave a row, so a test sees that (and in which order) it ran."""
+    Ping.objects.create(label=label)
+    return label
+
+
+@task()
+def record_uncommitted(label: str) -> str:
+    """Leave a row with autocommit off, and return without committing it."""
+    transaction.set_autocommit(False)
     Ping.objects.create(label=label)
     return label
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import time
 from datetime import datetime
+
+from django.db import connection, transaction
 
 from ultimat3_jobs import Entry, job, task
 
@@ -94,6 +97,33 @@ def hang(label: str, seconds: float = 600, started: str = "") -> None:
             pass
     time.sleep(seconds)
     Ping.objects.create(label=label)
+
+
+@job(max_attempts=1)
+def ping_uncommitted(label: str) -> None:
+    """Write a row with autocommit off and return without committing: a job that forgets."""
+    transaction.set_autocommit(False)
+    Ping.objects.create(label=label)
+
+
+@job(timeout=2, max_attempts=1)
+def hold_lock_in_query(label: str, key: int) -> None:
+    """Take an advisory lock in its transaction, then block in one statement past its timeout:
+    the statement runs on in the server unless the timeout ends it (PostgreSQL only)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+        cursor.execute("SELECT pg_sleep(600)")
+    Ping.objects.create(label=label)
+
+
+@job(max_attempts=1)
+def hold_the_gil(label: str, started: str) -> None:
+    """Leave a row naming its process, then run a regular expression that backtracks for
+    hours in C, the GIL held all along: no other thread of its process gets a turn."""
+    Ping.objects.create(label=f"{label} {os.getpid()}")
+    with open(started, "w"):
+        pass
+    re.match(r"(a+)+$", "a" * 64 + "b")
 
 
 @job(max_attempts=1)

@@ -283,7 +283,7 @@ def _check(fleet: Fleet, samples: Samples, low: datetime, high: datetime) -> Rep
 
 def _worker_died(row: Mapping[str, Any]) -> bool:
     error = row["last_error"] or ""
-    return "the job kept killing its worker" in error or "jobs.job.process-died" in error
+    return "its worker died during each of them" in error or "jobs.job.process-died" in error
 
 
 def _last_line(row: Mapping[str, Any]) -> str:

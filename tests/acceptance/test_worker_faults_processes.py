@@ -100,7 +100,8 @@ def test_a_job_that_kills_its_worker__ends_failed_after_its_attempts_the_others_
     )
     row = job_row(killer.job_id)
     assert row.attempts == 2
-    assert row.last_error.endswith("no attempts left: the job kept killing its worker")
+    assert "; no attempts left: its worker died during each of them" in row.last_error
+    assert "[jobs.job.worker-lost]\nfix: find why the worker died" in row.last_error
     ids = [made.job_id for made in others]
     wait_for(
         lambda: Job.objects.filter(pk__in=ids, status=JobStatus.SUCCEEDED).count() == 5,

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from testproject.demo.models import Ping
-from testproject.demo.tasks import exit_hard, grow, hang, kill_own_process, ping, ping_pid
+from testproject.demo.tasks import (
+    exit_hard,
+    grow,
+    hang,
+    hold_the_gil,
+    kill_own_process,
+    ping,
+    ping_pid,
+)
 from ultimat3_jobs.models import Job, JobStatus
 
 from .helpers import Process, processes, spawn, wait_for
@@ -136,6 +144,30 @@ def test_process_pool__a_job_that_kills_its_process_fails_alone_and_the_child_is
     assert first != second, "the child was not replaced"
     assert worker.pid not in (first, second)
     assert worker.alive()
+
+
+def test_process_pool__a_worker_killed_outright_takes_its_children_with_it_whatever_they_hold(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = start_worker(tmp_path, processes, "worker", "--concurrency", "1", "--pool", "process")
+    started = tmp_path / "started"
+    hold_the_gil.enqueue({"label": "hog", "started": str(started)})
+    wait_for(started.exists, 30, "the job to hold the GIL")
+    [child] = _pids("hog")
+    worker.signal(signal.SIGKILL)
+    worker.wait(10)
+    # A thread of the child that looks for its worker every second never gets the GIL: the
+    # kernel ends the child as its worker dies, rather than leaving it to run beside a retry.
+    wait_for(lambda: not _alive(child), 5, "the child to end with its worker")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process still running (not a zombie awaiting its reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
 
 
 def test_process_pool__a_worker_stopped_while_its_children_start_exits_at_once_and_cleanly(

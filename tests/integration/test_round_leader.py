@@ -92,3 +92,13 @@ def test_missing_tables__names_the_app_tables_the_database_lacks(
     assert store.missing_tables() == []
     monkeypatch.setattr(postgres, "APP_TABLES", ("ultimat3_jobs_task", "no_such_table"))
     assert store.missing_tables() == ["no_such_table"]
+
+
+@pytest.mark.django_db
+def test_dedicated_connection__never_prepares_a_statement() -> None:
+    # A leader's or a listener's statement runs again every round: psycopg's default would
+    # prepare it from its sixth run, which a transaction-pooling PgBouncer cannot keep.
+    with dedicated_connection("default", "probe") as conn:
+        for _ in range(8):
+            conn.execute("SELECT pg_try_advisory_lock(%s)", [4343])
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchall() == [(0,)]

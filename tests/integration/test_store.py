@@ -17,6 +17,7 @@ from django.utils import timezone
 from tests.integration.factories import demo_ping
 from ultimat3_jobs import backends
 from ultimat3_jobs.db import execute_bound
+from ultimat3_jobs.errors import WorkerLostError
 from ultimat3_jobs.models import Job, JobStatus, Node
 from ultimat3_jobs.store import (
     ClaimedJob,
@@ -103,7 +104,10 @@ def test_give_back__requeues_or_fails_by_attempts_left() -> None:
     store_for("default").give_back(job_ids=[spare.pk, spent.pk, other.pk], worker="w1", now=T0)
     assert status_of(spare)[0] == JobStatus.QUEUED
     assert status_of(spent)[0] == JobStatus.FAILED
-    assert status_of(spent)[2].endswith("no attempts left")
+    assert status_of(spent)[2] == (
+        "worker w1 stopped before this attempt finished; no attempts left [jobs.job.worker-lost]"
+        f"\nfix: {WorkerLostError.FIX}"
+    )
     assert status_of(other) == (JobStatus.RUNNING, "w2", "")
 
 
@@ -651,7 +655,15 @@ def test_recover__claimed_ahead_rows_go_back_uncounted_started_ones_keep_their_a
     assert (rows[ahead.pk].worker, rows[ahead.pk].started_at) == ("", None)
     assert rows[ahead.pk].last_error == ""  # It never ran: nothing to say about its attempt.
     assert rows[killer.pk].status == JobStatus.FAILED
-    assert rows[killer.pk].last_error.endswith("no attempts left: the job kept killing its worker")
+    assert rows[started.pk].last_error == (
+        "worker dead stopped heartbeating during this attempt [jobs.job.worker-lost]\n"
+        f"fix: {WorkerLostError.FIX}"
+    )
+    assert rows[killer.pk].last_error == (
+        "worker dead stopped heartbeating during this attempt; no attempts left: its worker "
+        "died during each of them (this job killed it, or in the thread pool a job running "
+        f"beside it) [jobs.job.worker-lost]\nfix: {WorkerLostError.FIX}"
+    )
 
 
 @pytest.mark.django_db
@@ -679,7 +691,10 @@ def test_a_django_task_its_worker_never_finished_fails_with_a_task_error_saying_
     assert error.exception_class_path == "ultimat3_jobs.errors.WorkerLostError"
     assert error.exception_class.__name__ == "WorkerLostError"  # importable
     assert "worker dead" in error.traceback
-    assert error.traceback.endswith("no attempts left")  # one attempt: it "kept" nothing up
+    # One attempt: it "kept" nothing up.
+    assert f"; no attempts left [jobs.job.worker-lost]\nfix: {WorkerLostError.FIX}" in (
+        error.traceback
+    )
 
 
 @pytest.mark.django_db
@@ -713,6 +728,10 @@ def test_release_unheld__rows_that_ran_keep_their_attempt_the_others_do_not() ->
     assert (rows[ran_spare.pk].status, rows[ran_spare.pk].attempts) == (JobStatus.QUEUED, 1)
     assert "could not record how this attempt ended" in rows[ran_spare.pk].last_error
     assert (rows[ran_spent.pk].status, rows[ran_spent.pk].attempts) == (JobStatus.FAILED, 1)
-    assert rows[ran_spent.pk].last_error.endswith("no attempts left")
+    assert rows[ran_spent.pk].last_error == (
+        "worker w1 could not record how this attempt ended; no attempts left "
+        "[jobs.job.worker-lost]\nfix: the database refused or lost the worker's writes: its log "
+        "names the error (its code and fix)"
+    )
     assert (rows[unrun.pk].status, rows[unrun.pk].attempts) == (JobStatus.QUEUED, 0)
     assert rows[held.pk].status == rows[theirs.pk].status == JobStatus.RUNNING

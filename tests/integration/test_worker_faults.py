@@ -699,3 +699,81 @@ def test_run__an_error_the_loop_does_not_handle_ends_it_with_a_stopped_line_that
     [stopped] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.stopped"]
     fields = getattr(stopped, "fields", {})
     assert (fields["reason"], fields["exit_code"]) == ("crashed", 1)
+
+
+# -- what a job leaves behind ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_run__a_job_that_leaves_its_transaction_open_fails_and_the_next_jobs_keep_their_writes(
+    pool: str,
+) -> None:
+    now = clock.now()
+    leaky = make_job(
+        "demo.ping_uncommitted",
+        data={"label": "uncommitted"},
+        run_at=now - timedelta(seconds=3),
+        max_attempts=1,
+    )
+    after = _pings(2, "after")
+    worker, _ = _worker(pool=pool)
+    assert worker.run() == CLEAN_EXIT
+    leaky.refresh_from_db()
+    assert leaky.status == JobStatus.FAILED
+    assert "JobTransactionLeftOpenError" in leaky.last_error
+    assert "what it wrote there was rolled back" in leaky.last_error
+    # The jobs its thread (or child) ran next wrote on a clean connection, their marks too.
+    assert sorted(Ping.objects.values_list("label", flat=True)) == ["after-0", "after-1"]
+    rows = Job.objects.filter(pk__in=[job.pk for job in after])
+    assert {(row.status, row.started_at is not None) for row in rows} == {
+        (JobStatus.SUCCEEDED, True)
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_django_task_that_leaves_its_transaction_open_fails_with_that_error() -> None:
+    uncommitted = background.record_uncommitted.enqueue("uncommitted")
+    after = background.record.enqueue("after")
+    worker, _ = _worker()
+    assert worker.run() == CLEAN_EXIT
+    uncommitted.refresh()
+    assert uncommitted.status == TaskResultStatus.FAILED
+    [error] = uncommitted.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.JobTransactionLeftOpenError"
+    after.refresh()
+    assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, "after")
+    assert list(Ping.objects.values_list("label", flat=True)) == ["after"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_run__a_job_past_its_timeout_has_its_statement_cancelled_and_its_locks_let_go(
+    pool: str,
+) -> None:
+    # The job's function blocks in the server (pg_sleep) holding a lock: a killed child, or an
+    # abandoned thread, would leave the server running it, the lock held, for its ten minutes.
+    stuck = make_job(
+        "demo.hold_lock_in_query", data={"label": "stuck", "key": 4242}, max_attempts=1
+    )
+    worker, _ = _worker(pool=pool)
+    assert worker.run() == CLEAN_EXIT
+    stuck.refresh_from_db()
+    assert stuck.status == JobStatus.FAILED
+    assert "jobs.job.timeout" in stuck.last_error
+    with dedicated_connection("default", "probe") as other:
+
+        def lock_free() -> bool:
+            [(taken,)] = other.execute("SELECT pg_try_advisory_lock(4242)").fetchall()
+            if taken:
+                other.execute("SELECT pg_advisory_unlock(4242)")
+            return bool(taken)
+
+        wait_until(lock_free, what="the timed-out job's lock to be let go", timeout=10)
+        sleeping = other.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' "
+            "AND state = 'active'"
+        ).fetchall()
+        assert sleeping == [(0,)]
+    assert not Ping.objects.filter(label="stuck").exists()

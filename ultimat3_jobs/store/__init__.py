@@ -257,8 +257,8 @@ class JobStore(Protocol):
         """Return the running jobs of workers that stopped heartbeating to the queue.
 
         Staleness is judged by the database clock, which every heartbeat is written with. A
-        started attempt stays counted; a job whose attempts are used up ends ``failed``: it
-        kept killing the workers that ran it. A job claimed ahead that never started goes back
+        started attempt stays counted; a job whose attempts are used up ends ``failed``: its
+        workers died in each of them. A job claimed ahead that never started goes back
         as it was before the claim, its attempt uncounted (``Recovered.released``). A batch at
         a time; the rest wait for the next.
         """

@@ -483,6 +483,8 @@ class PortableStore:
             now=clock.now(),
             note=Value(f"worker {worker} could not record how this attempt ended"),
             exhausted="; no attempts left",
+            fix="the database refused or lost the worker's writes: its log names the error "
+            "(its code and fix)",
         )
         return requeued + failed + _release(unheld.exclude(pk__in=ran))
 
@@ -516,7 +518,10 @@ class PortableStore:
             started,
             now=now,
             note=died,
-            exhausted="; no attempts left: the job kept killing its worker",
+            exhausted=(
+                "; no attempts left: its worker died during each of them (this job killed it, "
+                "or in the thread pool a job running beside it)"
+            ),
         )
         return Recovered(requeued, failed, tuple(found), released, failed_jobs)
 
@@ -1031,19 +1036,25 @@ def _release(rows: QuerySet[Job]) -> int:
 
 
 def _requeue_or_fail(
-    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str
+    rows: QuerySet[Job], *, now: datetime, note: Any, exhausted: str, fix: str = ""
 ) -> tuple[int, int]:
     """Send ``rows`` back to the queue with their attempts counted; those out of attempts fail.
+    Each row's error is ``note`` (then ``exhausted`` for a failed one), ``WorkerLostError``'s
+    code and ``fix`` (by default the error's).
 
     Returns how many were requeued and how many failed.
     """
+    lost = f" [{WorkerLostError.code}]\nfix: {fix or WorkerLostError.FIX}"
     requeued = rows.filter(attempts__lt=F("max_attempts")).update(
-        status=JobStatus.QUEUED, run_at=now, worker="", last_error=note
+        status=JobStatus.QUEUED,
+        run_at=now,
+        worker="",
+        last_error=Concat(note, Value(lost)),
     )
     # A job of one attempt (every Django Task) did not "keep" doing anything: say only that.
     said = Case(
-        When(max_attempts__gt=1, then=Concat(note, Value(exhausted))),
-        default=Concat(note, Value("; no attempts left")),
+        When(max_attempts__gt=1, then=Concat(note, Value(exhausted + lost))),
+        default=Concat(note, Value("; no attempts left" + lost)),
         output_field=TextField(),
     )
     # A Django Task's result shows its TaskError: the class, and what happened as its text.

@@ -390,20 +390,96 @@ def test_round__a_job_key_already_there_is_reported_and_the_rest_inserted() -> N
 
 
 @pytest.mark.django_db
-def test_sync__a_changed_declaration_is_rewritten_and_keeps_its_watermark() -> None:
+def test_sync__a_changed_declaration_is_rewritten_its_watermark_kept_unless_its_schedule_moved() -> (
+    None
+):
     [handle] = make_tasks(1, prefix="changed")
     state = DatabaseState(node_id="n", leader="sole")
     state.sync([handle])
-    Task.objects.filter(name="changed.00000").update(last_fired_at=T0, declared=False)
+    Task.objects.filter(name="changed.00000").update(last_fired_at=T0)
+    # Its catch-up policy and overlap: the instants it fires on are the same.
+    [policy] = make_tasks(1, catch_up="run-all", overlap="skip", prefix="changed")
+    assert state.sync([policy]).states["changed.00000"].watermark == T0
+    row = Task.objects.get(name="changed.00000")
+    assert (row.catch_up, row.overlap, row.last_fired_at) == ("run-all", "skip", T0)
+    # Its cron and zone: armed anew, from the next round, as a task seen for the first time.
     [moved] = make_tasks(1, cron="0 3 * * *", tz="Europe/Paris", prefix="changed")
-    state.sync([moved])
+    assert state.sync([moved]).states["changed.00000"].watermark is None
     row = Task.objects.get(name="changed.00000")
     assert (row.cron, row.tz, row.declared, row.last_fired_at) == (
         "0 3 * * *",
         "Europe/Paris",
         True,
-        T0,
+        None,
     )
+
+
+@pytest.mark.django_db
+def test_sync__a_task_declared_again_after_it_was_removed_fires_nothing_of_the_time_between() -> (
+    None
+):
+    clock = FrozenClock(T0)
+    tasks = make_tasks(1, cron="* * * * * *", catch_up="run-all", prefix="back")
+    scheduler, state = round_over(0, clock)
+    state.sync(tasks)
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+    )
+    scheduler.tick()  # armed
+    clock.advance(1)
+    assert len(scheduler.tick()) == 1
+    state.sync([])  # a release without it
+    assert not Task.objects.get(name="back.00000").declared
+    clock.advance(15)
+    state.sync(tasks)  # and one with it again
+    back = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+    )
+    assert back.tick() == []  # armed again: the fifteen seconds it was away are not run
+    clock.advance(1)
+    assert len(back.tick()) == 1
+    assert Job.objects.filter(task="back.00000").count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("before", "after", "next_due"),
+    [
+        # Armed for the first of next month, then made to fire every ten seconds: it waited
+        # for next month.
+        ("0 0 1 * *", "*/10 * * * * *", datetime(2026, 6, 1, 22, 59, 40, tzinfo=UTC)),
+        # Fired at :58, then moved to :59 a minute and a half later: the :59 just past came
+        # due at once, an hour's run a minute after the last.
+        ("58 * * * *", "59 * * * *", datetime(2026, 6, 1, 23, 59, tzinfo=UTC)),
+    ],
+    ids=["armed-for-next-month", "moved-past-its-last-firing"],
+)
+def test_round__a_cron_changed_between_releases_fires_by_the_new_one_from_the_change(
+    before: str, after: str, next_due: datetime
+) -> None:
+    clock = FrozenClock(datetime(2026, 6, 1, 22, 57, 30, tzinfo=UTC))
+    _, state = round_over(0, clock)
+
+    def release(cron: str) -> Scheduler:
+        tasks = make_tasks(1, cron=cron, catch_up="run-once", prefix="cron")
+        state.sync(tasks)
+        return Scheduler(
+            state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+        )
+
+    old = release(before)
+    assert old.tick() == []  # armed
+    clock.set(datetime(2026, 6, 1, 22, 58, tzinfo=UTC))
+    old.tick()
+    fired_before = Job.objects.count()
+    clock.set(datetime(2026, 6, 1, 22, 59, 30, tzinfo=UTC))
+    new = release(after)
+    assert new.tick() == []  # armed anew
+    clock.set(next_due - timedelta(milliseconds=1))
+    assert new.tick() == []
+    clock.set(next_due)
+    assert len(new.tick()) == 1
+    assert Job.objects.count() == fired_before + 1
 
 
 @pytest.mark.django_db

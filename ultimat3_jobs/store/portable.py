@@ -108,6 +108,15 @@ def _as_read(watermark: datetime | None) -> datetime | None:
     return watermark
 
 
+def _schedule_changed(row: Sequence[Any], handle: TaskHandle) -> bool:
+    """Whether the stored ``row`` (as ``_declarations`` reads it) fires on other instants than
+    ``handle`` declares, or was not declared until now. Its watermark then says nothing of the
+    schedule it has now: kept, it would fire that schedule's past instants since the last
+    firing (the old schedule ran then), or nothing until the old one's first instant (a task
+    armed for next month)."""
+    return not row[DECLARED_AT] or (row[1], row[2]) != (handle.cron, handle.tz)
+
+
 @dataclass(frozen=True, slots=True)
 class _SyncRead:
     """What ``PortableStore._sync`` read and did: every row's state, by name; the rows still
@@ -879,12 +888,14 @@ class PortableStore:
         )
         unseen = {handle.name: handle for handle in tasks}
         changed: list[TaskHandle] = []
+        rearmed: set[str] = set()
         gone: list[str] = []
         instant = self._watermarks()
 
         def compared() -> Iterator[tuple[str, datetime | None, bool]]:
             for row in rows:
                 name = row[0]
+                watermark = instant(row[WATERMARK_AT])
                 handle = unseen.pop(name, None)
                 if handle is not None:
                     name = handle.name  # Kept rather than the row's own copy.
@@ -895,9 +906,14 @@ class PortableStore:
                         and tuple(row[1:DECLARED_AT]) == declared(handle)
                     ):
                         changed.append(handle)
+                    if watermark is not None and _schedule_changed(row, handle):
+                        # Armed anew, as a task seen for the first time: from now, by the
+                        # schedule it has now.
+                        rearmed.add(name)
+                        watermark = None
                 elif row[DECLARED_AT]:
                     gone.append(name)
-                yield name, instant(row[WATERMARK_AT]), row[PAUSED_AT]
+                yield name, watermark, row[PAUSED_AT]
 
         states = shared_states(compared())
         new = list(unseen.values())
@@ -914,7 +930,10 @@ class PortableStore:
                     setattr(task, key, value)
                 task.declared = True
                 task.jobs = job_names(handle, at)
-            query.bulk_update(current, [*DECLARED, "jobs", "declared"])
+                if task.name in rearmed:
+                    task.last_fired_at = None
+            fields = [*DECLARED, "jobs", "declared"]
+            query.bulk_update(current, [*fields, "last_fired_at"] if rearmed else fields)
         return _SyncRead(states, gone, bool(new))
 
     def _every_declaration(self, expected: int) -> Iterable[Sequence[Any]]:

@@ -390,9 +390,7 @@ def test_round__a_job_key_already_there_is_reported_and_the_rest_inserted() -> N
 
 
 @pytest.mark.django_db
-def test_sync__a_changed_declaration_is_rewritten_its_watermark_kept_unless_its_schedule_moved() -> (
-    None
-):
+def test_sync__a_changed_declaration_keeps_its_watermark_unless_its_schedule_moved() -> None:
     [handle] = make_tasks(1, prefix="changed")
     state = DatabaseState(node_id="n", leader="sole")
     state.sync([handle])

@@ -389,6 +389,13 @@ def test_round__a_job_key_already_there_is_reported_and_the_rest_inserted() -> N
     assert set(Task.objects.values_list("last_fired_at", flat=True)) == {clock()}
 
 
+def _synced(state: DatabaseState, handle: Any) -> TaskState:
+    """``handle``'s state as the sync of it alone returns it."""
+    states = state.sync([handle]).states
+    assert states is not None
+    return states[handle.name]
+
+
 @pytest.mark.django_db
 def test_sync__a_changed_declaration_keeps_its_watermark_unless_its_schedule_moved() -> None:
     [handle] = make_tasks(1, prefix="changed")
@@ -397,12 +404,12 @@ def test_sync__a_changed_declaration_keeps_its_watermark_unless_its_schedule_mov
     Task.objects.filter(name="changed.00000").update(last_fired_at=T0)
     # Its catch-up policy and overlap: the instants it fires on are the same.
     [policy] = make_tasks(1, catch_up="run-all", overlap="skip", prefix="changed")
-    assert state.sync([policy]).states["changed.00000"].watermark == T0
+    assert _synced(state, policy).watermark == T0
     row = Task.objects.get(name="changed.00000")
     assert (row.catch_up, row.overlap, row.last_fired_at) == ("run-all", "skip", T0)
     # Its cron and zone: armed anew, from the next round, as a task seen for the first time.
     [moved] = make_tasks(1, cron="0 3 * * *", tz="Europe/Paris", prefix="changed")
-    assert state.sync([moved]).states["changed.00000"].watermark is None
+    assert _synced(state, moved).watermark is None
     row = Task.objects.get(name="changed.00000")
     assert (row.cron, row.tz, row.declared, row.last_fired_at) == (
         "0 3 * * *",

@@ -722,15 +722,30 @@ def test_task_resume__an_occurrence_missed_before_the_pause_is_left_to_the_catch
     assert fired.occurrence == FIRED_5TH
 
 
-def test_task_resume__with_a_scheduler_leading_leaves_it_to_its_rounds(
+def test_task_resume__what_a_leading_scheduler_s_rounds_recorded_is_not_recorded_again(
     tasks: dict[str, Task], viewer: User
 ) -> None:
     _node("leader", is_leader=True, last_round_at=NOW - timedelta(seconds=1))
 
-    _resume_after(FIRED_5TH, viewer, tasks)
+    _resume_after(NOW - timedelta(seconds=1), viewer, tasks)  # its last round's watermark
 
     assert not Occurrence.objects.exists()
-    assert Task.objects.get(name=DIGEST).last_fired_at == FIRED_5TH
+    assert Task.objects.get(name=DIGEST).last_fired_at == NOW - timedelta(seconds=1)
+
+
+def test_task_resume__a_leader_killed_before_its_rounds_recorded_the_pause_is_not_waited_for(
+    tasks: dict[str, Task], viewer: User, frozen: FrozenClock
+) -> None:
+    # Its node row still says it leads (SIGKILLed, it never said otherwise), and no round of
+    # it recorded the three nights: resuming records them, or the next leader replays them.
+    _node("leader", is_leader=True, last_round_at=NOW - timedelta(seconds=1))
+
+    _resume_after(FIRED_5TH, viewer, tasks)
+
+    [record] = Occurrence.objects.all()
+    assert (record.outcome, record.count) == ("paused", 3)
+    assert _round_after_resume(frozen) == []
+    assert not Job.objects.exists()
 
 
 def test_task_change__declaration_fields_are_read_only(

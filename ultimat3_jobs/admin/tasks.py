@@ -332,17 +332,19 @@ class TaskAdmin(BackfillAdmin, GuardedDelete):
             self.message_user(
                 request,
                 f"{settled.count:,}{'+' if settled.at_least else ''} occurrence(s) of "
-                f"{obj.name} came due while it was paused and no scheduler ran: recorded as "
-                "skipped, not replayed.",
+                f"{obj.name} came due while it was paused and no round recorded them: recorded "
+                "as skipped, not replayed.",
                 messages.INFO,
             )
 
     def _settle_pause(self, request: HttpRequest, obj: Task) -> Span | None:
-        """A running scheduler records a paused task's occurrences itself, every round;
-        without one, resuming does it (``manual.settle_pause``)."""
+        """Record as skipped what came due while paused and no round recorded it: a leading
+        scheduler's rounds do, a dead one's do not (``manual.settle_pause``). Whether one
+        leads is not asked: a SIGKILLed leader's node row says it does until it goes silent,
+        and a live leader has left nothing older than its last round to settle."""
         handle = registry.get_task(obj.name)
         using = obj._state.db or "default"
-        if handle is None or obj.paused_at is None or scheduler_status(using=using).leader:
+        if handle is None or obj.paused_at is None:
             return None
         return settle_pause(
             handle, obj.paused_at, user=request.user.get_username(), store=store_for(using)

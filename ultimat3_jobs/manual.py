@@ -84,9 +84,9 @@ def preview(
 def settle_pause(
     handle: TaskHandle, paused_at: datetime, *, user: str, store: JobStore
 ) -> Span | None:
-    """On resuming ``handle`` while no scheduler runs: record as skipped (paused) what came
-    due since ``paused_at`` and move the watermark past it, as a round would have done, so the
-    resumed task replays none of it. Call it in the resume's transaction; the task row is
+    """On resuming ``handle``: record as skipped (paused) what came due since ``paused_at``
+    that no round recorded (none ran, or its leader died) and move the watermark past it, as a
+    round would have done, so the resumed task replays none of it. Call it in the resume's transaction; the task row is
     locked as a round locks it.
 
     Only when every occurrence since the watermark came due while paused: one missed before

@@ -43,6 +43,7 @@ from .errors import (
     JobProcessDiedError,
     JobRowUnreadableError,
     JobTimeoutError,
+    JobUnknownError,
     ResultUnstorableError,
     UltimateError,
     class_path,
@@ -246,14 +247,19 @@ class Attempts:
         """The job's function raised: ``text`` is its traceback."""
         return self._failed(job, text, started, retry=True, fields=fields)
 
-    def unknown(self, job: ClaimedJob, started: float) -> Ended:
-        # Retrying cannot help: this code does not know the job. Fail it now, loudly.
-        message = (
-            f'job "{job.name}" is not registered in this worker; fix: deploy the code that '
-            "declares it with @job, and check that its app is in INSTALLED_APPS, then "
-            "retry the job from the admin"
+    def unknown(self, job: ClaimedJob, started: float, grace: timedelta | None = None) -> Ended:
+        """A job no worker declared within ``grace`` (``Worker._unknown``), or one whose
+        declaration this worker lost since its claim: failed, unrun, not retried."""
+        waited = (
+            f", nor in any that claimed it within UNKNOWN_JOB_GRACE ({grace.total_seconds():g} s)"
+            if grace is not None
+            else ""
         )
-        return self._failed(job, message, started, retry=False, fields={"error": message})
+        error = JobUnknownError(
+            f'job "{job.name}" is not declared in this worker{waited}', fix=UNKNOWN_JOB_FIX
+        )
+        text = f"{error.message} [{error.code}]\nfix: {error.fix}"
+        return self._failed(job, text, started, retry=False, fields=error.as_fields())
 
     def unreadable(self, job: ClaimedJob) -> Ended:
         """A row the claim could not read (``ClaimedJob.unreadable``): failed unrun, since a
@@ -488,6 +494,13 @@ class Attempts:
             jobs=[e.job.id for e in ended],
             **failure_fields(error),
         )
+
+
+#: What to do about a job no worker declares.
+UNKNOWN_JOB_FIX = (
+    "deploy the code that declares it with @job (its app in INSTALLED_APPS) to the workers, "
+    "then retry the job from the admin; a job a release removed stays so: delete it"
+)
 
 
 def timeout_of(name: str, *, backend: str = "") -> float | None:

@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     # Relay: an outbox row whose Celery task or Django Task this relay cannot find waits this
     # many seconds for a relay that can (a rolling deploy), then fails.
     "RELAY_UNKNOWN_TASK_GRACE": 300.0,
+    # Worker: a @job this worker does not declare waits this many seconds for a worker that
+    # does (a rolling deploy), then fails.
+    "UNKNOWN_JOB_GRACE": 300.0,
     # Sentry Crons (the `sentry` extra): every task a monitor, unless it says monitor=False.
     "SENTRY_CRONS": False,
     # Seconds late an occurrence's in_progress check-in may be before Sentry calls it missed,
@@ -113,6 +116,7 @@ class Settings:
     relay_resend_after: timedelta
     relay_stuck_after: timedelta
     relay_unknown_task_grace: timedelta
+    unknown_job_grace: timedelta
     sentry_crons: bool
     sentry_checkin_margin: timedelta
     sentry_max_runtime: timedelta
@@ -250,6 +254,7 @@ def get_settings() -> Settings:
         relay_resend_after=_seconds(raw, "RELAY_RESEND_AFTER"),
         relay_stuck_after=_seconds(raw, "RELAY_STUCK_AFTER"),
         relay_unknown_task_grace=_seconds(raw, "RELAY_UNKNOWN_TASK_GRACE"),
+        unknown_job_grace=_seconds(raw, "UNKNOWN_JOB_GRACE"),
         sentry_crons=_flag(raw, "SENTRY_CRONS"),
         sentry_checkin_margin=_seconds(raw, "SENTRY_CHECKIN_MARGIN"),
         sentry_max_runtime=_seconds(raw, "SENTRY_MAX_RUNTIME"),

@@ -279,6 +279,14 @@ class TaskBackendError(UltimateError):
     code = "jobs.task.backend-unsupported"
 
 
+class JobUnknownError(UltimateError):
+    """A claimed job's name is no ``@job`` this worker declares: one of another release (a
+    rolling deploy), or removed from the code. It waits ``UNKNOWN_JOB_GRACE`` for a worker
+    that declares it, then fails."""
+
+    code = "jobs.job.unknown"
+
+
 class JobTransactionLeftOpenError(UltimateError):
     """A job's function returned with a transaction of its own still open on its thread's
     connection (autocommit turned off and never back on): nothing it wrote there was

@@ -86,8 +86,8 @@ def settle_pause(
 ) -> Span | None:
     """On resuming ``handle``: record as skipped (paused) what came due since ``paused_at``
     that no round recorded (none ran, or its leader died) and move the watermark past it, as a
-    round would have done, so the resumed task replays none of it. Call it in the resume's transaction; the task row is
-    locked as a round locks it.
+    round would have done, so the resumed task replays none of it. Call it in the resume's
+    transaction; the task row is locked as a round locks it.
 
     Only when every occurrence since the watermark came due while paused: one missed before
     the pause (no scheduler ran then either) is the catch-up policy's, and the rest with it.

@@ -585,7 +585,14 @@ class Scheduler:
         except FencingLost:
             self._concede()
         except WatermarkMoved as moved:
-            emit(logger, "jobs.scheduler.watermark-moved", logging.WARNING, task=str(moved))
+            emit(
+                logger,
+                "jobs.scheduler.watermark-moved",
+                logging.WARNING,
+                task=str(moved),
+                fix="once (a resume, a backfill): nothing to do. Round after round: another "
+                "scheduler leads too; give every node the same LEADER and ADVISORY_LOCK_KEY",
+            )
             self._due = None
         return None
 

@@ -37,6 +37,7 @@ from . import clock as default_clock
 from . import instruments, nodes, shutdown
 from .attempts import (
     REFUSED_ERRORS,
+    UNKNOWN_JOB_FIX,
     Attempts,
     Ended,
     Outcome,
@@ -48,7 +49,7 @@ from .attempts import (
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
 from .db import cancel_statements
-from .errors import WorkerLostError
+from .errors import JobUnknownError, WorkerLostError
 from .lifecycle import (
     BURST_GIVE_UP_AFTER,
     DATABASE_ERRORS,
@@ -69,6 +70,9 @@ if TYPE_CHECKING:
     from .errors import UltimateError
 
 logger = logging.getLogger("ultimat3_jobs.worker")
+
+#: How long a job this worker does not declare is put off before a worker looks at it again.
+UNKNOWN_JOB_RETRY = timedelta(seconds=5)
 
 #: The longest an outcome waits to be written with the next claim; past it, it is written alone.
 FLUSH_AFTER = 0.005
@@ -346,6 +350,9 @@ class Worker:
         if job.unreadable:
             self._hand_in(self.attempts.unreadable(job))
             return
+        if not job.backend and registry.get_job(job.name) is None:
+            self._unknown(job)
+            return
         if slot.child is not None:
             try:
                 slot.child.ensure()  # A replaced child starts before the job is marked started.
@@ -387,6 +394,34 @@ class Worker:
         ended = self.attempts.run(job) if started is True else self.attempts.run_task(job, started)
         if self._done(slot):
             self._hand_in(ended)
+
+    def _unknown(self, job: ClaimedJob) -> None:
+        """A @job this worker does not declare waits, unrun and uncounted, for a worker that
+        does (one of the new release, in a rolling deploy): looked at again every
+        ``UNKNOWN_JOB_RETRY``, failed once ``UNKNOWN_JOB_GRACE`` has passed since the first
+        worker that did not know it."""
+        now = self.clock()
+        grace = get_settings().unknown_job_grace
+        try:
+            waiting = self.store.put_off_unknown(
+                job, worker=self.node_id, now=now, until=now + UNKNOWN_JOB_RETRY, grace=grace
+            )
+        except DATABASE_ERRORS as error:
+            self._let_go(job, error, ran=False)
+            return
+        if not waiting:
+            self._hand_in(self.attempts.unknown(job, time.monotonic(), grace))
+            return
+        emit(
+            logger,
+            "jobs.worker.job-unknown-waiting",
+            logging.WARNING,
+            job=job.id,
+            name=job.name,
+            grace=grace.total_seconds(),
+            code=JobUnknownError.code,
+            fix=UNKNOWN_JOB_FIX,
+        )
 
     def _done(self, slot: _Slot) -> bool:
         """The slot's job returned; False if the dispatcher timed it out meanwhile (the

@@ -341,13 +341,51 @@ def test_run__the_last_attempt_ends_failed_with_its_error() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run__a_job_this_worker_does_not_know_fails_at_once() -> None:
+def test_run__a_job_this_worker_does_not_know_waits_uncounted_for_a_worker_that_does(
+    fresh_registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A job of the new release, claimed by a worker of the last one in a rolling deploy.
+    made = make_job("nowhere.new", data={"label": "n"}, max_attempts=5)
+    worker = burst_worker()
+    with caplog.at_level(logging.WARNING, logger="ultimat3_jobs.worker"):
+        assert worker.run() == CLEAN_EXIT
+    row = Job.objects.get(pk=made.pk)
+    assert (row.status, row.attempts, row.worker, row.started_at) == (
+        JobStatus.QUEUED,
+        0,
+        "",
+        None,
+    )
+    assert row.target_unknown_since is not None
+    assert timedelta(seconds=4) < row.run_at - row.target_unknown_since <= timedelta(seconds=5)
+    assert 'job "nowhere.new" is not declared in worker w1; waiting' in row.last_error
+    [waiting] = [r for r in caplog.records if r.event == "jobs.worker.job-unknown-waiting"]
+    assert waiting.fields["code"] == "jobs.job.unknown"  # type: ignore[attr-defined]
+    assert worker.outcomes["failed"] == 0
+    # The new release's worker declares it, and runs it on its first attempt.
+    seen: list[str] = []
+
+    @job(name="nowhere.new")
+    def new(label: str) -> None:
+        seen.append(label)
+
+    Job.objects.filter(pk=made.pk).update(run_at=clock.now())
+    assert ran(burst_worker()) == ["succeeded"]
+    assert seen == ["n"]
+    assert Job.objects.get(pk=made.pk).attempts == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_job_no_worker_declared_within_the_grace_fails_unrun() -> None:
     made = make_job("nowhere.gone", data={}, max_attempts=5)
+    Job.objects.filter(pk=made.pk).update(target_unknown_since=clock.now() - timedelta(seconds=300))
     assert ran(burst_worker()) == ["failed"]
     row = Job.objects.get(pk=made.pk)
     assert (row.status, row.attempts) == (JobStatus.FAILED, 1)
-    assert 'job "nowhere.gone" is not registered in this worker' in row.last_error
-    assert "fix:" in row.last_error
+    assert row.last_error.startswith(
+        'job "nowhere.gone" is not declared in this worker, nor in any that claimed it within '
+        "UNKNOWN_JOB_GRACE (300 s) [jobs.job.unknown]\nfix: deploy the code that declares it"
+    )
 
 
 @pytest.mark.django_db(transaction=True)

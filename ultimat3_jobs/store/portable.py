@@ -34,7 +34,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Concat, Greatest, Now
+from django.db.models.functions import Coalesce, Concat, Greatest, Now
 
 from .. import clock, history, tracing
 from ..conf import get_settings
@@ -533,6 +533,30 @@ class PortableStore:
             ),
         )
         return Recovered(requeued, failed, tuple(found), released, failed_jobs)
+
+    def put_off_unknown(
+        self, job: ClaimedJob, *, worker: str, now: datetime, until: datetime, grace: timedelta
+    ) -> bool:
+        waited = Q(target_unknown_since__isnull=True) | Q(target_unknown_since__gt=now - grace)
+        note = (
+            f'job "{job.name}" is not declared in worker {worker}; waiting for a worker that '
+            f"declares it, at most UNKNOWN_JOB_GRACE ({grace.total_seconds():g} s) from the "
+            "first worker that did not"
+        )
+        ours = self._jobs().filter(
+            waited, pk=job.id, status=JobStatus.RUNNING, worker=worker, attempts=job.attempts
+        )
+        return bool(
+            ours.update(
+                status=JobStatus.QUEUED,
+                attempts=Greatest(F("attempts") - 1, 0),
+                started_at=None,
+                worker="",
+                run_at=until,
+                last_error=note,
+                target_unknown_since=Coalesce(F("target_unknown_since"), Value(now)),
+            )
+        )
 
     def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:
         if not job_ids:

@@ -359,7 +359,9 @@ def test_run__a_job_this_worker_does_not_know_waits_uncounted_for_a_worker_that_
     assert row.target_unknown_since is not None
     assert timedelta(seconds=4) < row.run_at - row.target_unknown_since <= timedelta(seconds=5)
     assert 'job "nowhere.new" is not declared in worker w1; waiting' in row.last_error
-    [waiting] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.job-unknown-waiting"]
+    [waiting] = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.job-unknown-waiting"
+    ]
     assert waiting.fields["code"] == "jobs.job.unknown"  # type: ignore[attr-defined]
     assert worker.outcomes["failed"] == 0
     # The new release's worker declares it, and runs it on its first attempt.

@@ -1,5 +1,5 @@
 """Sentry Crons check-ins: ``in_progress`` when a monitored occurrence fires, then ``ok`` or
-``error`` once its jobs have ended (all succeeded, or one failed).
+``error`` once its jobs have ended (all succeeded, or one failed or was cancelled).
 
 Neither the round nor the worker waits on Sentry: the scheduler hands the occurrences it fired
 to ``CheckIns.opened`` after its commit, the worker the jobs it finished to ``ended`` after
@@ -71,9 +71,13 @@ def _sentry() -> Any:
     return sys.modules.get("sentry_sdk")
 
 
-def _client_active() -> bool:
+def sending() -> bool:
+    """Whether this process sends check-ins: the project set a Sentry client up."""
     sdk = _sentry()
     return sdk is not None and bool(sdk.get_client().is_active())
+
+
+_client_active = sending
 
 
 def _capture_checkin(**fields: Any) -> None:

@@ -103,6 +103,52 @@ def test_close_occurrences__one_failed_job_makes_it_an_error() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("other", [JobStatus.SUCCEEDED, JobStatus.CANCELLED])
+def test_close_occurrences__a_cancelled_job_makes_it_an_error(other: str) -> None:
+    # Cancelled, it did not succeed: "ok" says every job did.
+    cancelled = scheduled_job("m.nightly", AT, JobStatus.CANCELLED, part=1)
+    scheduled_job("m.nightly", AT, other, part=2)
+    [closed] = store_for().close_occurrences([cancelled.pk], tasks=["m.nightly"])
+    assert closed.status == "error"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkins__cancelling_the_last_queued_job_in_the_admin_closes_its_occurrence(
+    envelopes: Path, fresh_registry: Registry
+) -> None:
+    # No worker will end a cancelled job: left open, Sentry would report a timeout.
+    from ultimat3_jobs.declarations import task
+
+    from .admin_support import JOBS_URL, logged_in, staff_user
+
+    ping = demo_ping()
+
+    @task(cron="* * * * *", tz="UTC", name="m.cancelled", monitor=True)
+    def cancelled(occurrence: datetime) -> list[Any]:
+        return [(ping, {"label": occurrence.isoformat()})]
+
+    handle = fresh_registry.get_task("m.cancelled")
+    assert handle is not None
+    clock = FrozenClock(T0)
+    scheduler = sole_scheduler(handle, clock)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    [queued] = Job.objects.filter(task="m.cancelled")
+
+    user = staff_user("canceller", "view_job", "change_job")
+    logged_in(user).post(
+        JOBS_URL, {"action": "cancel_queued", "_selected_action": [queued.pk]}, follow=True
+    )
+
+    assert Job.objects.get(pk=queued.pk).status == JobStatus.CANCELLED
+    occurrence = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+    assert by_check_in(envelopes, "m-cancelled") == {
+        check_in_id("m.cancelled", occurrence): ["in_progress", "error"]
+    }
+
+
+@pytest.mark.django_db
 def test_close_occurrences__only_scheduled_jobs_of_the_monitored_tasks() -> None:
     other = scheduled_job("m.other", AT, JobStatus.SUCCEEDED)
     backfilled = scheduled_job("m.nightly", AT, JobStatus.SUCCEEDED)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import AdminSite
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -15,11 +15,11 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import smart_split, unescape_string_literal
 
-from .. import clock
+from .. import checkins, clock
 from ..attempts import timeout_of
 from ..models import Job, Task
 from ..status import relay_warning
-from ..store import FINISHED, JobStore, store_for
+from ..store import CANCELLABLE, FINISHED, JobStore, store_for
 from .bulk import GuardedDelete, delete_selected
 from .display import fields_of, timeout_text, utc_column
 from .filters import EstimatedCountPaginator, RecentValuesFilter
@@ -283,9 +283,21 @@ class JobAdmin(GuardedDelete):
 
     @admin.action(permissions=["change"], description="Cancel selected queued jobs")
     def cancel_queued(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Queued -> cancelled. A job a worker already claimed is running and is left alone."""
+        """Queued -> cancelled. A job a worker already claimed is running and is left alone.
+
+        A monitored occurrence whose last jobs these were is closed in Sentry (``error``): no
+        worker will end them, and Sentry would wait out its ``max_runtime``."""
         selected = queryset.count()  # Before: the selection may be filtered by the status.
-        count = self._store(queryset).cancel_queued(queryset)
+        store = self._store(queryset)
+        cancelling: list[int] = []
+        if checkins.sending():
+            cancelling = list(queryset.filter(status__in=CANCELLABLE).values_list("pk", flat=True))
+        count = store.cancel_queued(queryset)
+        if cancelling:
+            closing = checkins.CheckIns(using=store.using, store=store, inline=True)
+            transaction.on_commit(
+                lambda: closing.ended((pk, None) for pk in cancelling), using=store.using
+            )
         self._report(request, count, selected, "cancelled", "queued")
 
     def _report(

@@ -24,6 +24,7 @@ from .portable import PortableStore
 from .postgres import PostgresStore
 from .values import (
     BUSY,
+    CANCELLABLE,
     FINISHED,
     ClaimedJob,
     ClosedOccurrence,
@@ -526,6 +527,7 @@ def enqueue(
 
 __all__ = [
     "BUSY",
+    "CANCELLABLE",
     "FINISHED",
     "ClaimedJob",
     "ClosedOccurrence",

@@ -55,7 +55,9 @@ from .columns import (
 )
 from .values import (
     BUSY,
+    CANCELLABLE,
     FINISHED,
+    UNSUCCESSFUL,
     ClaimedJob,
     ClosedOccurrence,
     DecidedRecord,
@@ -600,7 +602,7 @@ class PortableStore:
                 .filter(task=task, occurrence=occurrence)
                 .aggregate(
                     live=Count("pk", filter=~Q(status__in=FINISHED)),
-                    failed=Count("pk", filter=Q(status=JobStatus.FAILED)),
+                    failed=Count("pk", filter=Q(status__in=UNSUCCESSFUL)),
                     started_at=Min("created_at"),
                     finished_at=Max("finished_at"),
                 )
@@ -785,7 +787,7 @@ class PortableStore:
     def cancel_queued(self, jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
         return (
             self._of(jobs)
-            .filter(status__in=[JobStatus.QUEUED, JobStatus.OUTBOX])
+            .filter(status__in=CANCELLABLE)
             .update(status=JobStatus.CANCELLED, finished_at=now or clock.now())
         )
 

@@ -418,7 +418,7 @@ WITH ended AS (
                  AND o.occurrence = j.occurrence AND o.outcome = 'fired'))
 ),
 closed AS (
-    SELECT e.task, e.occurrence, bool_or(j.status = 'failed') AS failed,
+    SELECT e.task, e.occurrence, bool_or(j.status IN ('failed', 'cancelled')) AS failed,
            min(j.created_at) AS started_at, max(j.finished_at) AS finished_at
     FROM ended AS e JOIN {_JOB} AS j ON j.task = e.task AND j.occurrence = e.occurrence
     GROUP BY e.task, e.occurrence

@@ -24,6 +24,10 @@ Progress = Callable[[str, int], None]
 
 #: Done with: never claimed or sent again unless retried by hand; only these are deleted.
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+#: Finished without succeeding: a monitored occurrence with one closes as an ``error``.
+UNSUCCESSFUL = (JobStatus.FAILED, JobStatus.CANCELLED)
+#: What Cancel cancels: not yet claimed by a worker, nor handed to an engine.
+CANCELLABLE = (JobStatus.QUEUED, JobStatus.OUTBOX)
 #: Not done yet, for the overlap policy: waiting, running, or with the engine it was relayed to.
 BUSY = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.OUTBOX, JobStatus.RELAYED)
 
@@ -173,7 +177,7 @@ class ClosedOccurrence:
 
     task: str
     occurrence: datetime
-    #: "ok" when every job succeeded, "error" when one failed.
+    #: "ok" when every job succeeded, "error" when one failed or was cancelled.
     status: str
     #: Its first job created, its last job finished.
     started_at: datetime

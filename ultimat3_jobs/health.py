@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS
 
 from .conf import Settings, get_settings
 from .db import database_now
 from .humanize import duration
-from .models import Lease, Node
+from .models import Node
 from .retries import MAX_LOOP_BACKOFF
-from .status import START_FIX
+from .status import START_FIX, leadership_held
 
 if TYPE_CHECKING:
     from .nodes import Heartbeat
@@ -257,7 +257,7 @@ def _scheduler_from_nodes(
         return RoleHealth(
             "scheduler", False, False, f"leader {name}: last round {ago} ago", LEADER_FIX
         )
-    if not _leadership_held(leader, using, config, now):
+    if not leadership_held(leader, using, config, now):
         lost = (
             "its advisory lock is gone (the process or its connection died)"
             if leader.leader == "advisory"
@@ -266,33 +266,6 @@ def _scheduler_from_nodes(
         return RoleHealth("scheduler", False, False, f"leader {name}: {lost}", LEADER_FIX)
     age = (now - leader.last_round_at).total_seconds()
     return RoleHealth("scheduler", True, True, f"leader {name}, last round {_seconds(age)} ago")
-
-
-def _leadership_held(leader: Node, using: str, config: Settings, now: datetime) -> bool:
-    """Whether the database still grants ``leader`` its leadership: an advisory lock lives and
-    dies with its connection, a lease until it expires."""
-    if leader.leader == "advisory" and connections[using].vendor == "postgresql":
-        key = config.advisory_lock_key
-        with connections[using].cursor() as cursor:
-            cursor.execute(_ADVISORY_HELD, [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF])
-            row = cursor.fetchone()
-        return bool(row and row[0])
-    if leader.leader == "lease":
-        lease = Lease.objects.using(using).filter(name="scheduler").first()
-        return lease is not None and lease.owner == leader.node_id and lease.expires_at > now
-    return True
-
-
-#: Whether any backend holds the schedulers' advisory lock (classid, objid of a bigint key)
-#: in this database: an advisory lock belongs to its database, and another project on the
-#: server (its own job tables, the same default key) holds its own.
-_ADVISORY_HELD = """
-SELECT EXISTS (
-    SELECT 1 FROM pg_locks
-    WHERE locktype = 'advisory' AND granted AND classid = %s AND objid = %s AND objsubid = 1
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-)
-"""
 
 
 def _heartbeats_from_nodes(

@@ -152,6 +152,16 @@ class LeaseLeader:
         )
 
 
+#: The ``application_name`` of an advisory leader's connection, its node's id after it.
+LEADER_APPLICATION = "ultimat3_jobs scheduler leader"
+
+
+def leader_application(node_id: str) -> str:
+    """The ``application_name`` of node ``node_id``'s advisory leader connection (PostgreSQL
+    keeps 63 bytes of it)."""
+    return f"{LEADER_APPLICATION} {node_id}".strip()[:63]
+
+
 class AdvisoryLeader:
     """``pg_try_advisory_lock`` on a connection this node owns, apart from Django's.
 
@@ -163,15 +173,17 @@ class AdvisoryLeader:
     name = "advisory"
     renew_every: timedelta | None = None
 
-    def __init__(self, *, key: int, using: str = "default") -> None:
+    def __init__(self, *, key: int, using: str = "default", node_id: str = "") -> None:
         self.key = key
         self.using = using
+        self.node_id = node_id
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
         self._held = False
 
     def _connect(self) -> psycopg.Connection[Any]:
-        conn = dedicated_connection(self.using, "ultimat3_jobs scheduler leader")
+        # Named for its node: the status pages tell which node holds the lock from it.
+        conn = dedicated_connection(self.using, leader_application(self.node_id))
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         self._pid = int(row[0]) if row else None
         return conn
@@ -301,4 +313,4 @@ def build_leader(
         raise problem
     if once:
         return RoundAdvisoryLeader(key=config.advisory_lock_key, using=using)
-    return AdvisoryLeader(key=config.advisory_lock_key, using=using)
+    return AdvisoryLeader(key=config.advisory_lock_key, using=using, node_id=node_id)

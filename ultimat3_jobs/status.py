@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db import connections
+
 from . import clock
-from .conf import get_settings
+from .conf import Settings, get_settings
 from .humanize import duration
-from .models import Node
+from .leaders import LEADER_APPLICATION, leader_application
+from .models import Lease, Node
 
 START_FIX = (
     "start one with `python manage.py run_scheduler`, or `python manage.py run_jobs` (the "
@@ -66,6 +69,40 @@ class SchedulerStatus:
         return not self.warnings
 
 
+def leadership_held(node: Node, using: str, config: Settings, now: datetime) -> bool:
+    """Whether the database still grants ``node`` the leadership its row claims: an advisory
+    lock lives and dies with its connection (named for its node), a lease until it expires. A
+    SIGKILLed leader's row says it leads until it goes silent; this says at once."""
+    if node.leader == "advisory" and connections[using].vendor == "postgresql":
+        key = config.advisory_lock_key
+        with connections[using].cursor() as cursor:
+            cursor.execute(_ADVISORY_HOLDERS, [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF])
+            holders = [name or "" for (name,) in cursor.fetchall()]
+        if not holders:
+            return False
+        ours = leader_application(node.node_id)
+        # Another node's leader connection says whose it is; a connection of the release
+        # before, or of a `--once` round (Django's own), does not: it may be this node's.
+        return any(
+            name == ours or not name.startswith(f"{LEADER_APPLICATION} ") for name in holders
+        )
+    if node.leader == "lease":
+        lease = Lease.objects.using(using).filter(name="scheduler").first()
+        return lease is not None and lease.owner == node.node_id and lease.expires_at > now
+    return True
+
+
+#: The ``application_name`` of each backend that holds the schedulers' advisory lock (classid,
+#: objid of a bigint key) in this database: an advisory lock belongs to its database, and
+#: another project on the server (its own job tables, the same default key) holds its own.
+_ADVISORY_HOLDERS = """
+SELECT a.application_name FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s
+  AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
 def _skew_text(skew_ms: int) -> str:
     side = "ahead of" if skew_ms > 0 else "behind"
     return f"{abs(skew_ms) / 1000:.1f} s {side}"
@@ -92,7 +129,9 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
         (n for n in schedulers if live(n)),
         key=lambda n: (not n.is_leader, -n.last_seen_at.timestamp()),
     )
-    leader = next((n for n in live_schedulers if n.is_leader), None)
+    claiming = [n for n in live_schedulers if n.is_leader]
+    leading = [n for n in claiming if leadership_held(n, using, config, now)]
+    leader = leading[0] if leading else None
     workers = [n for n in nodes if n.role == "worker" and live(n)]
     rounds = [n.last_round_at for n in schedulers if n.last_round_at is not None]
     last_round_at = max(rounds) if rounds else None
@@ -121,6 +160,25 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
                 f"No scheduler round for {duration(now - last_round_at)} "
                 f"(warning after {duration(stale_after)}): tasks are not being dispatched.",
                 STALE_FIX,
+            )
+        )
+    if claiming and not leading:
+        dead = claiming[0]
+        warnings.append(
+            StatusWarning(
+                f"The scheduler {dead.host}:{dead.pid} says it leads, but no longer holds its "
+                f"{dead.leader} leadership (the process or its connection died): tasks are not "
+                "being dispatched until another takes over.",
+                STALE_FIX,
+            )
+        )
+    elif len(leading) > 1:
+        names = ", ".join(f"{n.host}:{n.pid} ({n.leader})" for n in leading)
+        warnings.append(
+            StatusWarning(
+                f"Schedulers {names} lead at once: their rounds undo each other's (logged "
+                "jobs.scheduler.watermark-moved).",
+                "give every scheduler the same LEADER and ADVISORY_LOCK_KEY settings",
             )
         )
     threshold_ms = config.clock_skew_warning.total_seconds() * 1000

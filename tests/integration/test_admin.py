@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import UTC, datetime, timedelta
 from html import unescape
@@ -17,9 +18,12 @@ from django.utils.html import strip_tags
 
 from ultimat3_jobs.admin import TaskAdmin, TaskPauseForm, filters
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.conf import get_settings
+from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.declarations import job, task
 from ultimat3_jobs.humanize import describe_cron, descriptor_locale, duration
-from ultimat3_jobs.models import CheckIn, Job, JobStatus, Node, Occurrence, Task
+from ultimat3_jobs.leaders import leader_application
+from ultimat3_jobs.models import CheckIn, Job, JobStatus, Lease, Node, Occurrence, Task
 from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
@@ -1122,7 +1126,13 @@ def _node(node_id: str, **fields: Any) -> Node:
         "started_at": NOW - timedelta(hours=1),
         "last_seen_at": NOW - timedelta(seconds=2),
     }
-    return Node.objects.create(node_id=node_id, **{**defaults, **fields})
+    fields = {**defaults, **fields}
+    if fields.get("is_leader") and fields["leader"] == "lease":
+        # Its lease, as a leading node holds it: the status asks the database who leads.
+        Lease.objects.update_or_create(
+            name="scheduler", defaults={"owner": node_id, "expires_at": NOW + timedelta(minutes=30)}
+        )
+    return Node.objects.create(node_id=node_id, **fields)
 
 
 def test_scheduler_status__names_the_live_leader_and_its_last_round() -> None:
@@ -1138,6 +1148,54 @@ def test_scheduler_status__names_the_live_leader_and_its_last_round() -> None:
     assert [n.node_id for n in status.workers] == ["w"]
     assert status.last_round_at == NOW - timedelta(seconds=3)
     assert status.warnings == []
+
+
+def test_scheduler_status__a_node_whose_lease_another_took_is_not_the_leader() -> None:
+    # Its row says it leads (stopped with SIGSTOP, or killed): the lease says who does.
+    _node("stale", is_leader=True, last_round_at=NOW - timedelta(seconds=3))
+    Lease.objects.filter(name="scheduler").update(expires_at=NOW - timedelta(seconds=1))
+
+    status = scheduler_status(NOW)
+
+    assert status.leader is None
+    [warning] = status.warnings
+    assert warning.message.startswith(
+        "The scheduler stale.internal:100 says it leads, but no longer holds its lease leadership"
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("held_by", "leads"),
+    [(None, False), ("a", True), ("other", False)],
+    ids=["nobody", "its-own-connection", "another-node-s"],
+)
+def test_scheduler_status__an_advisory_leader_leads_while_its_connection_holds_the_lock(
+    held_by: str | None, leads: bool
+) -> None:
+    # A SIGKILLed advisory leader loses its lock with its connection at once; its row says it
+    # leads until it goes silent, and the next leader's connection is named for its own node.
+    _node("a", is_leader=True, leader="advisory", last_round_at=NOW - timedelta(seconds=1))
+    with contextlib.ExitStack() as held:
+        if held_by is not None:
+            conn = held.enter_context(dedicated_connection("default", leader_application(held_by)))
+            conn.execute("SELECT pg_advisory_lock(%s)", [get_settings().advisory_lock_key])
+        status = scheduler_status(NOW)
+    assert (status.leader is not None) == leads
+    assert any("says it leads" in w.message for w in status.warnings) == (not leads)
+
+
+def test_scheduler_status__two_nodes_that_both_lead_are_named() -> None:
+    # A deploy that moves from advisory to lease leaders: each node holds its own election.
+    _node("adv", is_leader=True, leader="sole", last_round_at=NOW - timedelta(seconds=1))
+    _node("lease", is_leader=True, last_round_at=NOW - timedelta(seconds=1))
+
+    [warning] = scheduler_status(NOW).warnings
+
+    assert warning.message.startswith("Schedulers ")
+    assert "adv.internal:100 (sole)" in warning.message
+    assert "lease.internal:100 (lease)" in warning.message
+    assert warning.fix == "give every scheduler the same LEADER and ADVISORY_LOCK_KEY settings"
 
 
 @override_settings(ULTIMAT3_JOBS={"STALE_ROUND_WARNING": 60})

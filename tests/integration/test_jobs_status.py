@@ -12,6 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from ultimat3_jobs import clock
+from ultimat3_jobs.leaders import LeaseLeader
 from ultimat3_jobs.models import Job, JobStatus, Occurrence, Task
 from ultimat3_jobs.registry import registry
 from ultimat3_jobs.state import DatabaseState
@@ -46,6 +47,7 @@ def make_job(status: str, queue: str = "default") -> None:
 @pytest.fixture
 def leader() -> DatabaseState:
     state = DatabaseState(node_id="status-node", leader="lease")
+    assert LeaseLeader(node_id="status-node", ttl=timedelta(seconds=30)).acquire()
     state.sync([t for t in registry.tasks() if t.name.startswith("demo.")])
     state.heartbeat(is_leader=True, round_at=clock.now(), error="")
     return state

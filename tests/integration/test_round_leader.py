@@ -102,3 +102,18 @@ def test_dedicated_connection__never_prepares_a_statement() -> None:
         for _ in range(8):
             conn.execute("SELECT pg_try_advisory_lock(%s)", [4343])
         assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchall() == [(0,)]
+
+
+def test_advisory_leader__its_connection_is_named_for_its_node(
+    other: psycopg.Connection[Any],
+) -> None:
+    leader = build_leader("advisory", node_id="host:42:abcd")
+    try:
+        assert leader.acquire()
+        names = other.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted"
+        ).fetchall()
+        assert names == [("ultimat3_jobs scheduler leader host:42:abcd",)]
+    finally:
+        leader.release()

@@ -33,6 +33,7 @@ from .conf import Settings, get_settings
 from .db import database_now
 from .humanize import duration
 from .models import Node
+from .nodes import DRAINING
 from .retries import MAX_LOOP_BACKOFF
 from .status import START_FIX, leadership_held
 
@@ -279,6 +280,8 @@ def _heartbeats_from_nodes(
     working = [node for node in live if not node.last_error]
     if not working:
         last = live[0]
+        if all(node.last_error.startswith(DRAINING) for node in live):
+            return RoleHealth(role, True, False, f"{len(live)} {role}(s), each draining", fix)
         return RoleHealth(
             role, True, False, f"{len(live)} {role}(s), each failing: {last.last_error}", fix
         )

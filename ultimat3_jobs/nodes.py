@@ -30,6 +30,9 @@ RunStatus = Literal["idle", "running", "draining", "stopped"]
 
 #: A clock that stays skewed is warned about again this often.
 SKEW_WARNING_EVERY = timedelta(minutes=1)
+#: What a draining node's heartbeat says in ``last_error`` (then why: the signal, the reason):
+#: alive, its jobs still running, and not ready for more.
+DRAINING = "draining"
 
 
 def new_node_id() -> str:

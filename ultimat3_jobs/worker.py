@@ -274,8 +274,10 @@ class Worker:
     # -- the job table ----------------------------------------------------------------------
 
     def heartbeat(self) -> None:
-        """Record that this node is alive, by the database clock that judges staleness."""
-        self.node.beat(last_error=self.last_error)
+        """Record that this node is alive, by the database clock that judges staleness; and,
+        draining, that it takes no more jobs (``jobs_status --check`` reads it)."""
+        draining = f"{nodes.DRAINING} ({self.life.reason})" if self.life.draining.is_set() else ""
+        self.node.beat(last_error=self.last_error or draining)
 
     def recover(self) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue."""
@@ -938,6 +940,10 @@ class Worker:
     def _settle(self) -> int:
         """Wait for the jobs in flight and write their outcomes; past the drain grace, hand the
         unfinished ones back to the queue."""
+        if self.life.draining.is_set():
+            # Said at once, not at the next heartbeat: a probe then sends no more work here.
+            with contextlib.suppress(*DATABASE_ERRORS):
+                self.heartbeat()
         while True:
             self.life.wake.clear()
             if self.life.draining.is_set():

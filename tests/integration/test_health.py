@@ -287,6 +287,38 @@ def test_database_health__a_worker_or_relay_reporting_errors_is_not_ready() -> N
     assert "3 failed passes" in found["relay"].detail
 
 
+@pytest.mark.django_db(transaction=True)
+def test_database_health__a_draining_worker_is_alive_not_ready_from_its_drain_on() -> None:
+    # Its own /readyz says so; a probe of the database (jobs_status --check) must too, at
+    # once rather than at its next heartbeat.
+    from testproject.demo.tasks import slow_ping
+
+    worker = Worker(
+        node_id="w-drain",
+        listen=False,
+        heartbeat_interval=timedelta(seconds=20),
+        poll_interval=timedelta(seconds=0.05),
+        drain_grace=timedelta(seconds=30),
+    )
+    slow_ping.enqueue({"label": "slow", "seconds": 2})
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not Node.objects.filter(node_id="w-drain").exists() or not worker._in_flight:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert by_role(database_health(roles=["worker"]))["worker"].ready
+        worker.stop("SIGTERM", wait=False)
+        deadline = time.monotonic() + 5
+        while by_role(database_health(roles=["worker"]))["worker"].ready:
+            assert time.monotonic() < deadline, "still ready while draining"
+            time.sleep(0.02)
+        found = by_role(database_health(roles=["worker"]))["worker"]
+        assert (found.live, found.detail) == (True, "1 worker(s), each draining")
+    finally:
+        worker.stop("test")
+
+
 @pytest.mark.django_db
 def test_database_health__a_relay_is_asked_about_once_one_runs_or_crashed() -> None:
     leader()

@@ -204,8 +204,8 @@ def worker_exit(exit_code: int, database: str) -> None:
     does a burst that could not reach the database."""
     if exit_code == UNAVAILABLE_EXIT:
         raise CommandError(
-            f"the database {database!r} could not be reached, so this burst ran nothing"
-            f"\nfix: {unavailable_fix(database)}",
+            f"the database {database!r} could not be reached, so this burst ran nothing "
+            f"[jobs.database-unavailable]\nfix: {unavailable_fix(database)}",
             returncode=exit_code,
         )
     if exit_code != CLEAN_EXIT:

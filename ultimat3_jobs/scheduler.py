@@ -237,8 +237,9 @@ class Scheduler:
         sync's own), kept for the round that rebuilt to plan from rather than read again
         (``_states_read``).
 
-        The declarations are mirrored first, once per process (and again if they change), here
-        in the loop rather than at start, so a database down at start is retried like any other.
+        The declarations are mirrored first, at each leadership this node takes (and again if
+        they change), here in the loop rather than at start, so a database down at start is
+        retried like any other.
         """
         states = None
         if self._synced_for is not handles:
@@ -316,6 +317,9 @@ class Scheduler:
         handles = self._handles()
         if not self.is_leader:
             emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
+            # Mirrored again: a node of another release may have led meanwhile, and written its
+            # own declarations (marked ours removed, our crons changed).
+            self._synced_for = None
         if not self.is_leader or self._due is None or handles is not self._due_for:
             # As a big round: reading every task's row makes objects by the thousand.
             with collector.paused(len(handles) >= GC_PAUSE_FROM):

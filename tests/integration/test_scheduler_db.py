@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
-from ultimat3_jobs.models import Job, Occurrence, Task
+from ultimat3_jobs.models import Job, Lease, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.store import TaskState
@@ -650,3 +650,36 @@ def test_compare_and_set__a_join_spilling_to_disk_writes_each_name_once() -> Non
     written = explained["Plan"].get("Temp Written Blocks", 0)
     # 3,000 names of about 15 bytes, 8 kB a block: a few blocks per copy of the list.
     assert 0 < written < 100, written
+
+
+@pytest.mark.django_db
+def test_round__a_node_taking_the_leadership_back_mirrors_its_declarations_again() -> None:
+    # Two releases side by side: the other node's sync marked this node's task removed.
+    clock = FrozenClock(T0)
+    tasks = make_tasks(1, prefix="skew")
+
+    def node(name: str, declared: list[Any]) -> Scheduler:
+        return Scheduler(
+            state=DatabaseState(node_id=name, leader="lease", clock=clock),
+            leader=LeaseLeader(node_id=name, ttl=timedelta(seconds=10)),
+            clock=clock,
+            tasks=declared,
+            drain_on_shutdown=False,
+        )
+
+    ours, theirs = node("ours", tasks), node("theirs", [])
+
+    def expire() -> None:
+        Lease.objects.update(expires_at=T0 - timedelta(days=1))
+
+    ours.tick()
+    assert Task.objects.get(name="skew.00000").declared
+    expire()
+    theirs.tick()
+    assert not Task.objects.get(name="skew.00000").declared
+    ours.tick()  # the other leads: this one concedes
+    assert not ours.is_leader
+    expire()
+    ours.tick()
+    assert ours.is_leader
+    assert Task.objects.get(name="skew.00000").declared

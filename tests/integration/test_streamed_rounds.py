@@ -298,7 +298,7 @@ def test_round__a_watermark_moved_meanwhile_writes_nothing_and_names_its_task(
     [moved] = [
         r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.watermark-moved"
     ]
-    assert moved.fields == {"task": tasks[-1].name}  # type: ignore[attr-defined]
+    assert moved.fields["task"] == tasks[-1].name  # type: ignore[attr-defined]
     jobs, records, watermarks = _written()
     assert (jobs, records) == (before[0], before[1]) == (set(), set())
     assert watermarks == {**before[2], tasks[-1].name: OCCURRENCE}

@@ -185,7 +185,7 @@ def leader_backends() -> list[int]:
         cursor.execute(
             """
             SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
-            WHERE a.application_name = 'ultimat3_jobs scheduler leader'
+            WHERE a.application_name LIKE 'ultimat3_jobs scheduler leader %'
               AND l.locktype = 'advisory' AND l.granted
             """
         )

@@ -96,15 +96,18 @@ def scheduler_health(scheduler: Scheduler, *, moment: float | None = None) -> Ro
     if began is not None and (ended is None or began > ended):
         # A long round (slow task functions, a first sync of many tasks) is not a dead loop.
         age = now - began
-        live = age <= max(allowed, config.stale_round_warning.total_seconds())
+        stale = config.stale_round_warning.total_seconds()
+        live = age <= max(allowed, stale)
         detail = f"a round in flight for {_seconds(age)}"
+        if not live and stale > allowed:
+            detail += f" (more than STALE_ROUND_WARNING, {_seconds(stale)})"
     elif ended is None:
         live, detail = True, "starting"
     else:
         age = now - ended
         live = age <= allowed
         detail = f"last round {_seconds(age)} ago"
-    if not live:
+    if not live and "(" not in detail:
         detail += f" (more than {ticks} ticks)"
     role = "leader" if scheduler.is_leader else "standby"
     if scheduler.round_failed:

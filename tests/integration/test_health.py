@@ -68,8 +68,12 @@ def test_scheduler_health__a_long_round_in_flight_is_alive_a_hung_one_is_not() -
     scheduler.round_ended, scheduler.round_began = now - 31, now - 30
     found = scheduler_health(scheduler, moment=now)
     assert found.live and found.detail.startswith("standby, a round in flight for 30.0 s")
-    scheduler.round_began = now - 61  # past STALE_ROUND_WARNING
-    assert not scheduler_health(scheduler, moment=now).live
+    scheduler.round_ended, scheduler.round_began = now - 62, now - 61  # past STALE_ROUND_WARNING
+    found = scheduler_health(scheduler, moment=now)
+    assert not found.live
+    assert found.detail == (
+        "standby, a round in flight for 61.0 s (more than STALE_ROUND_WARNING, 60.0 s)"
+    )
 
 
 def test_scheduler_health__a_failed_round_is_alive_while_backing_off_but_not_ready() -> None:

@@ -60,20 +60,20 @@ def in_transaction() -> frozenset[str]:
     atomic block, autocommit off). No statement."""
     return frozenset(
         wrapper.alias
-        for wrapper in _thread_wrappers()
+        for wrapper in thread_connections()
         if wrapper.connection is not None and _in_transaction(wrapper)
     )
 
 
-#: This thread's Django connection objects (``_thread_wrappers``).
+#: Each thread's Django connection objects (``thread_connections``).
 _wrappers = threading.local()
 
 
-def _thread_wrappers() -> list[Any]:
+def thread_connections() -> list[Any]:
     """The Django connection objects of this thread, one per database, looked up once a
-    thread: ``connections.all()`` asks its thread-local store for each, a job's cost twice
-    over. An object stays its thread's for the thread's life; one not connected has
-    ``connection`` None."""
+    thread (``connections.all()`` asks its thread-local store for each, per call): what a
+    job's run is checked on, and what its timeout cancels from another thread. An object
+    stays its thread's for the thread's life; one not connected has ``connection`` None."""
     found: list[Any] | None = getattr(_wrappers, "all", None)
     if found is None or len(found) != len(connections.settings):
         found = _wrappers.all = [connections[alias] for alias in connections]
@@ -92,7 +92,7 @@ def left_in_transaction(before: frozenset[str] = frozenset()) -> list[str]:
     entered and never left), each closed: the server rolls its writes back, and the next job
     of the thread opens a clean one rather than writing into that transaction. No statement."""
     left = []
-    for wrapper in _thread_wrappers():
+    for wrapper in thread_connections():
         if wrapper.connection is None or wrapper.alias in before:
             continue
         if _in_transaction(wrapper):

@@ -380,11 +380,9 @@ def _cancel_then_end(signum: int, frame: Any) -> None:
     """SIGTERM (a timeout, a stop): cancel the statement the job's connections run, so that
     it and its locks end with this process, then die of the signal as without a handler.
     The server would otherwise run it on, a statement not noticing its client gone."""
-    from django.db import connections
+    from .db import cancel_statements, thread_connections
 
-    from .db import cancel_statements
-
-    cancel_statements(connections.all(initialized_only=True))
+    cancel_statements(thread_connections())
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 

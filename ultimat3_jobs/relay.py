@@ -10,13 +10,15 @@ Rows of an ``ExactlyOnceTask`` handed over more than ``RELAY_RESEND_AFTER`` ago 
 done are sent again: a worker can lose a message between taking it and recording it unacked.
 
 A failed send is one of three faults. The engine's service cannot be reached (a connection or
-transport error, ``broker_down``): the batch ends, the row stays first, the loop backs off
-(``jobs.relay.broker-down``). The engine refused this one row (its arguments, its options,
-its message): the row fails with the engine's error and a fix (``jobs.relay.refused``) and the
-batch goes on. The row's task is not known here (``RelayTargetError``, a relay of the last
-release during a rolling deploy): the row waits out of the way, ``RELAY_UNKNOWN_TASK_GRACE``
-at most, for a relay that knows it, then fails. A resend is never failed for either: it waits
-for the next ``RELAY_RESEND_AFTER``.
+transport error, ``broker_down``, for two rows of one engine in a batch): the batch ends, the
+rows stay first, the loop backs off (``jobs.relay.broker-down``); one row failing so while its
+engine takes another of the batch broke on its own message, and waits out of the way as an
+unknown task's does (``jobs.relay.send-waiting``). The engine refused this one row (its
+arguments, its options, its message): the row fails with the engine's error and a fix
+(``jobs.relay.refused``) and the batch goes on. The row's task is not known here
+(``RelayTargetError``, a relay of the last release during a rolling deploy): the row waits out
+of the way, ``RELAY_UNKNOWN_TASK_GRACE`` at most, for a relay that knows it, then fails. A
+resend is never failed for either: it waits for the next ``RELAY_RESEND_AFTER``.
 
 Wake-ups come from LISTEN/NOTIFY where the database has it (PostgreSQL), with polling as the
 fallback; the first SIGTERM finishes the row in hand, commits and exits (``lifecycle``).
@@ -160,9 +162,11 @@ class Relay:
     def relay_once(self) -> int:
         """Lock one batch, send it, record it, commit; how many rows were handed over.
 
-        A broker that cannot be reached ends the batch: what was sent before it is committed,
-        the rest stays in the outbox, and ``BrokerUnavailableError`` tells the loop to back
-        off. A row the engine refuses fails alone, and one whose task is unknown here waits
+        A broker that cannot be reached (a second row of its engine failing so) ends the batch:
+        what was sent is committed, the rest stays in the outbox, and
+        ``BrokerUnavailableError`` tells the loop to back off; a first row failing so while
+        its engine takes another of the batch is put off (``_send_failed``). A row the engine
+        refuses fails alone, and one whose task is unknown here waits
         (``RELAY_UNKNOWN_TASK_GRACE``); the batch goes on past both.
         """
         now = self.clock()
@@ -307,9 +311,9 @@ class Relay:
         )
 
     def _send_failed(self, job: Job, error: BrokerUnavailableError, *, taken: Job) -> None:
-        """Put off a row that failed as an outage would while the engine took ``taken`` after
-        it, so it holds up no other: tried again every ``TARGET_RETRY`` (a broker that came
-        back just then takes it), failed past the grace."""
+        """Put off a row that failed as an outage would while its engine took ``taken`` in the
+        same batch, so it holds up no other: tried again every ``TARGET_RETRY`` (a broker that
+        was only away a moment takes it then), failed past the grace."""
         failed = RelaySendFailedError(
             f"{error.message}; the engine took job {taken.pk} in the same batch",
             fix="find what in this row's message the engine cannot take (larger than the "

@@ -48,7 +48,7 @@ from .attempts import (
 )
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
-from .db import cancel_statements
+from .db import cancel_statements, thread_connections
 from .errors import JobUnknownError, WorkerLostError
 from .lifecycle import (
     BURST_GIVE_UP_AFTER,
@@ -302,7 +302,7 @@ class Worker:
     # -- threads ----------------------------------------------------------------------------
 
     def _job_thread(self, slot: _Slot) -> None:
-        slot.databases = [connections[alias] for alias in connections]
+        slot.databases = thread_connections()
         try:
             if slot.child is not None:
                 # Ready before the first job: a child takes a while to start. One that cannot

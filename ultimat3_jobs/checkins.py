@@ -77,9 +77,6 @@ def sending() -> bool:
     return sdk is not None and bool(sdk.get_client().is_active())
 
 
-_client_active = sending
-
-
 def _capture_checkin(**fields: Any) -> None:
     from sentry_sdk.crons import capture_checkin  # Sent only with a client: loaded by then.
 
@@ -166,14 +163,14 @@ class CheckIns:
         ended before the round: their occurrence is closed then, once opened.
         """
         # The client first: without one, a round of many tasks never walks them for monitors.
-        if fired and _client_active() and self.watched():
+        if fired and sending() and self.watched():
             self._put(("opened", (fired, enqueued or {})))
 
     def ended(self, jobs: Iterable[tuple[int, str | None]]) -> None:
         """Jobs ``(id, key)`` finished for good (their finish committed): the occurrences whose
         last jobs they were are closed. Only keys of monitored tasks are looked at; a key of
         None leaves the job for the database to sort out."""
-        if not _client_active():
+        if not sending():
             return
         watched = self.watched()
         if not watched:
@@ -200,7 +197,7 @@ class CheckIns:
         if thread is not None and thread.is_alive():
             self._queue.put(("stop", None))
             thread.join(timeout)
-        if _client_active():
+        if sending():
             _sentry().flush(timeout=timeout)
 
     # -- the thread -------------------------------------------------------------------------------

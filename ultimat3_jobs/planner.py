@@ -9,7 +9,7 @@ transaction (``state.py``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Container, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -203,6 +203,7 @@ def plan_task(
     plan: RoundPlan,
     decisions: dict[tuple[object, ...], tuple[Decision, TaskStep]] | None = None,
     deferred: list[Deferred] | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> TaskStep:
     """Add one task's share of the round to ``plan``; say when it is next due.
 
@@ -210,7 +211,8 @@ def plan_task(
     schedule, zone, DST options, policy and watermark; only for a ``next_after`` that depends
     on nothing else. ``deferred``: a task due to fire goes there, its watermark written to
     ``plan`` as if every occurrence fires, for the caller to ``fire_task`` it later; else it
-    fires now. A task whose entries raise is held (``RoundPlan.hold``), its step unchanged.
+    fires now (``stopped`` as ``fire_task`` takes it). A task whose entries raise is held
+    (``RoundPlan.hold``), its step unchanged.
     """
     name = handle.name
     if watermark is None:
@@ -258,7 +260,7 @@ def plan_task(
     if deferred is not None:
         deferred.append(Deferred(handle, decision))
         return step
-    fire_task(handle, decision, plan)
+    fire_task(handle, decision, plan, stopped=stopped)
     return step
 
 
@@ -288,15 +290,24 @@ def input_texts(planned: Sequence[PlannedJob]) -> None:
 
 
 def fire_task(
-    handle: TaskHandle, decision: Decision, plan: RoundPlan, *, as_text: bool = False
+    handle: TaskHandle,
+    decision: Decision,
+    plan: RoundPlan,
+    *,
+    as_text: bool = False,
+    stopped: Callable[[], bool] | None = None,
 ) -> list[PlannedOccurrence]:
     """Make the entries of each occurrence ``decision`` fires, add them to ``plan``, and
     return them. An occurrence whose entries fail is kept for the next round, with the ones
-    after it (``RoundPlan.hold``). ``as_text``: the inputs are kept as text
-    (``input_texts``)."""
+    after it (``RoundPlan.hold``), and so are those not reached once ``stopped()`` says so
+    (a drain: the task's function may take seconds an occurrence, a catch-up many of them).
+    ``as_text``: the inputs are kept as text (``input_texts``)."""
     name = handle.name
     fired: list[PlannedOccurrence] = []
     for occurrence, catch_up in decision.fire:
+        if fired and stopped is not None and stopped():
+            plan.hold(name, occurrence)
+            break
         try:
             # Entries, input checks, keys: all of it is this task's, so all of it fails here.
             entries = handle.entries(occurrence)

@@ -292,6 +292,10 @@ class Scheduler:
     def _dispatching(self) -> bool:
         return self.status not in ("draining", "stopped")
 
+    def _undispatching(self) -> bool:
+        """A drain began: what the round has not reached is kept for the next one."""
+        return not self._dispatching()
+
     def _concede(self) -> None:
         if self.is_leader:
             emit(logger, "jobs.scheduler.leadership-lost", logging.WARNING, at=self.clock())
@@ -415,6 +419,7 @@ class Scheduler:
                     plan=plan,
                     decisions=decisions,
                     deferred=deferred,
+                    stopped=self._undispatching,
                 )
             except Exception as error:
                 # Planning writes to the plan only once its decision stands, so a task whose
@@ -563,7 +568,9 @@ class Scheduler:
                 return
             name = task.handle.name
             waits.firing(name)
-            fired = fire_task(task.handle, task.decision, plan, as_text=True)
+            fired = fire_task(
+                task.handle, task.decision, plan, as_text=True, stopped=self._undispatching
+            )
             held = plan.held.get(name)
             if held is not None and waits.cancelled(name):
                 plan.held[name] = (held[0], _waited_on_round(name, held[1]))

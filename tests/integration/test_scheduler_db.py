@@ -683,3 +683,45 @@ def test_round__a_node_taking_the_leadership_back_mirrors_its_declarations_again
     ours.tick()
     assert ours.is_leader
     assert Task.objects.get(name="skew.00000").declared
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", [1, 120], ids=["written-after", "streamed"])
+def test_round__a_drain_between_one_task_s_occurrences_keeps_the_rest_for_the_next_round(
+    count: int,
+) -> None:
+    # A run-all catch-up of a task whose function takes seconds an occurrence: the drain does
+    # not wait for all of them.
+    clock = FrozenClock(T0)
+    scheduler: Scheduler
+    calls: list[datetime] = []
+    tasks = make_tasks(count, cron="* * * * *", catch_up="run-all", prefix="drained")
+    slow = tasks[-1]
+    entries = slow.func
+
+    def draining_after_two(occurrence: datetime) -> object:
+        calls.append(occurrence)
+        if len(calls) == 2:
+            scheduler.life.drain("SIGTERM")
+        return entries(occurrence)
+
+    slow.func = draining_after_two  # type: ignore[assignment]
+    state = DatabaseState(node_id="node-a", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks, drain_on_shutdown=False
+    )
+    state.sync(tasks)
+    scheduler.life.begin()
+    scheduler.tick()  # armed at 00:01:00 - 1 ms
+    calls.clear()
+    clock.set(T0 + timedelta(minutes=5))  # 00:01 to 00:05 due: five occurrences each
+    scheduler.tick()
+    fired = Job.objects.filter(task=slow.name).order_by("occurrence")
+    assert [job.occurrence for job in fired] == calls == [
+        datetime(2026, 6, 1, 0, 1, tzinfo=UTC),
+        datetime(2026, 6, 1, 0, 2, tzinfo=UTC),
+    ]
+    # The next round, on whichever node, starts at the third.
+    assert Task.objects.get(name=slow.name).last_fired_at == datetime(
+        2026, 6, 1, 0, 2, 59, 999_000, tzinfo=UTC
+    )

@@ -156,3 +156,32 @@ def test_fire_task__as_text_keeps_each_input_as_the_text_of_what_the_function_re
     [planned] = fired.jobs
     assert planned.data == dumps({"label": T0.isoformat()})
     assert result.fired == [fired]
+
+
+def test_fire_task__a_drain_between_two_occurrences_keeps_the_rest_for_the_next_round() -> None:
+    from ultimat3_jobs.catchup import decide
+    from ultimat3_jobs.planner import ONE_MS, fire_task
+
+    calls: list[datetime] = []
+
+    def entries(occurrence: datetime) -> list[Entry]:
+        calls.append(occurrence)
+        return [(record, {"label": occurrence.isoformat()})]
+
+    # A catch-up of five hours, each call as slow as a drain is impatient.
+    handle = task(cron="0 * * * *", tz="UTC", name="planner.drained", catch_up="run-all")(entries)
+    decision = decide(
+        handle.next_after, policy="run-all", max_catch_up=10, watermark=T0 - timedelta(hours=5),
+        now=T0, misfire_grace=GRACE,
+    )  # fmt: skip
+    assert len(decision.fire) == 5
+    result = RoundPlan(now=T0)
+    result.set_watermark(handle.name, T0 - timedelta(hours=5), T0)
+    fired = fire_task(handle, decision, result, stopped=lambda: len(calls) >= 2)
+    assert (
+        [f.occurrence for f in fired] == calls == [T0 - timedelta(hours=4), T0 - timedelta(hours=3)]
+    )
+    third = T0 - timedelta(hours=2)
+    assert result.held == {handle.name: (third, None)}
+    # The next round (another node's, once this one drained) starts from the third.
+    assert result.watermarks[handle.name] == (T0 - timedelta(hours=5), third - ONE_MS)

@@ -717,10 +717,14 @@ def test_round__a_drain_between_one_task_s_occurrences_keeps_the_rest_for_the_ne
     clock.set(T0 + timedelta(minutes=5))  # 00:01 to 00:05 due: five occurrences each
     scheduler.tick()
     fired = Job.objects.filter(task=slow.name).order_by("occurrence")
-    assert [job.occurrence for job in fired] == calls == [
-        datetime(2026, 6, 1, 0, 1, tzinfo=UTC),
-        datetime(2026, 6, 1, 0, 2, tzinfo=UTC),
-    ]
+    assert (
+        [job.occurrence for job in fired]
+        == calls
+        == [
+            datetime(2026, 6, 1, 0, 1, tzinfo=UTC),
+            datetime(2026, 6, 1, 0, 2, tzinfo=UTC),
+        ]
+    )
     # The next round, on whichever node, starts at the third.
     assert Task.objects.get(name=slow.name).last_fired_at == datetime(
         2026, 6, 1, 0, 2, 59, 999_000, tzinfo=UTC

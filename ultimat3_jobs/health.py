@@ -93,22 +93,23 @@ def scheduler_health(scheduler: Scheduler, *, moment: float | None = None) -> Ro
         # Backing off while the database is away: alive while it keeps trying.
         allowed = ticks * max(scheduler.tick_interval, MAX_LOOP_BACKOFF).total_seconds()
     began, ended = scheduler.round_began, scheduler.round_ended
+    limit = f"more than {ticks} ticks"
     if began is not None and (ended is None or began > ended):
         # A long round (slow task functions, a first sync of many tasks) is not a dead loop.
         age = now - began
         stale = config.stale_round_warning.total_seconds()
         live = age <= max(allowed, stale)
         detail = f"a round in flight for {_seconds(age)}"
-        if not live and stale > allowed:
-            detail += f" (more than STALE_ROUND_WARNING, {_seconds(stale)})"
+        if stale > allowed:
+            limit = f"more than STALE_ROUND_WARNING, {_seconds(stale)}"
     elif ended is None:
         live, detail = True, "starting"
     else:
         age = now - ended
         live = age <= allowed
         detail = f"last round {_seconds(age)} ago"
-    if not live and "(" not in detail:
-        detail += f" (more than {ticks} ticks)"
+    if not live:
+        detail += f" ({limit})"
     role = "leader" if scheduler.is_leader else "standby"
     if scheduler.round_failed:
         return RoleHealth(
@@ -250,26 +251,36 @@ def _scheduler_from_nodes(
     if not live:
         heard = _last_heard(nodes, now)
         return RoleHealth("scheduler", False, False, f"no scheduler heard from {heard}", START_FIX)
-    leader = next((node for node in live if node.is_leader), None)
-    if leader is None:
+    claiming = [node for node in live if node.is_leader]
+    if not claiming:
         return RoleHealth(
             "scheduler", True, False, f"{len(live)} scheduler(s), none leads", LEADER_FIX
         )
-    name = f"{leader.host}:{leader.pid} ({leader.leader})"
+    # A leader killed outright says it leads until it goes silent: the one the database still
+    # grants it leads, the one that took over.
+    leader = next((node for node in claiming if leadership_held(node, using, config, now)), None)
+    if leader is None:
+        gone = claiming[0]
+        lost = (
+            "its advisory lock is gone (the process or its connection died)"
+            if gone.leader == "advisory"
+            else "its lease expired or another node holds it"
+        )
+        return RoleHealth(
+            "scheduler", False, False, f"leader {_node_name(gone)}: {lost}", LEADER_FIX
+        )
+    name = _node_name(leader)
     if leader.last_round_at is None or now - leader.last_round_at > window:
         ago = "never" if leader.last_round_at is None else duration(now - leader.last_round_at)
         return RoleHealth(
             "scheduler", False, False, f"leader {name}: last round {ago} ago", LEADER_FIX
         )
-    if not leadership_held(leader, using, config, now):
-        lost = (
-            "its advisory lock is gone (the process or its connection died)"
-            if leader.leader == "advisory"
-            else "its lease expired or another node holds it"
-        )
-        return RoleHealth("scheduler", False, False, f"leader {name}: {lost}", LEADER_FIX)
     age = (now - leader.last_round_at).total_seconds()
     return RoleHealth("scheduler", True, True, f"leader {name}, last round {_seconds(age)} ago")
+
+
+def _node_name(node: Node) -> str:
+    return f"{node.host}:{node.pid} ({node.leader})"
 
 
 def _heartbeats_from_nodes(

@@ -357,6 +357,30 @@ def test_database_health__an_advisory_leader_whose_lock_is_gone_is_seen_at_once(
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_database_health__the_leader_that_took_over_from_a_killed_one_is_the_one_asked_about() -> (
+    None
+):
+    from ultimat3_jobs.conf import get_settings
+    from ultimat3_jobs.leaders import leader_application
+
+    # The killed leader's row still says it leads, heard from more recently than the new one.
+    node("dead", "scheduler", leader="advisory", is_leader=True, last_round_at=timezone.now())
+    node(
+        "new", "scheduler", seen_ago=1, leader="advisory", is_leader=True,
+        last_round_at=timezone.now(),
+    )  # fmt: skip
+    holder = dedicated_connection("default", leader_application("new"))
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s)", [get_settings().advisory_lock_key])
+        found = by_role(database_health(roles=["scheduler"]))["scheduler"]
+        assert found.ready, found.detail
+        assert found.detail.startswith("leader host:1 (advisory), last round")
+    finally:
+        holder.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_database_health__the_same_lock_held_in_another_database_is_not_this_leader_s() -> None:
     import psycopg
     from django.db import connections

@@ -501,6 +501,10 @@ UNKNOWN_JOB_FIX = (
     "deploy the code that declares it with @job (its app in INSTALLED_APPS) to the workers, "
     "then retry the job from the admin; a job a release removed stays so: delete it"
 )
+UNKNOWN_TASK_FIX = (
+    "deploy the code that declares the Django Task (its module importable, and the tasks extra "
+    "installed) to the workers, then enqueue it again; a task a release removed stays so"
+)
 
 
 def timeout_of(name: str, *, backend: str = "") -> float | None:

@@ -38,6 +38,7 @@ from . import instruments, nodes, shutdown
 from .attempts import (
     REFUSED_ERRORS,
     UNKNOWN_JOB_FIX,
+    UNKNOWN_TASK_FIX,
     Attempts,
     Ended,
     Outcome,
@@ -248,6 +249,8 @@ class Worker:
         self._stuck: list[threading.Thread] = []
         #: Seconds each job name may run (None: no limit), resolved once per name.
         self._timeouts: dict[tuple[str, str], float | None] = {}
+        #: Why each Django Task this worker was handed cannot be imported here (None: it can).
+        self._tasks_missing: dict[str, str | None] = {}
         self._handed_at = 0.0
         self._pending_since = 0.0
         self._short = True
@@ -352,8 +355,15 @@ class Worker:
         if job.unreadable:
             self._hand_in(self.attempts.unreadable(job))
             return
-        if not job.backend and registry.get_job(job.name) is None:
-            self._unknown(job)
+        if job.backend:
+            missing = self._task_missing(job.name)
+            # Past its grace it runs, and fails with what its import raises.
+            if missing is not None and self._put_off_unknown(job, missing):
+                return
+        elif registry.get_job(job.name) is None:
+            if not self._put_off_unknown(job, None):
+                grace = get_settings().unknown_job_grace
+                self._hand_in(self.attempts.unknown(job, time.monotonic(), grace))
             return
         if slot.child is not None:
             try:
@@ -397,33 +407,65 @@ class Worker:
         if self._done(slot):
             self._hand_in(ended)
 
-    def _unknown(self, job: ClaimedJob) -> None:
-        """A @job this worker does not declare waits, unrun and uncounted, for a worker that
-        does (one of the new release, in a rolling deploy): looked at again every
-        ``UNKNOWN_JOB_RETRY``, failed once ``UNKNOWN_JOB_GRACE`` has passed since the first
-        worker that did not know it."""
+    def _task_missing(self, name: str) -> str | None:
+        """Why the Django Task at ``name`` cannot be imported in this worker, None if it can.
+        Only an ``ImportError`` says the code is not here; a module that raises anything else
+        is here and broken, and its run fails with what it raises."""
+        if name not in self._tasks_missing:
+            why = None
+            try:
+                from .backends import load_task
+
+                load_task(name)
+            except ImportError as error:
+                why = f"{type(error).__name__}: {error}"
+            except Exception:  # Here and broken: its run fails with what it raises.
+                why = None
+            self._tasks_missing[name] = why
+        return self._tasks_missing[name]
+
+    def _put_off_unknown(self, job: ClaimedJob, missing: str | None) -> bool:
+        """A @job this worker does not declare (``missing`` None), or a Django Task it cannot
+        import (``missing`` says why), waits, unrun and uncounted, for a worker that has its
+        code (one of the new release, in a rolling deploy): looked at again every
+        ``UNKNOWN_JOB_RETRY``. False once ``UNKNOWN_JOB_GRACE`` has passed since the first
+        worker that did not have it: the caller then fails it."""
         now = self.clock()
         grace = get_settings().unknown_job_grace
+        if missing is None:
+            what = f'job "{job.name}" is not declared in worker {self.node_id}'
+            fix = UNKNOWN_JOB_FIX
+        else:
+            what = f'task "{job.name}" cannot be imported in worker {self.node_id} ({missing})'
+            fix = UNKNOWN_TASK_FIX
+        note = (
+            f"{what}; waiting for a worker that has it, at most UNKNOWN_JOB_GRACE "
+            f"({grace.total_seconds():g} s) from the first worker that did not"
+        )
         try:
             waiting = self.store.put_off_unknown(
-                job, worker=self.node_id, now=now, until=now + UNKNOWN_JOB_RETRY, grace=grace
+                job,
+                worker=self.node_id,
+                now=now,
+                until=now + UNKNOWN_JOB_RETRY,
+                grace=grace,
+                note=note,
             )
         except DATABASE_ERRORS as error:
             self._let_go(job, error, ran=False)
-            return
-        if not waiting:
-            self._hand_in(self.attempts.unknown(job, time.monotonic(), grace))
-            return
-        emit(
-            logger,
-            "jobs.worker.job-unknown-waiting",
-            logging.WARNING,
-            job=job.id,
-            name=job.name,
-            grace=grace.total_seconds(),
-            code=JobUnknownError.code,
-            fix=UNKNOWN_JOB_FIX,
-        )
+            return True
+        if waiting:
+            emit(
+                logger,
+                "jobs.worker.job-unknown-waiting",
+                logging.WARNING,
+                job=job.id,
+                name=job.name,
+                grace=grace.total_seconds(),
+                code=JobUnknownError.code,
+                fix=fix,
+            )
+        return waiting
 
     def _done(self, slot: _Slot) -> bool:
         """The slot's job returned; False if the dispatcher timed it out meanwhile (the

@@ -534,6 +534,44 @@ def test_recover__a_django_task_whose_worker_died_ends_failed_not_run_twice() ->
     assert result.status == TaskResultStatus.FAILED
 
 
+@pytest.mark.django_db(transaction=True)
+def test_run__a_task_this_worker_cannot_import_waits_uncounted_then_fails_with_its_error(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    # A task of the new release, claimed by a worker of the last one in a rolling deploy.
+    result = background.add.enqueue(1, 2)
+    path = Job.objects.get(pk=int(result.id)).name
+    Job.objects.filter(pk=int(result.id)).update(name="testproject.demo.next_release.add")
+
+    burst()
+
+    row = Job.objects.get(pk=int(result.id))
+    assert (row.status, row.attempts, row.worker, row.started_at) == ("queued", 0, "", None)
+    assert row.target_unknown_since is not None
+    assert 'task "testproject.demo.next_release.add" cannot be imported in worker' in (
+        row.last_error
+    )
+    assert "ModuleNotFoundError" in row.last_error
+    assert [s[0] for s in signals] == ["enqueued"]  # Never started, so never finished.
+
+    # Its code arrives within the grace: it runs on its first attempt.
+    Job.objects.filter(pk=row.pk).update(name=path, run_at=timezone.now())
+    burst()
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 3, 1)
+
+    # One no worker could import within the grace fails with what its import raised.
+    gone = background.add.enqueue(2, 2)
+    Job.objects.filter(pk=int(gone.id)).update(
+        name="testproject.demo.next_release.add",
+        target_unknown_since=timezone.now() - timedelta(seconds=300),
+    )
+    burst()
+    row = Job.objects.get(pk=int(gone.id))
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert row.error_class == "builtins.ModuleNotFoundError"
+
+
 def test_validate_task__a_queue_wider_than_the_job_row_is_refused_at_declaration() -> None:
     wide = "q" * 101
     with (

@@ -266,12 +266,20 @@ class JobStore(Protocol):
         ...
 
     def put_off_unknown(
-        self, job: ClaimedJob, *, worker: str, now: datetime, until: datetime, grace: timedelta
+        self,
+        job: ClaimedJob,
+        *,
+        worker: str,
+        now: datetime,
+        until: datetime,
+        grace: timedelta,
+        note: str,
     ) -> bool:
-        """Send ``worker``'s claimed ``job``, whose name it does not declare, back to the queue
-        uncounted and unstarted until ``until`` (``last_error`` saying why), unless it has
-        waited ``grace`` since the first worker that did not know it (``target_unknown_since``);
-        False then, or when the row is no longer this attempt of ``worker``'s."""
+        """Send ``worker``'s claimed ``job``, whose code it does not have, back to the queue
+        uncounted and unstarted until ``until`` (``note``, saying why, its ``last_error``),
+        unless it has waited ``grace`` since the first worker that did not have it
+        (``target_unknown_since``); False then, or when the row is no longer this attempt of
+        ``worker``'s."""
         ...
 
     def give_back(self, *, job_ids: Sequence[int], worker: str, now: datetime) -> None:

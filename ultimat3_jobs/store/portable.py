@@ -537,14 +537,16 @@ class PortableStore:
         return Recovered(requeued, failed, tuple(found), released, failed_jobs)
 
     def put_off_unknown(
-        self, job: ClaimedJob, *, worker: str, now: datetime, until: datetime, grace: timedelta
+        self,
+        job: ClaimedJob,
+        *,
+        worker: str,
+        now: datetime,
+        until: datetime,
+        grace: timedelta,
+        note: str,
     ) -> bool:
         waited = Q(target_unknown_since__isnull=True) | Q(target_unknown_since__gt=now - grace)
-        note = (
-            f'job "{job.name}" is not declared in worker {worker}; waiting for a worker that '
-            f"declares it, at most UNKNOWN_JOB_GRACE ({grace.total_seconds():g} s) from the "
-            "first worker that did not"
-        )
         ours = self._jobs().filter(
             waited, pk=job.id, status=JobStatus.RUNNING, worker=worker, attempts=job.attempts
         )

@@ -89,9 +89,11 @@ class Lines:
 
 
 #: Fixes for the failures that come from the environment rather than from a declaration.
+#: The loops retry; ``run_scheduler --once`` ends with its command's error and must be run again.
+RETRIED = "a running loop backs off and retries by itself (run_scheduler --once: run it again)"
 DATABASE_UNAVAILABLE_FIX = (
-    "check that the database in DATABASES / DATABASE_URL is running and reachable from this "
-    "host; the loop backs off and retries by itself"
+    f"check that the database in DATABASES / DATABASE_URL is running and reachable from this "
+    f"host; {RETRIED}"
 )
 NOT_MIGRATED_FIX = "run: python manage.py migrate"
 #: What to do about a cancelled statement; a loop retries it by itself, a command does not.
@@ -100,7 +102,7 @@ TIMEOUT_FIX = (
     "by pg_cancel_backend): raise those for this role (ALTER ROLE ... SET, or the options of "
     "DATABASES / DATABASE_URL), or find what holds its locks in pg_stat_activity"
 )
-DATABASE_TIMEOUT_FIX = f"{TIMEOUT_FIX}; the loop backs off and retries by itself"
+DATABASE_TIMEOUT_FIX = f"{TIMEOUT_FIX}; {RETRIED}"
 PREPARED_STATEMENT_LOST_FIX = (
     "a transaction-pooling PgBouncer older than 1.21 (or one with max_prepared_statements = 0) "
     "cannot keep prepared statements: remove prepare_threshold from the OPTIONS of DATABASES "

@@ -163,13 +163,15 @@ class Child:
         self._cancelled.set()
 
     def end_now(self) -> None:
-        """SIGKILL the child from any thread: the worker leaves without its job (its drain
-        grace ran out). The thread that runs it finds it dead, and reaps it; one it reaped
-        already (closed) is left alone, and a reaped child is never signalled again."""
+        """SIGKILL the child, and what its job started, from any thread: the worker leaves
+        without its job (its drain grace ran out). The thread that runs it finds it dead, and
+        reaps it; one it reaped already (closed) is left alone, and a reaped child is never
+        signalled again."""
         process = self._process
         if process is not None:
-            with contextlib.suppress(ValueError, ProcessLookupError):
-                process.kill()
+            with contextlib.suppress(ValueError):
+                if process.is_alive():
+                    _signal_group(process, signal.SIGKILL)
 
     def _ready(self, conn: Connection) -> bool:
         deadline = time.monotonic() + READY_WITHIN
@@ -217,17 +219,22 @@ class Child:
         return ChildDied(self.kill())
 
     def kill(self) -> int | None:
-        """SIGTERM the child, SIGKILL it if it is still there after ``KILL_AFTER``; its exit
-        code (read before the process object is closed), None without a child."""
+        """SIGTERM the child and the processes its job started, SIGKILL whichever of them
+        is still there after ``KILL_AFTER``; the child's exit code (read before the process
+        object is closed), None without a child. A child that ended by itself is left so,
+        and what its jobs started with it."""
         process = self._process
         code = None
         if process is not None:
             if process.is_alive():
-                process.terminate()
+                deadline = time.monotonic() + KILL_AFTER
+                _signal_group(process, signal.SIGTERM)
                 process.join(KILL_AFTER)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+                # What its job started gets the same grace, the child ended or not.
+                while time.monotonic() < deadline and _signal_group(process, 0):
+                    time.sleep(0.05)
+                _signal_group(process, signal.SIGKILL)
+                process.join()
             code = process.exitcode
         self._reap()
         return code
@@ -259,6 +266,9 @@ def child_main(conn: Connection, setup: ChildSetup, parent: int) -> None:
     """A child's life: set Django up, then run what the pipe brings until told to stop."""
     # The worker drains on SIGINT (a terminal's ^C reaches the whole group): let the job end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A process group of its own, which what its jobs start joins: a timeout ends them all.
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpgid(0, 0)
     _die_with_the_worker(parent)
     threading.Thread(target=_exit_if_orphaned, args=(parent,), daemon=True).start()
     import django
@@ -385,6 +395,29 @@ def _cancel_then_end(signum: int, frame: Any) -> None:
     cancel_statements(thread_connections())
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _signal_group(process: SpawnProcess, signum: int) -> bool:
+    """``signum`` to the child's process group (itself and the processes its job started),
+    or to the child alone before it made its group; whether any process got it (``signum``
+    0 sends none: is any still there?). The group's id is the child's pid, which is not
+    another process's while the group has members; the child alone is signalled only while
+    it is unreaped."""
+    pid = process.pid
+    if pid is None:
+        return False
+    try:
+        os.killpg(pid, signum)
+        return True
+    except (ProcessLookupError, PermissionError, AttributeError):
+        pass
+    if process.exitcode is not None:
+        return False
+    try:
+        os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _exit_if_orphaned(parent: int) -> None:

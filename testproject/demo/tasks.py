@@ -6,6 +6,8 @@ import gc
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime
 
@@ -96,6 +98,24 @@ def hang(label: str, seconds: float = 600, started: str = "") -> None:
         with open(started, "w"):
             pass
     time.sleep(seconds)
+    Ping.objects.create(label=label)
+
+
+@job(timeout=2, max_attempts=1)
+def hang_in_subprocess(label: str, pids: str) -> None:
+    """Start two processes that outlive any wait, one deaf to SIGTERM, write their pids, and
+    wait for them past the timeout: what a timed-out job started, for the worker to end."""
+    sleeper = (
+        "import signal, sys, time\n"
+        "if sys.argv[1] == 'deaf':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "time.sleep(600)"
+    )
+    started = [subprocess.Popen([sys.executable, "-c", sleeper, how]) for how in ("plain", "deaf")]
+    with open(pids, "w") as out:
+        out.write(" ".join(str(p.pid) for p in started))
+    for process in started:
+        process.wait()
     Ping.objects.create(label=label)
 
 

@@ -3,6 +3,7 @@ process, in the thread pool and the process pool (``--pool process``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from testproject.demo.tasks import (
     exit_hard,
     grow,
     hang,
+    hang_in_subprocess,
     hold_the_gil,
     kill_own_process,
     ping,
@@ -124,6 +126,39 @@ def test_what_a_timed_out_job_does_afterwards__never_changes_its_row(
         assert len(woke) == 1
     else:
         assert woke == []  # Killed: it never got there.
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no reaper took is as good as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_process_pool__a_timed_out_job_is_ended_with_the_processes_it_started(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    worker = start_worker(tmp_path, processes, "worker", "--concurrency", "1", "--pool", "process")
+    node_of(worker)
+    pids = tmp_path / "pids"
+    stuck = hang_in_subprocess.enqueue({"label": "stuck", "pids": str(pids)})
+    wait_for(lambda: pids.exists() and pids.read_text(), 30, "the job's processes to start")
+    started = [int(pid) for pid in pids.read_text().split()]
+    try:
+        assert all(_running(pid) for pid in started)
+        wait_for(lambda: job_row(stuck.job_id).status == JobStatus.FAILED, 10, "the timeout")
+        # The one that ignores SIGTERM is killed once the child's grace is over.
+        wait_for(lambda: not any(_running(pid) for pid in started), 10, "its processes to end")
+    finally:
+        for pid in started:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)  # Left behind: not this test's to keep.
+    assert "jobs.job.timeout" in job_row(stuck.job_id).last_error
+    after = ping.enqueue({"label": "after"})
+    wait_for(lambda: job_row(after.job_id).status == JobStatus.SUCCEEDED, 30, "the next job")
+    assert worker.alive()
 
 
 @pytest.mark.parametrize("crash", [exit_hard, kill_own_process], ids=["os_exit", "sigkill"])

@@ -136,6 +136,32 @@ def _counted(
             yield f.task, f.occurrence, len(f.jobs), sum(enqueued[p.key][1] for p in f.jobs)
 
 
+class _Renewal:
+    """A lease renewed while a round calls its task functions, at most every ``renew_every``:
+    between two tasks, between two occurrences of one (a catch-up), and once all are planned.
+    A round that outlives its lease unrenewed is written by no node: its fence finds the
+    lease expired, and so does the next round's. Lost to another node, the round writes
+    nothing. Never from the thread that fires a streamed round's tasks: the write's fence
+    holds the lease's row until it commits."""
+
+    __slots__ = ("at", "every", "leader", "lost")
+
+    def __init__(self, leader: LeaderElection) -> None:
+        self.leader = leader
+        every = getattr(leader, "renew_every", None)
+        self.every = None if every is None else every.total_seconds()
+        self.at = time.monotonic()
+        self.lost = False
+
+    def held(self) -> bool:
+        """Whether the lease is still this node's, renewed first if it is time."""
+        if self.lost or self.every is None or time.monotonic() - self.at <= self.every:
+            return not self.lost
+        self.lost = not self.leader.acquire()
+        self.at = time.monotonic()
+        return not self.lost
+
+
 class Scheduler:
     """Rounds, leadership, drain. State, clock, leader and task list are injected.
 
@@ -384,22 +410,22 @@ class Scheduler:
         # now. A list beside the names, rather than a tuple per task.
         steps: list[TaskStep | None] = []
         missing = False
-        renew_every = getattr(self.leader, "renew_every", None)
-        renewed = time.monotonic()
+        renewal = _Renewal(self.leader)
         decisions: dict[tuple[object, ...], tuple[Decision, TaskStep]] | None = (
             {} if self._share_decisions else None
         )
         # A big round is written while its task functions run: every task is decided first,
         # and the ones due to fire are fired in a thread (``_fire``) as the jobs are written.
         deferred: list[Deferred] | None = [] if stream and self._streams(handles, names) else None
+
+        def undispatching() -> bool:
+            # Between two occurrences of one task: a drain, or the lease lost.
+            return self._undispatching() or not renewal.held()
+
         for name in names:
-            if renew_every is not None and time.monotonic() - renewed > renew_every.total_seconds():
-                # A long round (slow task functions) must not outlive its lease: renew between
-                # tasks, and give up the round, writing nothing, once another node holds it.
-                if not self.leader.acquire():
-                    self._concede()
-                    return NOTHING
-                renewed = time.monotonic()
+            if not renewal.held():
+                self._concede()
+                return NOTHING
             stored = states.get(name)
             # Re-read per task: a stop between two tasks means stop now. A task not reached
             # keeps its watermark and fires next time.
@@ -419,13 +445,18 @@ class Scheduler:
                     plan=plan,
                     decisions=decisions,
                     deferred=deferred,
-                    stopped=self._undispatching,
+                    stopped=undispatching,
                 )
             except Exception as error:
                 # Planning writes to the plan only once its decision stands, so a task whose
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
                 step = TaskStep(now, failed=error)
             steps.append(step)
+        if not renewal.held():
+            # The last task's function outlived the lease's renewal: renewed before the write,
+            # whose fence would otherwise find it expired, round after round.
+            self._concede()
+            return NOTHING
         planned = time.perf_counter()
         if traced is not None and not deferred:
             # Before the rows are made: each job row keeps its occurrence's traceparent.

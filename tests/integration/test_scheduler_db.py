@@ -729,3 +729,40 @@ def test_round__a_drain_between_one_task_s_occurrences_keeps_the_rest_for_the_ne
     assert Task.objects.get(name=slow.name).last_fired_at == datetime(
         2026, 6, 1, 0, 2, 59, 999_000, tzinfo=UTC
     )
+
+
+@pytest.mark.django_db
+def test_lease__a_round_whose_task_function_outlives_the_lease_is_renewed_and_written() -> None:
+    # Unrenewed, the fence found the lease expired, in that round and in every one after it.
+    from ultimat3_jobs.cron import parse
+    from ultimat3_jobs.handles import TaskHandle
+    from ultimat3_jobs.zones import resolve_zone
+
+    from .factories import demo_ping
+
+    ping = demo_ping()
+
+    def slow(occurrence: datetime) -> list[Any]:
+        time.sleep(0.5)
+        return [(ping, {"label": "slow"})]
+
+    handle = TaskHandle(
+        slow,
+        name="n.slow-function",
+        schedule=parse("* * * * *"),
+        zone=resolve_zone("UTC", "t"),
+        catch_up="skip",
+        max_catch_up=10,
+    )
+    clock = FrozenClock(T0)
+    state = DatabaseState(node_id="node-a", leader="lease", clock=clock)
+    leader = LeaseLeader(node_id="node-a", ttl=timedelta(seconds=0.3))
+    scheduler = Scheduler(
+        state=state, leader=leader, clock=clock, tasks=[handle], drain_on_shutdown=False
+    )
+    state.sync([handle])
+    scheduler.tick()  # arms it
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    assert len(scheduler.tick()) == 1
+    assert Job.objects.filter(task="n.slow-function").count() == 1
+    assert Lease.objects.get().owner == "node-a"

@@ -592,6 +592,41 @@ def test_leadership__a_long_round_renews_between_tasks_and_stops_when_lost() -> 
     assert not scheduler.is_leader
 
 
+class RenewingLeader(ScriptedLeader):
+    renew_every = timedelta(milliseconds=20)
+
+
+def slow_record(occurrence: datetime) -> list[Entry]:
+    time.sleep(0.05)
+    return [(record, {"label": occurrence.isoformat()})]
+
+
+def test_leadership__a_long_catch_up_renews_between_the_occurrences_of_one_task() -> None:
+    handle = task(
+        cron="0 * * * *", tz="UTC", name="t.long-catch-up", catch_up="run-all", max_catch_up=10
+    )(slow_record)
+    # Arm round, dispatch round, renewal after its first occurrence: lost to another node.
+    leader = RenewingLeader([True, True, False])
+    scheduler, state, clock = build(handle, leader=leader)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 3, 0, 1, tzinfo=UTC))  # 01:00, 02:00 and 03:00 due
+    assert scheduler.tick() == []
+    assert leader.answers == []
+    assert state.jobs == {}
+    assert not scheduler.is_leader
+
+
+def test_leadership__a_slow_last_task_is_renewed_before_its_round_is_written() -> None:
+    handle = task(cron="0 * * * *", tz="UTC", name="t.slow-last")(slow_record)
+    leader = RenewingLeader([True, True, True])  # the third: renewed after the function
+    scheduler, state, clock = build(handle, leader=leader)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 1, 0, 1, tzinfo=UTC))
+    assert [f.occurrence for f in scheduler.tick()] == [datetime(2026, 6, 1, 1, tzinfo=UTC)]
+    assert leader.answers == []
+    assert len(state.jobs) == 1
+
+
 def test_resolver__an_injected_schedule_drives_arming_and_firing() -> None:
     handle = hourly("t.resolved")
 

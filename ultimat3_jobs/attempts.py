@@ -443,9 +443,7 @@ class Attempts:
         """Count and log one attempt's end. Not written: recovered by another worker (our
         heartbeat went stale) or cancelled meanwhile; its row was no longer ours to write."""
         outcome = _OUTCOMES[ended.finish.status] if written else "lost"
-        with self._lock:
-            self.outcomes[outcome] += 1
-        instruments.job_finished(ended.job.name, ended.job.queue, outcome, ended.duration_ms / 1000)
+        self.counted(ended.job, outcome, ended.duration_ms / 1000)
         level = _LEVELS.get(outcome, logging.WARNING)
         if not logger.isEnabledFor(level):
             return outcome
@@ -463,6 +461,13 @@ class Attempts:
             **ended.log,
         )
         return outcome
+
+    def counted(self, job: ClaimedJob, outcome: Outcome, seconds: float) -> None:
+        """One attempt's end in this worker's counters and metrics: ``report``'s, and the
+        parent's share of a Django Task a ``--pool process`` child ran and reported."""
+        with self._lock:
+            self.outcomes[outcome] += 1
+        instruments.job_finished(job.name, job.queue, outcome, seconds)
 
     def report_all(self, written: Written) -> list[Outcome]:
         """``report`` for each attempt of a write, as written."""

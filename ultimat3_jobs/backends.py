@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from django.utils.module_loading import import_string
 
 from .conf import get_settings
 from .db import committed, in_transaction, left_in_transaction
-from .errors import InvalidJobInputError, TaskBackendError, class_path
+from .errors import InvalidJobInputError, TaskBackendError, TaskReceiverError, class_path
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import (
     MAX_INPUT_DEPTH,
@@ -41,6 +42,7 @@ from .inputs import (
     check_result,
     unstorable_result,
 )
+from .logs import emit
 from .outbox import TASKS
 from .retries import bounded, format_error
 from .tasks_compat import (
@@ -62,8 +64,14 @@ from .tasks_compat import (
 )
 
 if TYPE_CHECKING:
+    from django.dispatch import Signal
+
     from .models import Job
     from .store import JobStore, StartedTask
+
+logger = logging.getLogger(__name__)
+#: The framework's signals this backend sends after a commit, by name.
+_SIGNALS = {task_enqueued: "task_enqueued", task_finished: "task_finished"}
 
 #: Job status -> the framework's. A cancelled row never ran and never will: FAILED.
 STATUSES = {
@@ -139,6 +147,14 @@ class JobsBackend(BaseTaskBackend):
                 f"the arguments of {task.module_path} nest too deep for a job row",
                 fix=f"pass ids and small values, nested at most {MAX_INPUT_DEPTH} levels",
             ) from None
+        except (TypeError, ValueError) as error:
+            # A set, a datetime, bytes that are not text: refused as a @job's input is.
+            raise InvalidJobInputError(
+                f"the arguments of {task.module_path} are not JSON-serialisable: {error}",
+                fix="pass only str, int, float, bool, None, lists and dicts; convert dates "
+                "with .isoformat() and objects to their ids",
+                cause=error,
+            ) from error
         check_arguments(task.module_path, args, kwargs)
         job = self.store.enqueue_task(django_task_handle(task), args, kwargs, run_at=task.run_after)
         result = result_of(job, task, self.alias)
@@ -172,10 +188,21 @@ def load_task(path: str) -> Task:
 
 def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
     """A ``TaskResult`` of ``job``'s row as loaded (or, started, as its claim made it)."""
-    if (task.priority, task.queue_name, task.backend) != (job.priority, job.queue, alias):
+    # Enqueued with a ``run_after``, the row is due later than it was made (a claim's record
+    # has run and reads none: its task ran as declared).
+    run_at = getattr(job, "run_at", None)
+    run_after = run_at if run_at is not None and run_at != job.created_at else None
+    if (task.priority, task.queue_name, task.backend, task.run_after) != (
+        job.priority,
+        job.queue,
+        alias,
+        run_after,
+    ):
         # Should the settings have changed since, the declared task still tells what it is.
         with contextlib.suppress(InvalidTaskError):
-            task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
+            task = task.using(
+                priority=job.priority, queue_name=job.queue, backend=alias, run_after=run_after
+            )
     status = STATUSES[job.status]
     if job.status == "running" and job.started_at is None:
         status = TaskResultStatus.READY  # Claimed ahead by a worker; not started yet.
@@ -191,7 +218,8 @@ def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
         kwargs=dict(job.input or {}),
         backend=alias,
         errors=_errors(job.error_class, job.traceback),
-        worker_ids=[job.worker] if job.attempts and job.worker else [],
+        # A row claimed ahead counts its attempt, and has no start: it has not run yet.
+        worker_ids=[job.worker] if job.attempts and job.worker and job.started_at else [],
     )
     # The framework keeps the value behind a read-only property; a backend sets it.
     object.__setattr__(result, "_return_value", job.return_value)
@@ -239,7 +267,38 @@ def require_jobs_backend(task: Task, *, owner: str, database: str | None) -> Job
 def _enqueued_at_commit(sender: type[BaseTaskBackend], result: TaskResult, *, using: str) -> None:
     """``task_enqueued`` once the transaction that wrote the row commits on ``using`` (at once
     outside one); never for a row a rollback took back."""
-    transaction.on_commit(lambda: task_enqueued.send(sender, task_result=result), using=using)
+    transaction.on_commit(lambda: told(task_enqueued, sender, result), using=using)
+
+
+#: What to do about a receiver of the framework's signals that raised.
+RECEIVER_FIX = (
+    "make the receiver catch what it raises (its traceback is logged by django.dispatch): "
+    "the task's row is as it was written, and the other receivers were told"
+)
+
+
+def told(signal: Signal, sender: type[BaseTaskBackend], result: TaskResult) -> None:
+    """Send ``signal`` of ``result`` to each of its receivers, whatever one raises: sent once
+    the row it tells of is committed, a receiver's failure must not look like the commit's,
+    nor keep the other receivers, or the rest of a worker's batch, from being told. A
+    receiver that raised is logged with its fix."""
+    for receiver, response in signal.send_robust(sender, task_result=result):
+        if isinstance(response, Exception):
+            name = getattr(receiver, "__qualname__", repr(receiver))
+            error = TaskReceiverError(
+                f"a receiver of {_SIGNALS.get(signal, 'a task signal')} ({name}) raised "
+                f"{type(response).__name__}: {response}",
+                fix=RECEIVER_FIX,
+                cause=response,
+            )
+            emit(
+                logger,
+                "jobs.task.receiver-failed",
+                logging.ERROR,
+                task=result.task.module_path,
+                result=result.id,
+                **error.as_fields(),
+            )
 
 
 def announce(backend: JobsBackend, task: Task, job_id: int) -> None:
@@ -529,7 +588,7 @@ def finished(run: TaskRun, *, now: Any) -> None:
     ):
         object.__setattr__(result, name, value)
     if run.error is None:
-        task_finished.send(run.backend, task_result=result)
+        told(task_finished, run.backend, result)
         return
     # Sent after the outcome committed, long after the run's exception was handled; raised
     # again here, it is the one a receiver's ``logger.exception`` reports (the framework's
@@ -537,7 +596,32 @@ def finished(run: TaskRun, *, now: Any) -> None:
     try:
         raise run.error
     except BaseException:
-        task_finished.send(run.backend, task_result=result)
+        told(task_finished, run.backend, result)
+
+
+def finished_lost(job_ids: Iterable[int], *, using: str) -> None:
+    """``task_finished`` for the Django Task rows among ``job_ids`` that their worker's loss
+    ended failed (another worker's recovery, or its own drain that ran out of grace), once
+    that is committed: the framework's receivers hear of every failure, those too. Read
+    again, as the rows were written; a row whose task this code cannot load tells nothing."""
+    from .errors import WorkerLostError
+    from .models import Job, JobStatus
+
+    ids = list(job_ids)
+    if not ids:
+        return
+    rows = Job.objects.using(using).filter(pk__in=ids, status=JobStatus.FAILED).exclude(backend="")
+    for job in rows.order_by("pk"):
+        try:
+            sender, task = backend_class(job.backend), load_task(job.name)
+        except Exception:  # Not loadable here (or its backend gone): nothing to tell of.
+            continue
+        result = result_of(job, task, job.backend)
+        # Raised, so that a receiver's ``logger.exception`` reports it, as for any failure.
+        try:
+            raise WorkerLostError(job.last_error, fix=WorkerLostError.FIX)
+        except WorkerLostError:
+            told(task_finished, sender, result)
 
 
 __all__ = [
@@ -548,6 +632,7 @@ __all__ = [
     "django_task_handle",
     "ended_from_outside",
     "finished",
+    "finished_lost",
     "load_task",
     "result_of",
     "run_task",

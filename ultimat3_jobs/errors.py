@@ -287,6 +287,14 @@ class JobUnknownError(UltimateError):
     code = "jobs.job.unknown"
 
 
+class TaskReceiverError(UltimateError):
+    """A receiver of a Django Tasks signal (``task_enqueued``, ``task_finished``) raised. The
+    row it told of was committed as it ended; the other receivers, and the rest of the batch,
+    are told all the same."""
+
+    code = "jobs.task.receiver-failed"
+
+
 class JobTransactionLeftOpenError(UltimateError):
     """A job's function returned with a transaction of its own still open on its thread's
     connection (autocommit turned off and never back on): nothing it wrote there was

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import SpawnProcess
 
+    from .attempts import Outcome
     from .store import ClaimedJob, StartedTask
 
 #: Seconds a child timed out gets to end on SIGTERM before SIGKILL.
@@ -73,7 +74,7 @@ class Reply:
     rss_kb: int
     text: str = ""
     fields: dict[str, Any] | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
 
 
 #: What a child says once it can take jobs.

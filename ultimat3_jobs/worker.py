@@ -300,7 +300,17 @@ class Worker:
         if recovered.failed:
             instruments.recovered_failed(recovered.failed_jobs)
             self.checkins.ended((job_id, None) for job_id in recovered.jobs)
+            self._tell_lost(recovered.jobs)
         return recovered
+
+    def _tell_lost(self, job_ids: Sequence[int]) -> None:
+        """``task_finished`` for the Django Tasks among ``job_ids`` a lost worker's end
+        failed; none without the framework installed (then no such row is ours to run)."""
+        try:
+            from .backends import finished_lost
+        except ImportError:
+            return
+        finished_lost(job_ids, using=self.store.using)
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -510,9 +520,11 @@ class Worker:
                 self._hand_in(self.attempts.broken_off(job, error, begun))
             return
         if reply.kind == "task":
-            # The child wrote it; None: every write of it was refused.
+            # The child wrote it, and logged it; None: every write of it was refused.
             if reply.outcome is None:
                 self._let_go(job, None, ran=True)
+            else:
+                self.attempts.counted(job, reply.outcome, time.monotonic() - begun)
             self.life.wake.set()
         elif reply.kind == "raised":
             self._hand_in(self.attempts.raised(job, reply.text, reply.fields or {}, begun))
@@ -1042,6 +1054,7 @@ class Worker:
         )
         try:
             self.store.give_back(job_ids=left, worker=self.node_id, now=self.clock())
+            self._tell_lost(left)
         except DATABASE_ERRORS as error:
             # The heartbeat stops with us, so the other workers recover them instead.
             emit(logger, "jobs.worker.loop-failed", logging.ERROR, **failure_fields(error))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -516,6 +517,106 @@ def test_checks__a_jobs_backend_on_a_missing_database_is_an_error() -> None:
     assert 'TASKS["far"]' in error.msg
     assert "nowhere" in error.msg
     assert "default" in str(error.hint)
+
+
+@pytest.fixture
+def raising_receiver() -> Iterator[list[str]]:
+    """A receiver of ``task_enqueued`` and ``task_finished`` that raises, as a buggy one
+    would, for an ``add`` whose first argument is 13; the ids of the results it was given."""
+    given: list[str] = []
+
+    def receive(*, task_result: Any, **kwargs: Any) -> None:
+        given.append(task_result.id)
+        if task_result.args[:1] == [13]:
+            raise RuntimeError("receiver bug")
+
+    for signal in (task_enqueued, task_finished):
+        signal.connect(receive, weak=False)
+    yield given
+    for signal in (task_enqueued, task_finished):
+        Signal.disconnect(signal, receive)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_task_finished__a_receiver_that_raises_fails_nothing_and_the_worker_goes_on(
+    pool: str, raising_receiver: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = [background.add.enqueue(a, 1) for a in (1, 13, 2, 3)]
+    capsys.readouterr()
+    call_command(
+        "run_worker", "--burst", "--no-listen", "--pool", pool, "--concurrency", "2",
+        "--log-format", "json",
+    )  # fmt: skip
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    by_event = {line["event"]: line for line in lines}
+    # Counted by the worker, the child's runs too.
+    stopped = by_event["jobs.worker.stopped"]
+    assert (stopped["reason"], stopped["succeeded"]) == ("burst", 4)
+    if pool == "thread":  # A child's log lines are its own process's.
+        failed = by_event["jobs.task.receiver-failed"]
+        assert failed["code"] == "jobs.task.receiver-failed"
+        assert "task_finished" in failed["error"] and "receiver bug" in failed["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_enqueued__a_receiver_that_raises_after_the_commit_is_logged_not_raised(
+    raising_receiver: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR), transaction.atomic():
+        result = background.add.enqueue(13, 1)
+        later = background.add.enqueue(1, 1)
+    assert raising_receiver == [result.id, later.id]  # The next callback ran too.
+    [failed] = [r for r in caplog.records if getattr(r, "event", "") == "jobs.task.receiver-failed"]
+    assert failed.fields["result"] == result.id  # type: ignore[attr-defined]
+    assert "task_enqueued" in failed.fields["error"]  # type: ignore[attr-defined]
+    assert Job.objects.filter(pk=int(result.id)).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recover__a_django_task_a_lost_worker_failed_is_told_finished(
+    signals: list[tuple[str, str, str]],
+) -> None:
+    from ultimat3_jobs.worker import Worker
+
+    result = background.add.enqueue(1, 2)
+    [claimed] = store_for("default").claim(worker="dead-node", limit=1, now=timezone.now())
+    Job.objects.filter(pk=claimed.id).update(started_at=timezone.now())
+
+    Worker(stale_after=timedelta(seconds=60), drain_on_shutdown=False).recover()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert signals[-1] == ("finished", result.id, "FAILED")
+    [error] = result.errors
+    assert error.exception_class_path == "ultimat3_jobs.errors.WorkerLostError"
+
+
+@pytest.mark.django_db
+def test_get_result__a_row_claimed_ahead_has_made_no_attempt_and_run_after_is_kept() -> None:
+    later = timezone.now() + timedelta(hours=1)
+    deferred = background.add.using(run_after=later).enqueue(1, 2)
+    assert background.add.get_result(deferred.id) == deferred
+    assert background.add.get_result(deferred.id).task.run_after == later
+
+    result = background.add.enqueue(2, 2)
+    store_for("default").claim(worker="w-ahead", limit=5, now=timezone.now())
+    # Claimed ahead of a free thread: its start not marked yet.
+    Job.objects.filter(pk=int(result.id)).update(started_at=None)
+    ahead = background.add.get_result(result.id)
+    assert (ahead.status, ahead.attempts, ahead.worker_ids) == (TaskResultStatus.READY, 0, [])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", [{1, 2}, datetime(2026, 1, 1, tzinfo=UTC), b"\xff"])
+def test_enqueue__an_argument_that_is_no_json_is_refused_with_the_fix(value: Any) -> None:
+    with pytest.raises(InvalidJobInputError, match="not JSON-serialisable") as refused:
+        background.add.enqueue(value, 1)
+    assert refused.value.code == "jobs.job.input-invalid"
+    assert not Job.objects.exists()
 
 
 @pytest.mark.django_db

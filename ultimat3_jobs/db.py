@@ -37,21 +37,32 @@ def dedicated_connection(using: str, application_name: str) -> psycopg.Connectio
     """
     params = connections[using].get_connection_params()
     # Django's cursor factory and adapters are for its own connections; a plain one will do.
-    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+    for key in (
+        "cursor_factory",
+        "context",
+        "prepare_threshold",
+        "server_side_binding",
+        "application_name",
+        "autocommit",
+    ):
         params.pop(key, None)
+    # Ours unless the OPTIONS of DATABASES set them (a connect_timeout of the project's).
+    defaults = {
+        "connect_timeout": 5,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+    }
     return psycopg.connect(
-        **params,
+        **{**defaults, **params},
         autocommit=True,
         # Never prepared: a statement run once a round gains nothing from it, and a
         # transaction-pooling PgBouncer cannot keep it (psycopg's default prepares from the
         # sixth run).
         prepare_threshold=None,
-        connect_timeout=5,
+        # Ours whatever the OPTIONS say: the status tells the advisory leader by it.
         application_name=application_name,
-        keepalives=1,
-        keepalives_idle=5,
-        keepalives_interval=2,
-        keepalives_count=2,
     )
 
 

@@ -117,3 +117,26 @@ def test_advisory_leader__its_connection_is_named_for_its_node(
         assert names == [("ultimat3_jobs scheduler leader host:42:abcd",)]
     finally:
         leader.release()
+
+
+def test_dedicated_connection__options_of_the_project_are_kept_and_its_name_is_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The README's own advice: "OPTIONS": {"connect_timeout": 5}; it clashed with ours.
+    options = {**connection.settings_dict.get("OPTIONS", {})}
+    options.update(connect_timeout=7, application_name="the project's", keepalives_idle=9)
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    conn = dedicated_connection("default", "ultimat3_jobs test leader")
+    try:
+        assert conn.info.get_parameters()["connect_timeout"] == "7"
+        assert conn.info.get_parameters()["keepalives_idle"] == "9"
+        row = conn.execute("SELECT current_setting('application_name')").fetchone()
+        assert row == ("ultimat3_jobs test leader",)
+        assert conn.autocommit
+    finally:
+        conn.close()
+    leader = AdvisoryLeader(node_id="n-options", key=get_settings().advisory_lock_key)
+    try:
+        assert leader.acquire()
+    finally:
+        leader.release()

@@ -67,11 +67,14 @@ def _exit_on_the_command_line(error: UltimateError) -> None:
         return
     if len(argv) > 1 and argv[1] == "runserver" and "--noreload" not in argv:
         return
-    here = os.path.dirname(os.path.abspath(__file__))
+    # The declaration's line is the last one in the project's code: not ours, not Python's own
+    # (importlib, dataclasses), nor code made at run time (a dataclass's ``__init__``).
+    skipped = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.__file__))
     where = ""
     for frame, line in traceback.walk_tb(error.__traceback__):
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(here + os.sep) and "importlib" not in path:
+        name = frame.f_code.co_filename
+        path = os.path.abspath(name)
+        if not name.startswith("<") and not path.startswith(tuple(d + os.sep for d in skipped)):
             where = f" ({path}, line {line})"
     sys.stderr.write(f"{error.message}{where} [{error.code}]\nfix: {error.fix}\n")
     raise SystemExit(1)

@@ -247,6 +247,20 @@ def test_a_bad_declaration__stops_each_command_with_its_code_fix_and_place_not_a
     assert "Traceback" in shown.stderr
 
 
+def test_a_bad_cron__is_placed_at_its_line_in_tasks_py_not_in_code_made_at_run_time(
+    tmp_path: Path,
+) -> None:
+    # The parser's error is raised in a dataclass's generated __init__ ("<string>").
+    bad_cron = BAD_ZONE_TASKS.replace('"0 3 * * *"', '"61 * * * *"').replace("Nowhere", "Paris")
+    env = _project(tmp_path, "", bad_cron)
+
+    result = run("check", **env)
+
+    assert result.returncode == 1
+    assert "[jobs.task.cron-invalid]" in result.stderr
+    assert f"{tmp_path / 'probed' / 'tasks.py'}, line 4" in result.stderr, result.stderr
+
+
 def test_a_bad_declaration__is_raised_as_it_is_outside_a_command_and_kept_by_runserver(
     tmp_path: Path,
 ) -> None:

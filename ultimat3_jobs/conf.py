@@ -128,13 +128,13 @@ class Settings:
 
 def _seconds(raw: dict[str, Any], key: str) -> timedelta:
     value = raw[key]
-    if isinstance(value, timedelta):
-        return value
+    # A timedelta is held to the same bounds, by its seconds.
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
     # A year at most: inf or 1e308 would overflow the timedelta and every use of it.
     if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= 366 * 86_400
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= 366 * 86_400
     ):
         raise ConfigurationError(
             f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive number of seconds '
@@ -142,7 +142,7 @@ def _seconds(raw: dict[str, Any], key: str) -> timedelta:
             fix=f'set ULTIMAT3_JOBS["{key}"] to a number of seconds, e.g. {DEFAULTS[key]!r}',
             cause=value,
         )
-    return timedelta(seconds=float(value))
+    return value if isinstance(value, timedelta) else timedelta(seconds=float(seconds))
 
 
 #: The longest retention: a century (``prune_jobs --days`` takes as much). Past about 2,700

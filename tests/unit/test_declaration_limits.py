@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import FunctionType
 from typing import Any
 
@@ -320,6 +320,9 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         {"DEFAULT_QUEUE": "q" * (QUEUE_LIMIT + 1)},
         {"TICK_INTERVAL": float("inf")},
         {"WORKER_POLL_INTERVAL": 1e308},
+        # A timedelta is held to the same bounds: a negative tick would loop without a pause.
+        {"TICK_INTERVAL": timedelta(seconds=-1)},
+        {"LEASE_TTL": timedelta(days=100_000)},
         # The cutoff date a million days back is before year 1: prune_jobs would overflow.
         {"RETENTION_DAYS": 1_000_000},
         # pg_try_advisory_lock takes a bigint: these would fail at every round instead.
@@ -335,6 +338,8 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         "queue_long",
         "tick_inf",
         "poll_1e308",
+        "tick_negative_timedelta",
+        "lease_a_hundred_thousand_days",
         "retention_a_million_days",
         "lock_key_text",
         "lock_key_none",

@@ -31,7 +31,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
-from .db import committed, in_transaction, left_in_transaction
+from .db import app_database, committed, in_transaction, left_in_transaction
 from .errors import InvalidJobInputError, TaskBackendError, TaskReceiverError, class_path
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import (
@@ -106,8 +106,15 @@ class JobsBackend(BaseTaskBackend):
         self, alias: str, params: dict[str, Any], *, store: JobStore | None = None
     ) -> None:
         super().__init__(alias, params)
-        self.database: str = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+        self._database: str | None = self.options.get("DATABASE")
         self._store = store
+
+    @property
+    def database(self) -> str:
+        """The database its rows are written to: ``DATABASE``, else the app's
+        (``db.app_database``, where ``DATABASE_ROUTERS`` send the app), looked up on use:
+        the framework builds a backend while apps are still being made ready."""
+        return self._database or app_database()
 
     @property
     def store(self) -> JobStore:
@@ -188,10 +195,8 @@ def load_task(path: str) -> Task:
 
 def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
     """A ``TaskResult`` of ``job``'s row as loaded (or, started, as its claim made it)."""
-    # Enqueued with a ``run_after``, the row is due later than it was made (a claim's record
-    # has run and reads none: its task ran as declared).
-    run_at = getattr(job, "run_at", None)
-    run_after = run_at if run_at is not None and run_at != job.created_at else None
+    # Enqueued with a ``run_after``, the row is due later than it was made.
+    run_after = job.run_at if job.run_at is not None and job.run_at != job.created_at else None
     if (task.priority, task.queue_name, task.backend, task.run_after) != (
         job.priority,
         job.queue,

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
+from django.db import DatabaseError, connections, router
 
 from . import clock
 from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
@@ -274,6 +274,8 @@ def check_scheduled_jobs(
     # Without Django Tasks or Celery, only an overlap="skip" task's jobs are of interest.
     every_task = AVAILABLE or "celery" in sys.modules
     now = clock.now()
+    # The scheduler's database: the one a round there writes its rows to.
+    databases = judged_databases(kwargs.get("databases"))
     messages: list[checks.CheckMessage] = []
     celery_seen: set[str] = set()
     for handle in registry.tasks():
@@ -285,14 +287,15 @@ def check_scheduled_jobs(
             continue  # A failing function is the scheduler's to report, every round.
         seen: set[str] = set()
         for job in jobs:
-            try:
-                job.check_backend(DEFAULT_DB_ALIAS)
-            except UltimateError as error:
-                if error.message not in seen:
-                    seen.add(error.message)
-                    messages.append(
-                        checks.Warning(error.message, hint=error.fix, id="ultimat3_jobs.W004")
-                    )
+            for database in databases:
+                try:
+                    job.check_backend(database)
+                except UltimateError as error:
+                    if error.message not in seen:
+                        seen.add(error.message)
+                        messages.append(
+                            checks.Warning(error.message, hint=error.fix, id="ultimat3_jobs.W004")
+                        )
         messages.extend(acks_late_warnings(handle, jobs, celery_seen))
         messages.extend(overlap_warnings(handle, jobs))
     return messages

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 import psycopg
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections, router
 from psycopg.pq import TransactionStatus
 
 from .errors import JobTransactionLeftOpenError
@@ -27,6 +27,14 @@ from .errors import JobTransactionLeftOpenError
 K = TypeVar("K")
 V = TypeVar("V")
 T = TypeVar("T")
+
+
+def app_database() -> str:
+    """The database the app's tables are on: the one ``DATABASE_ROUTERS`` send its writes to
+    (``default`` without a router). Where a caller names no database, this one is meant."""
+    from .models import Job
+
+    return router.db_for_write(Job) or DEFAULT_DB_ALIAS
 
 
 def dedicated_connection(using: str, application_name: str) -> psycopg.Connection[Any]:

@@ -463,7 +463,9 @@ class TaskHandle:
         """
         from django.db import transaction
 
-        with transaction.atomic():
+        from .db import app_database
+
+        with transaction.atomic(using=app_database()):
             results = self.enqueue_entries(run_at=run_at, queue=queue, enqueued_by=enqueued_by)
             if _record_run is not None:
                 _record_run(self.name, results, enqueued_by)
@@ -480,9 +482,11 @@ class TaskHandle:
         "Run now" names the user)."""
         from django.db import transaction
 
+        from .db import app_database
+
         check_run_at(self.name, run_at)
         entries = self.entries()
-        with transaction.atomic():
+        with transaction.atomic(using=app_database()):
             return [
                 TaskJobResult(
                     job=job.name,

@@ -27,10 +27,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS
-
 from .conf import Settings, get_settings
-from .db import database_now
+from .db import app_database, database_now
 from .humanize import duration
 from .models import Node
 from .nodes import DRAINING
@@ -212,7 +210,7 @@ process = ProcessHealth()
 
 
 def database_health(
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
     *,
     roles: Sequence[str] | None = None,
     now: datetime | None = None,
@@ -226,6 +224,7 @@ def database_health(
     is seen at once, its lock gone with its connection.
     """
     config = get_settings()
+    using = using or app_database()
     now = now or database_now(using)
     nodes = list(Node.objects.using(using).filter(stopped_at__isnull=True))
     if roles is None:

@@ -16,10 +16,11 @@ import dataclasses
 from typing import ClassVar
 
 from asgiref.sync import sync_to_async
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable
 
+from .db import app_database
 from .health import RoleHealth, database_health
 from .logs import failure_fields
 
@@ -29,8 +30,9 @@ class _Role(HealthCheck):
     """One role, ready or ``ServiceUnavailable`` with what is wrong and what to do."""
 
     role: ClassVar[str]
-    #: The database alias whose node table is read.
-    database: str = DEFAULT_DB_ALIAS
+    #: The database alias whose node table is read: the app's (``db.app_database``) unless
+    #: given; its name is in the check's.
+    database: str = dataclasses.field(default_factory=app_database)
 
     async def run(self) -> None:
         # In the request's own thread, where Django opens and closes its connection.

@@ -142,10 +142,10 @@ def run_now(
     replaces nor delays the next scheduled occurrence. A job whose key already existed is
     reported as present and left as it was. The jobs and the record commit together; an
     ``UltimateError`` from the task's function propagates and nothing is written. ``store``:
-    where the record goes (default: the default database's).
+    where the record goes (default: the app database's, ``db.app_database``).
     """
     store = store or store_for()
-    with transaction.atomic():
+    with transaction.atomic(using=store.using):
         at = clock.now()
         results = handle.enqueue_entries(enqueued_by=f"admin:{user}")
         record = _record(store, handle.name, results, at=at, user=user, detail=detail)

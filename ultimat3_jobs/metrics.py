@@ -21,7 +21,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -52,7 +52,8 @@ class JobsCollector(Collector):
     NAME = f"{PREFIX}_jobs"
     HELP = "Jobs in the job table, by status and queue, read when scraped."
 
-    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
+    def __init__(self, using: str | None = None) -> None:
+        #: The database read; None: the app's (``db.app_database``), looked up when scraped.
         self.using = using
 
     RELAY_NAME = f"{PREFIX}_relay_rows"
@@ -69,16 +70,18 @@ class JobsCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from . import clock
         from .conf import get_settings
+        from .db import app_database
         from .models import JobStatus
         from .store import store_for
 
+        using = self.using or app_database()
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["status", "queue"])
-        connection = connections[self.using]
+        connection = connections[using]
         opened_here = connection.connection is None
         relay = GaugeMetricFamily(self.RELAY_NAME, self.RELAY_HELP, labels=["state"])
         try:
             stuck_before = clock.now() - get_settings().relay_stuck_after
-            by_queue, relay_states = store_for(self.using).job_counts(stuck_before=stuck_before)
+            by_queue, relay_states = store_for(using).job_counts(stuck_before=stuck_before)
             for state, count in relay_states.items():
                 relay.add_metric([state], count)
         except DatabaseError as error:
@@ -106,12 +109,15 @@ _collector_lock = threading.Lock()
 _collector: JobsCollector | None = None
 
 
-def register_jobs_collector(registry: CollectorRegistry = REGISTRY) -> JobsCollector:
-    """Register the job-table collector once per process (idempotent)."""
+def register_jobs_collector(
+    registry: CollectorRegistry = REGISTRY, using: str | None = None
+) -> JobsCollector:
+    """Register the job-table collector of ``using`` (None: the app's database) once per
+    process (idempotent: the first registration's database is read)."""
     global _collector
     with _collector_lock:
         if _collector is None:
-            _collector = JobsCollector()
+            _collector = JobsCollector(using)
             registry.register(_collector)
         return _collector
 
@@ -175,19 +181,26 @@ def exporter_app(health: ProcessHealth, registry: CollectorRegistry = REGISTRY) 
     return app
 
 
-def serve(port: int, addr: str = "0.0.0.0", *, health: ProcessHealth = process) -> Any:
+def serve(
+    port: int,
+    addr: str = "0.0.0.0",
+    *,
+    health: ProcessHealth = process,
+    using: str | None = None,
+) -> Any:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port`` in a daemon thread
     (``--metrics-port``); ``health`` holds the roles the probes report.
 
     Returns the server (``.shutdown()`` stops it). A port in use is a ``MetricsPortError``; an
     address this host cannot listen on (a name that does not resolve, another host's address)
     is a ``MetricsAddressError``. The job table's gauges are among the metrics unless the
-    ``METRICS_JOB_TABLE`` setting is False.
+    ``METRICS_JOB_TABLE`` setting is False, read from ``using`` (the command's database; None:
+    the app's).
     """
     from .conf import get_settings
 
     if get_settings().metrics_job_table:
-        register_jobs_collector()
+        register_jobs_collector(using=using)
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(
             addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, OuterRef, Subquery
 
 from . import clock
 from .cron import next_occurrence
+from .db import app_database
 from .errors import UltimateError
 from .handles import TaskHandle
 from .models import Job, JobStatus, Node, Occurrence, Outcome, Task
@@ -88,9 +88,10 @@ def _state(declared: bool, paused: bool) -> str:
     return "paused" if paused else "active"
 
 
-def overview(now: datetime | None = None, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+def overview(now: datetime | None = None, using: str | None = None) -> dict[str, Any]:
     """Everything ``jobs_status`` prints, as JSON-friendly data (datetimes left as datetimes)."""
     now = now or clock.now()
+    using = using or app_database()
     status = scheduler_status(now, using)
 
     by_status = {value: 0 for value in JobStatus.values}

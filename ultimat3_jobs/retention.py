@@ -11,8 +11,6 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import DEFAULT_DB_ALIAS
-
 from . import clock
 from .conf import get_settings
 from .logs import emit
@@ -38,7 +36,7 @@ def prune(
     older_than: timedelta | None = None,
     now: datetime | None = None,
     dry_run: bool = False,
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
     batch_size: int = BATCH_SIZE,
     store: JobStore | None = None,
     progress: Progress | None = None,
@@ -46,7 +44,8 @@ def prune(
     """Delete finished jobs, occurrence records and silent nodes older than ``older_than``.
 
     ``older_than`` defaults to the ``RETENTION_DAYS`` setting; ``dry_run`` only counts.
-    ``store``: the job store of ``using``. ``progress`` hears of each batch deleted.
+    ``store``: the job store of ``using`` (default: the app's database, ``db.app_database``).
+    ``progress`` hears of each batch deleted.
     """
     keep = older_than if older_than is not None else timedelta(days=get_settings().retention_days)
     cutoff = (now or clock.now()) - keep

@@ -13,6 +13,7 @@ from django.db import connections
 
 from . import clock
 from .conf import Settings, get_settings
+from .db import app_database
 from .humanize import duration
 from .leaders import LEADER_APPLICATION, leader_application
 from .models import Lease, Node
@@ -108,7 +109,7 @@ def _skew_text(skew_ms: int) -> str:
     return f"{abs(skew_ms) / 1000:.1f} s {side}"
 
 
-def scheduler_status(now: datetime | None = None, using: str = "default") -> SchedulerStatus:
+def scheduler_status(now: datetime | None = None, using: str | None = None) -> SchedulerStatus:
     """The scheduler's status at ``now`` (default: the app clock), from one read of ``Node``.
 
     A node counts as live when it has not stopped and was seen within the stale-round
@@ -117,6 +118,7 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
     """
     config = get_settings()
     now = now or clock.now()
+    using = using or app_database()
     stale_after = config.stale_round_warning
     silent_after = max(stale_after, config.heartbeat_interval * 3)
     nodes = list(Node.objects.using(using).all())
@@ -213,7 +215,7 @@ def scheduler_status(now: datetime | None = None, using: str = "default") -> Sch
     )
 
 
-def relay_warning(now: datetime, using: str = "default") -> StatusWarning | None:
+def relay_warning(now: datetime, using: str | None = None) -> StatusWarning | None:
     """A warning when relayed jobs have not been reported done after ``RELAY_STUCK_AFTER``."""
     from .store import store_for
 

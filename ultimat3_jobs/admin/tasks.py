@@ -48,6 +48,7 @@ from ..cron import (
     occurrences,
     parse,
 )
+from ..db import app_database
 from ..errors import UltimateError, readable
 from ..handles import TaskHandle
 from ..humanize import OCCURRENCE_NOTES, describe_cron, dst_rule
@@ -343,7 +344,7 @@ class TaskAdmin(BackfillAdmin, GuardedDelete):
         leads is not asked: a SIGKILLed leader's node row says it does until it goes silent,
         and a live leader has left nothing older than its last round to settle."""
         handle = registry.get_task(obj.name)
-        using = obj._state.db or "default"
+        using = obj._state.db or app_database()
         if handle is None or obj.paused_at is None:
             return None
         return settle_pause(
@@ -609,7 +610,7 @@ def _use_run_token(request: HttpRequest, token: str, tasks: Sequence[Task]) -> s
     try:
         # Its own transaction, committed before the run: a concurrent second submit of the
         # same form fails to insert the same nonce and runs nothing.
-        with transaction.atomic():
+        with transaction.atomic(using=app_database()):
             RunToken.objects.create(nonce=payload["n"], used_at=now)
     except IntegrityError:
         return ALREADY_SUBMITTED

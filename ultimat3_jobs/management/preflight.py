@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.core.management.base import CommandError
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from ultimat3_jobs.errors import UltimateError, UnknownDatabaseError
 from ultimat3_jobs.logs import NOT_MIGRATED_FIX, TIMEOUT_FIX, failure_fields
@@ -37,8 +37,15 @@ def require_migrated(using: str) -> None:
     if missing:
         raise CommandError(
             f"the database {using!r} has no {' or '.join(missing)} table "
-            f"[jobs.database-not-migrated]\nfix: {NOT_MIGRATED_FIX}"
+            f"[jobs.database-not-migrated]\nfix: {not_migrated_fix(using)}"
         )
+
+
+def not_migrated_fix(using: str) -> str:
+    """The fix for a database without the app's tables: ``migrate`` on that database."""
+    if using == DEFAULT_DB_ALIAS:
+        return NOT_MIGRATED_FIX
+    return f"{NOT_MIGRATED_FIX} --database {using}"
 
 
 def command_error(error: UltimateError) -> CommandError:

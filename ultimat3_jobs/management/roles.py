@@ -10,10 +10,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import CommandError
-from django.db import DEFAULT_DB_ALIAS
 
 from ultimat3_jobs import health, logs, metrics
 from ultimat3_jobs.conf import LEADERS, get_settings
+from ultimat3_jobs.db import app_database
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
 from ultimat3_jobs.lifecycle import UNAVAILABLE_EXIT
@@ -57,7 +57,7 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
         default="0.0.0.0",
         help="Address the metrics exporter listens on (default 0.0.0.0).",
     )
-    parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+    parser.add_argument("--database", default=app_database())
 
 
 def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,7 +143,9 @@ def prepare(options: dict[str, Any], *, exporter: bool = True) -> Any:
     if not exporter or options.get("metrics_port") is None:
         return None
     try:
-        return metrics.serve(options["metrics_port"], options["metrics_addr"])
+        return metrics.serve(
+            options["metrics_port"], options["metrics_addr"], using=options.get("database")
+        )
     except UltimateError as error:
         raise command_error(error) from error
 

@@ -17,8 +17,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.core.signals import setting_changed
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
+from ..db import app_database
 from .columns import started_task
 from .portable import PortableStore
 from .postgres import PostgresStore
@@ -495,9 +496,10 @@ class JobStore(Protocol):
         ...
 
 
-def store_for(using: str = DEFAULT_DB_ALIAS) -> JobStore:
-    """The job store of the database ``using``: one per alias, chosen by its engine."""
-    return _store_of(using)
+def store_for(using: str | None = None) -> JobStore:
+    """The job store of the database ``using`` (``app_database``'s when None): one per alias,
+    chosen by its engine."""
+    return _store_of(using or app_database())
 
 
 @functools.cache
@@ -525,7 +527,7 @@ def enqueue(
     queue: str | None = None,
     enqueued_by: str = "code",
     task: str = "",
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
 ) -> EnqueueResult:
     """``JobStore.enqueue`` on the store of ``using``."""
     return store_for(using).enqueue(

@@ -9,9 +9,10 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 from django.core.management.base import CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from ultimat3_jobs import backfill
+from ultimat3_jobs.db import app_database
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import MAX_BACKFILL, up_to
 from ultimat3_jobs.management.base import JobsCommand
@@ -53,7 +54,8 @@ class Command(JobsCommand):
             action="store_true",
             help="Backfill a paused task; it stays paused.",
         )
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        # The app's database (where DATABASE_ROUTERS send it), else "default".
+        parser.add_argument("--database", default=app_database())
 
     def handle(
         self,

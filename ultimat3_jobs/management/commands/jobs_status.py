@@ -10,8 +10,9 @@ from typing import Any
 
 import psycopg
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
+from ultimat3_jobs.db import app_database
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.health import ROLES, RoleHealth, database_health
 from ultimat3_jobs.humanize import duration
@@ -46,7 +47,8 @@ class Command(JobsCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="One JSON object.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        # The app's database (where DATABASE_ROUTERS send it), else "default".
+        parser.add_argument("--database", default=app_database())
         parser.add_argument(
             "--check",
             action="store_true",

@@ -8,8 +8,9 @@ from typing import Any
 
 import psycopg
 from django.core.management.base import CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
+from ultimat3_jobs.db import app_database
 from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.management.arguments import MAX_DAYS, up_to
 from ultimat3_jobs.management.base import JobsCommand
@@ -36,7 +37,8 @@ class Command(JobsCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would go; delete nothing."
         )
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        # The app's database (where DATABASE_ROUTERS send it), else "default".
+        parser.add_argument("--database", default=app_database())
 
     def handle(self, *, days: int | None, dry_run: bool, database: str, **options: Any) -> None:
         require_migrated(database)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.core.management import load_command_class
 from django.db import DEFAULT_DB_ALIAS
-from django.db.utils import ConnectionDoesNotExist
 from django.test import override_settings
+from django.utils.connection import ConnectionDoesNotExist
 
 from ultimat3_jobs.backends import JobsBackend
 from ultimat3_jobs.db import app_database

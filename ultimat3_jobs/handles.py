@@ -465,27 +465,33 @@ class TaskHandle:
 
         from .db import app_database
 
+        check_run_at(self.name, run_at)
+        # Called before the transaction: a slow function holds no lock meanwhile (on SQLite,
+        # whose transactions take the write lock as they begin, every writer would wait).
+        entries = self.entries()
         with transaction.atomic(using=app_database()):
-            results = self.enqueue_entries(run_at=run_at, queue=queue, enqueued_by=enqueued_by)
+            results = self.enqueue_entries(
+                entries, run_at=run_at, queue=queue, enqueued_by=enqueued_by
+            )
             if _record_run is not None:
                 _record_run(self.name, results, enqueued_by)
         return results
 
     def enqueue_entries(
         self,
+        entries: list[tuple[JobHandle, dict[str, Any]]],
         *,
         run_at: datetime | None = None,
         queue: str | None = None,
         enqueued_by: str = "code",
     ) -> list[TaskJobResult]:
-        """``enqueue`` without its record, for a caller that writes its own (the admin's
-        "Run now" names the user)."""
+        """``enqueue`` of the ``entries`` this task's function gave, without its record, for
+        a caller that writes its own (the admin's "Run now" names the user)."""
         from django.db import transaction
 
         from .db import app_database
 
         check_run_at(self.name, run_at)
-        entries = self.entries()
         with transaction.atomic(using=app_database()):
             return [
                 TaskJobResult(

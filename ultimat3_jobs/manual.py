@@ -145,8 +145,10 @@ def run_now(
     where the record goes (default: the app database's, ``db.app_database``).
     """
     store = store or store_for()
+    # Outside the transaction: its function may be slow, and holds no lock meanwhile.
+    entries = handle.entries()
     with transaction.atomic(using=store.using):
         at = clock.now()
-        results = handle.enqueue_entries(enqueued_by=f"admin:{user}")
+        results = handle.enqueue_entries(entries, enqueued_by=f"admin:{user}")
         record = _record(store, handle.name, results, at=at, user=user, detail=detail)
     return ManualRun(task=handle.name, results=results, record=record)

@@ -103,6 +103,11 @@ TIMEOUT_FIX = (
     "DATABASES / DATABASE_URL), or find what holds its locks in pg_stat_activity"
 )
 DATABASE_TIMEOUT_FIX = f"{TIMEOUT_FIX}; {RETRIED}"
+SQLITE_LOCKED_FIX = (
+    "another connection held SQLite's write lock past the busy timeout (a long transaction, "
+    'a shell\'s BEGIN): end it, or raise "timeout" in the OPTIONS of DATABASES (seconds); '
+    f"{RETRIED}; for many writers, use PostgreSQL"
+)
 PREPARED_STATEMENT_LOST_FIX = (
     "a transaction-pooling PgBouncer older than 1.21 (or one with max_prepared_statements = 0) "
     "cannot keep prepared statements: remove prepare_threshold from the OPTIONS of DATABASES "
@@ -145,6 +150,8 @@ def failure_fields(error: BaseException) -> dict[str, Any]:
         code, fix = "jobs.database-not-migrated", NOT_MIGRATED_FIX
     elif sqlstate in _CANCELLED:
         code, fix = "jobs.database-timeout", DATABASE_TIMEOUT_FIX
+    elif sqlstate is None and isinstance(error, OperationalError) and _sqlite_locked(text):
+        code, fix = "jobs.database-timeout", SQLITE_LOCKED_FIX
     elif isinstance(error, unavailable):
         code, fix = "jobs.database-unavailable", DATABASE_UNAVAILABLE_FIX
     else:
@@ -161,6 +168,11 @@ _MISSING_SCHEMA = frozenset({"42P01", "42703"})
 _CANCELLED = frozenset({"57014", "55P03"})
 
 
+def _sqlite_locked(text: str) -> bool:
+    """SQLite's own words for a write lock another connection held past the busy timeout."""
+    return "database is locked" in text or "database table is locked" in text
+
+
 def _sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of ``error`` or of the driver's error Django wrapped in it; ``None`` for
     SQLite, and for a connection that failed before the server answered."""
@@ -174,7 +186,7 @@ def _sqlstate(error: BaseException) -> str | None:
 
 def _names_missing_schema(text: str) -> bool:
     """A missing table or column by the words of an error that has no SQLSTATE (SQLite's)."""
-    if "no such table" in text or "no such column" in text:
+    if "no such table" in text or "no such column" in text or "has no column named" in text:
         return True
     return "does not exist" in text and ('relation "' in text or 'column "' in text)
 

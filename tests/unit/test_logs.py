@@ -79,6 +79,19 @@ def _raised_by_django(error: psycopg.Error) -> ProgrammingError:
             id="not_migrated_sqlite",
         ),
         pytest.param(
+            # An INSERT into a table older than the code (a migration not run), in SQLite's words.
+            OperationalError("table ultimat3_jobs_task has no column named backfilled_to"),
+            "jobs.database-not-migrated",
+            "manage.py migrate",
+            id="not_migrated_sqlite_insert",
+        ),
+        pytest.param(
+            OperationalError("database is locked"),
+            "jobs.database-timeout",
+            "SQLite's write lock",
+            id="sqlite_locked",
+        ),
+        pytest.param(
             _raised_by_django(psycopg.errors.QueryCanceled("canceling statement due to timeout")),
             "jobs.database-timeout",
             "statement_timeout",

@@ -100,3 +100,20 @@ def test_run_demo__shows_the_whole_product_and_ctrl_c_leaves_nothing_behind(demo
     assert 'jobs.worker.stopped reason="SIGTERM" exit_code=0' in output
     assert 'jobs.scheduler.stopped reason="SIGTERM"' in output
     assert "Stopped: the web server and run_jobs have exited." in output
+
+
+def test_run_demo__a_database_it_cannot_open_is_a_code_and_a_fix_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    import os
+    import sys
+
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'no-such-dir' / 'db.sqlite3'}"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "run_demo", "--port", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "[jobs.database-unavailable]" in result.stderr
+    assert "\nfix: " in result.stderr

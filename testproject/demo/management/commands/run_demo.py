@@ -26,12 +26,17 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from ultimat3_jobs.management.preflight import database_error
 
 MANAGE = Path(__file__).resolve().parents[4] / "manage.py"
 DEMO_USER = "admin"
 DEMO_PASSWORD = "admin"
 #: Seconds the web server gets to answer before the launcher gives up on it.
 START_TIMEOUT = 60.0
+#: Seconds of ``--stop-timeout`` left once run_jobs' drain grace is over: its exit.
+DRAIN_MARGIN = 3.0
 
 
 def ensure_demo_user() -> tuple[str, str] | None:
@@ -122,9 +127,12 @@ class Command(BaseCommand):
                 )
         database = settings.DATABASES["default"]
         self.stdout.write(f"Migrating {database['NAME']} ({database['ENGINE'].rsplit('.', 1)[-1]})")
-        call_command("migrate", interactive=False, verbosity=0)
+        try:
+            call_command("migrate", interactive=False, verbosity=0)
+        except DatabaseError as error:
+            raise database_error(DEFAULT_DB_ALIAS, error) from error
         login = ensure_demo_user()
-        children = self._spawn(host, port, metrics_port)
+        children = self._spawn(host, port, metrics_port, stop_timeout)
         try:
             code = self._supervise(children, host, port, metrics_port, login, stop)
         finally:
@@ -133,7 +141,9 @@ class Command(BaseCommand):
             raise CommandError("the demo did not stop cleanly (see the messages above)")
         self.stdout.write("Stopped: the web server and run_jobs have exited.")
 
-    def _spawn(self, host: str, port: int, metrics_port: int) -> dict[str, subprocess.Popen[bytes]]:
+    def _spawn(
+        self, host: str, port: int, metrics_port: int, stop_timeout: float
+    ) -> dict[str, subprocess.Popen[bytes]]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         base = [sys.executable, str(MANAGE)]
         # A process group of their own: the terminal's Ctrl-C reaches this launcher only, and
@@ -147,6 +157,10 @@ class Command(BaseCommand):
                 str(metrics_port),
                 "--metrics-addr",
                 host,
+                # Its own drain ends before it would be killed: what is still running then
+                # goes back to the queue, not left running for a worker that is gone.
+                "--drain-grace",
+                str(max(stop_timeout - DRAIN_MARGIN, 1.0)),
             ],
         }
         children = {

@@ -32,7 +32,13 @@ from django.utils.module_loading import import_string
 
 from .conf import get_settings
 from .db import app_database, committed, in_transaction, left_in_transaction
-from .errors import InvalidJobInputError, TaskBackendError, TaskReceiverError, class_path
+from .errors import (
+    InvalidJobInputError,
+    TaskBackendError,
+    TaskReceiverError,
+    WorkerLostError,
+    class_path,
+)
 from .handles import EnqueueResult, JobHandle, add_entry_adapter
 from .inputs import (
     MAX_INPUT_DEPTH,
@@ -609,7 +615,6 @@ def finished_lost(job_ids: Iterable[int], *, using: str) -> None:
     ended failed (another worker's recovery, or its own drain that ran out of grace), once
     that is committed: the framework's receivers hear of every failure, those too. Read
     again, as the rows were written; a row whose task this code cannot load tells nothing."""
-    from .errors import WorkerLostError
     from .models import Job, JobStatus
 
     ids = list(job_ids)

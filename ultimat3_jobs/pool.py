@@ -169,10 +169,12 @@ class Child:
         reaps it; one it reaped already (closed) is left alone, and a reaped child is never
         signalled again."""
         process = self._process
-        if process is not None:
-            with contextlib.suppress(ValueError):
-                if process.is_alive():
-                    _signal_group(process, signal.SIGKILL)
+        if process is not None and process.pid is not None:
+            # Nothing here waits on the child (the thread that runs it reaps it).
+            with contextlib.suppress(ProcessLookupError, PermissionError, AttributeError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                process.kill()  # One that had not made its group yet.
 
     def _ready(self, conn: Connection) -> bool:
         deadline = time.monotonic() + READY_WITHIN

@@ -36,6 +36,7 @@ from .errors import (
     InvalidJobInputError,
     TaskBackendError,
     TaskReceiverError,
+    UnknownDatabaseError,
     WorkerLostError,
     class_path,
 )
@@ -125,8 +126,18 @@ class JobsBackend(BaseTaskBackend):
     @property
     def store(self) -> JobStore:
         if self._store is None:
+            from django.conf import settings
+
             from .store import store_for
 
+            if self.database not in settings.DATABASES:
+                # As manage.py check says it (E005), rather than Django's bare lookup error.
+                raise UnknownDatabaseError(
+                    f'TASKS["{self.alias}"] keeps its tasks in database "{self.database}", '
+                    "which is not in DATABASES",
+                    fix=database_option_fix(self.alias),
+                    cause=self.database,
+                )
             self._store = store_for(self.database)
         return self._store
 
@@ -279,6 +290,14 @@ def _enqueued_at_commit(sender: type[BaseTaskBackend], result: TaskResult, *, us
     """``task_enqueued`` once the transaction that wrote the row commits on ``using`` (at once
     outside one); never for a row a rollback took back."""
     transaction.on_commit(lambda: told(task_enqueued, sender, result), using=using)
+
+
+def database_option_fix(alias: str) -> str:
+    """The fix for a ``JobsBackend`` whose ``DATABASE`` is no database (``E005``)."""
+    from django.conf import settings
+
+    names = ", ".join(sorted(settings.DATABASES))
+    return f'set TASKS["{alias}"]["OPTIONS"]["DATABASE"] to one of: {names}'
 
 
 #: What to do about a receiver of the framework's signals that raised.

@@ -230,7 +230,7 @@ def check_task_backends(
 
     if not AVAILABLE:
         return []  # Neither django.tasks nor the backport: no Django Task can be declared.
-    from .backends import JobsBackend
+    from .backends import JobsBackend, database_option_fix
     from .tasks_compat import task_backends
 
     messages: list[checks.CheckMessage] = []
@@ -246,8 +246,7 @@ def check_task_backends(
                 checks.Error(
                     f'TASKS["{alias}"] keeps its tasks in database "{backend.database}", '
                     "which is not in DATABASES",
-                    hint=f'set TASKS["{alias}"]["OPTIONS"]["DATABASE"] to one of: '
-                    f"{', '.join(sorted(settings.DATABASES))}",
+                    hint=database_option_fix(alias),
                     id="ultimat3_jobs.E005",
                 )
             )

@@ -201,7 +201,7 @@ def _timeout(value: Any) -> float | None:
     problem = timeout_problem(value)
     if problem is not None:
         raise ConfigurationError(
-            f'ULTIMAT3_JOBS["JOB_TIMEOUT"] is {problem}',
+            f'ULTIMAT3_JOBS["JOB_TIMEOUT"] is {value!r}, {problem}',
             fix=f'set ULTIMAT3_JOBS["JOB_TIMEOUT"] to {TIMEOUT_FIX}',
             cause=value,
         )

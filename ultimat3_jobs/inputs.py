@@ -404,9 +404,9 @@ def timeout_problem(value: object) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"{value!r} is not a number of seconds"
+        return "not a number of seconds"
     if not 0 < value <= TIMEOUT_LIMIT:  # nan fails both comparisons
-        return f"{value!r} is not above 0 and at most {TIMEOUT_LIMIT} seconds"
+        return f"not above 0 and at most {TIMEOUT_LIMIT} seconds"
     return None
 
 
@@ -415,7 +415,7 @@ def check_timeout(value: object, owner: str) -> float | None:
     problem = timeout_problem(value)
     if problem is not None:
         raise InvalidTimeoutError(
-            f"{owner} has timeout={value!r}: {problem}",
+            f"{owner} has timeout={value!r}, {problem}",
             fix=f"make timeout {TIMEOUT_FIX}",
             cause=value,
         )

@@ -31,8 +31,8 @@ logger = logging.getLogger("ultimat3_jobs.leader")
 LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
 
 ADVISORY_NEEDS_POSTGRES_FIX = (
-    'set ULTIMAT3_JOBS["LEADER"] = "lease" (works on every database and behind PgBouncer), '
-    'or "sole" for a single node, or move to PostgreSQL'
+    'pass --leader lease, or set ULTIMAT3_JOBS["LEADER"] = "lease" (works on every database '
+    'and behind PgBouncer), or "sole" for a single node; or move to PostgreSQL'
 )
 
 

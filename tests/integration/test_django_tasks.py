@@ -25,7 +25,7 @@ from testproject.demo.models import Ping
 from ultimat3_jobs.backends import JobsBackend
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import parse
-from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError
+from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError, UnknownDatabaseError
 from ultimat3_jobs.handles import TaskHandle
 from ultimat3_jobs.inputs import input_digest
 from ultimat3_jobs.leaders import SoleLeader
@@ -513,10 +513,15 @@ def test_checks__a_jobs_backend_on_a_missing_database_is_an_error() -> None:
     }
     with override_settings(TASKS=tasks):
         messages = check_task_backends()
+        # At run time, the same words and fix as the check's.
+        with pytest.raises(UnknownDatabaseError) as refused:
+            task_backends["far"].enqueue(background.add, (1, 2), {})
     [error] = [m for m in messages if m.id == "ultimat3_jobs.E005"]
     assert 'TASKS["far"]' in error.msg
     assert "nowhere" in error.msg
     assert "default" in str(error.hint)
+    assert (refused.value.message, refused.value.fix) == (error.msg, error.hint)
+    assert refused.value.code == "jobs.database-unknown"
 
 
 @pytest.fixture

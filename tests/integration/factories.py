@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -42,3 +43,19 @@ def make_tasks(
         )
         for i in range(count)
     ]
+
+
+def task_of(
+    entries: Callable[[datetime], list[tuple[JobHandle, dict[str, Any]]]],
+    name: str,
+    cron: str = "* * * * *",
+) -> TaskHandle:
+    """One task of its own function, in UTC, not registered."""
+    return TaskHandle(
+        entries,
+        name=name,
+        schedule=parse(cron),
+        zone=resolve_zone("UTC", "test"),
+        catch_up="skip",
+        max_catch_up=10,
+    )

@@ -10,13 +10,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ultimat3_jobs.cron import parse
 from ultimat3_jobs.handles import JobHandle, TaskHandle
 from ultimat3_jobs.manual import run_now
 from ultimat3_jobs.models import Job, Occurrence
-from ultimat3_jobs.zones import resolve_zone
 
-from .factories import demo_ping
+from .factories import demo_ping, task_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,14 +26,7 @@ def _watched(seen: list[bool]) -> TaskHandle:
         seen.append(connection.in_atomic_block)
         return [(ping, {"label": f"manual {len(seen)}"})]
 
-    return TaskHandle(
-        entries,
-        name="manual.watched",
-        schedule=parse("0 3 * * *"),
-        zone=resolve_zone("UTC", "test"),
-        catch_up="skip",
-        max_catch_up=10,
-    )
+    return task_of(entries, "manual.watched", cron="0 3 * * *")
 
 
 def test_run_now__calls_the_task_function_outside_the_transaction_that_writes() -> None:

@@ -734,11 +734,7 @@ def test_round__a_drain_between_one_task_s_occurrences_keeps_the_rest_for_the_ne
 @pytest.mark.django_db
 def test_lease__a_round_whose_task_function_outlives_the_lease_is_renewed_and_written() -> None:
     # Unrenewed, the fence found the lease expired, in that round and in every one after it.
-    from ultimat3_jobs.cron import parse
-    from ultimat3_jobs.handles import TaskHandle
-    from ultimat3_jobs.zones import resolve_zone
-
-    from .factories import demo_ping
+    from .factories import demo_ping, task_of
 
     ping = demo_ping()
 
@@ -746,14 +742,7 @@ def test_lease__a_round_whose_task_function_outlives_the_lease_is_renewed_and_wr
         time.sleep(0.5)
         return [(ping, {"label": "slow"})]
 
-    handle = TaskHandle(
-        slow,
-        name="n.slow-function",
-        schedule=parse("* * * * *"),
-        zone=resolve_zone("UTC", "t"),
-        catch_up="skip",
-        max_catch_up=10,
-    )
+    handle = task_of(slow, "n.slow-function")
     clock = FrozenClock(T0)
     state = DatabaseState(node_id="node-a", leader="lease", clock=clock)
     leader = LeaseLeader(node_id="node-a", ttl=timedelta(seconds=0.3))

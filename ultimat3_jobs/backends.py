@@ -212,19 +212,10 @@ def load_task(path: str) -> Task:
 
 def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
     """A ``TaskResult`` of ``job``'s row as loaded (or, started, as its claim made it)."""
-    # Enqueued with a ``run_after``, the row is due later than it was made.
-    run_after = job.run_at if job.run_at is not None and job.run_at != job.created_at else None
-    if (task.priority, task.queue_name, task.backend, task.run_after) != (
-        job.priority,
-        job.queue,
-        alias,
-        run_after,
-    ):
+    if (task.priority, task.queue_name, task.backend) != (job.priority, job.queue, alias):
         # Should the settings have changed since, the declared task still tells what it is.
         with contextlib.suppress(InvalidTaskError):
-            task = task.using(
-                priority=job.priority, queue_name=job.queue, backend=alias, run_after=run_after
-            )
+            task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
     status = STATUSES[job.status]
     if job.status == "running" and job.started_at is None:
         status = TaskResultStatus.READY  # Claimed ahead by a worker; not started yet.

@@ -169,10 +169,13 @@ class Child:
         reaps it; one it reaped already (closed) is left alone, and a reaped child is never
         signalled again."""
         process = self._process
-        if process is not None and process.pid is not None:
-            # Nothing here waits on the child (the thread that runs it reaps it).
-            with contextlib.suppress(ProcessLookupError, PermissionError, AttributeError):
-                os.killpg(process.pid, signal.SIGKILL)
+        if process is not None:
+            # Nothing here waits on the child (the thread that runs it reaps it); a child that
+            # thread closed meanwhile raises ValueError, and is left alone.
+            with contextlib.suppress(
+                ValueError, ProcessLookupError, PermissionError, AttributeError, TypeError
+            ):
+                os.killpg(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
             with contextlib.suppress(ValueError, ProcessLookupError):
                 process.kill()  # One that had not made its group yet.
 

@@ -144,7 +144,7 @@ class _Renewal:
     nothing. Never from the thread that fires a streamed round's tasks: the write's fence
     holds the lease's row until it commits."""
 
-    __slots__ = ("at", "every", "leader", "lost")
+    __slots__ = ("at", "error", "every", "leader", "lost")
 
     def __init__(self, leader: LeaderElection) -> None:
         self.leader = leader
@@ -152,14 +152,27 @@ class _Renewal:
         self.every = None if every is None else every.total_seconds()
         self.at = time.monotonic()
         self.lost = False
+        #: What a renewal raised (the database): the round's failure, not a task's.
+        self.error: Exception | None = None
 
     def held(self) -> bool:
-        """Whether the lease is still this node's, renewed first if it is time."""
+        """Whether the lease is still this node's, renewed first if it is time; False once a
+        renewal raised, for the round to raise ``error`` between its tasks."""
         if self.lost or self.every is None or time.monotonic() - self.at <= self.every:
             return not self.lost
-        self.lost = not self.leader.acquire()
+        try:
+            self.lost = not self.leader.acquire()
+        except Exception as error:
+            self.error, self.lost = error, True
         self.at = time.monotonic()
         return not self.lost
+
+    def holding(self) -> bool:
+        """``held`` between two tasks: a renewal that raised fails the round there."""
+        held = self.held()
+        if self.error is not None:
+            raise self.error
+        return held
 
 
 class Scheduler:
@@ -423,7 +436,7 @@ class Scheduler:
             return self._undispatching() or not renewal.held()
 
         for name in names:
-            if not renewal.held():
+            if not renewal.holding():
                 self._concede()
                 return NOTHING
             stored = states.get(name)
@@ -452,7 +465,7 @@ class Scheduler:
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
                 step = TaskStep(now, failed=error)
             steps.append(step)
-        if not renewal.held():
+        if not renewal.holding():
             # The last task's function outlived the lease's renewal: renewed before the write,
             # whose fence would otherwise find it expired, round after round.
             self._concede()

@@ -616,6 +616,22 @@ def test_leadership__a_long_catch_up_renews_between_the_occurrences_of_one_task(
     assert not scheduler.is_leader
 
 
+def test_leadership__a_renewal_that_raises_between_occurrences_fails_the_round_not_the_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handle = task(
+        cron="0 * * * *", tz="UTC", name="t.renewal-raises", catch_up="run-all", max_catch_up=10
+    )(slow_record)
+    leader = RenewingLeader([True, True, ConnectionError("database gone")])  # type: ignore[list-item]
+    scheduler, state, clock = build(handle, leader=leader)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 3, 0, 1, tzinfo=UTC))
+    with caplog.at_level(logging.WARNING), pytest.raises(ConnectionError, match="database gone"):
+        scheduler.tick()
+    assert state.jobs == {}
+    assert not [r for r in caplog.records if "entries" in getattr(r, "event", "")]
+
+
 def test_leadership__a_slow_last_task_is_renewed_before_its_round_is_written() -> None:
     handle = task(cron="0 * * * *", tz="UTC", name="t.slow-last")(slow_record)
     leader = RenewingLeader([True, True, True])  # the third: renewed after the function

@@ -224,7 +224,6 @@ def started_task(job: ClaimedJob, *, worker: str, started_at: datetime) -> Start
         created_at=job.created_at,
         started_at=started_at,
         worker=worker,
-        run_at=job.run_at,
     )
 
 

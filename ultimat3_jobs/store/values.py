@@ -125,8 +125,6 @@ class StartedTask:
     error_class: str = ""
     traceback: str = ""
     return_value: Any = None
-    #: When it was due: later than ``created_at`` for a row enqueued with a ``run_after``.
-    run_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

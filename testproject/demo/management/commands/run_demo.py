@@ -28,6 +28,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
+from ultimat3_jobs.management.arguments import positive_seconds
 from ultimat3_jobs.management.preflight import database_error
 
 MANAGE = Path(__file__).resolve().parents[4] / "manage.py"
@@ -48,6 +49,15 @@ def ensure_demo_user() -> tuple[str, str] | None:
     if users.filter(username=DEMO_USER).exists():
         return DEMO_USER, DEMO_PASSWORD
     return None
+
+
+def _drain_grace(stop_timeout: float) -> float:
+    """run_jobs' drain grace: its setting, cut to end before the launcher kills it (a margin
+    off the stop timeout, or half of a short one)."""
+    from ultimat3_jobs.conf import get_settings
+
+    setting = get_settings().worker_drain_grace.total_seconds()
+    return round(min(setting, max(stop_timeout - DRAIN_MARGIN, stop_timeout / 2)), 3)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -91,7 +101,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--stop-timeout",
-            type=float,
+            type=positive_seconds,
             default=20.0,
             help="Seconds the children get to drain on Ctrl-C before they are killed.",
         )
@@ -160,7 +170,7 @@ class Command(BaseCommand):
                 # Its own drain ends before it would be killed: what is still running then
                 # goes back to the queue, not left running for a worker that is gone.
                 "--drain-grace",
-                str(max(stop_timeout - DRAIN_MARGIN, 1.0)),
+                str(_drain_grace(stop_timeout)),
             ],
         }
         children = {

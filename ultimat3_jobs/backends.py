@@ -624,13 +624,20 @@ def finished_lost(job_ids: Iterable[int], *, using: str) -> None:
     """``task_finished`` for the Django Task rows among ``job_ids`` that their worker's loss
     ended failed (another worker's recovery, or its own drain that ran out of grace), once
     that is committed: the framework's receivers hear of every failure, those too. Read
-    again, as the rows were written; a row whose task this code cannot load tells nothing."""
+    again, as the rows were written, by the error a worker's loss leaves (a row that failed of
+    its own run meanwhile, told by the worker that ran it, is not told again); a row whose
+    task this code cannot load tells nothing."""
     from .models import Job, JobStatus
 
     ids = list(job_ids)
     if not ids:
         return
-    rows = Job.objects.using(using).filter(pk__in=ids, status=JobStatus.FAILED).exclude(backend="")
+    lost = class_path(WorkerLostError)
+    rows = (
+        Job.objects.using(using)
+        .filter(pk__in=ids, status=JobStatus.FAILED, error_class=lost)
+        .exclude(backend="")
+    )
     for job in rows.order_by("pk"):
         try:
             sender, task = backend_class(job.backend), load_task(job.name)

@@ -22,7 +22,7 @@ from django_tasks.signals import task_enqueued, task_finished, task_started
 
 from testproject.demo import background
 from testproject.demo.models import Ping
-from ultimat3_jobs.backends import JobsBackend
+from ultimat3_jobs.backends import JobsBackend, finished_lost
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.cron import parse
 from ultimat3_jobs.errors import InvalidJobInputError, TaskBackendError, UnknownDatabaseError
@@ -598,6 +598,14 @@ def test_recover__a_django_task_a_lost_worker_failed_is_told_finished(
     assert signals[-1] == ("finished", result.id, "FAILED")
     [error] = result.errors
     assert error.exception_class_path == "ultimat3_jobs.errors.WorkerLostError"
+
+    # A task that failed of its own run as the loss was written is told by its own worker.
+    own = background.explode.enqueue(reason="its own")
+    burst()
+    assert signals[-1] == ("finished", own.id, "FAILED")
+    told = len(signals)
+    finished_lost([int(result.id), int(own.id)], using="default")
+    assert [s[1] for s in signals[told:]] == [result.id]
 
 
 @pytest.mark.django_db

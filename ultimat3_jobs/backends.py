@@ -119,9 +119,12 @@ class JobsBackend(BaseTaskBackend):
     @property
     def database(self) -> str:
         """The database its rows are written to: ``DATABASE``, else the app's
-        (``db.app_database``, where ``DATABASE_ROUTERS`` send the app), looked up on use:
-        the framework builds a backend while apps are still being made ready."""
-        return self._database or app_database()
+        (``db.app_database``, where ``DATABASE_ROUTERS`` send the app), looked up on first
+        use, not at construction (the framework builds a backend while apps are still being
+        made ready), then kept: a round asks it for each Django Task entry."""
+        if self._database is None:
+            self._database = app_database()
+        return self._database
 
     @property
     def store(self) -> JobStore:

@@ -424,6 +424,7 @@ class Scheduler:
         steps: list[TaskStep | None] = []
         missing = False
         renewal = _Renewal(self.leader)
+        renews = renewal.every is not None  # Asked of every task: nothing to ask without a lease.
         decisions: dict[tuple[object, ...], tuple[Decision, TaskStep]] | None = (
             {} if self._share_decisions else None
         )
@@ -436,7 +437,7 @@ class Scheduler:
             return self._undispatching() or not renewal.held()
 
         for name in names:
-            if not renewal.holding():
+            if renews and not renewal.holding():
                 self._concede()
                 return NOTHING
             stored = states.get(name)
@@ -465,7 +466,7 @@ class Scheduler:
                 # schedule itself raised leaves nothing behind: it alone is retried next round.
                 step = TaskStep(now, failed=error)
             steps.append(step)
-        if not renewal.holding():
+        if renews and not renewal.holding():
             # The last task's function outlived the lease's renewal: renewed before the write,
             # whose fence would otherwise find it expired, round after round.
             self._concede()

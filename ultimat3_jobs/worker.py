@@ -430,7 +430,7 @@ class Worker:
             except ImportError as error:
                 why = f"{type(error).__name__}: {error}"
             except Exception:  # Here and broken: its run fails with what it raises.
-                why = None
+                pass
             self._tasks_missing[name] = why
         return self._tasks_missing[name]
 

@@ -76,7 +76,7 @@ def heartbeat(
             return
         except IntegrityError:
             pass
-    if rows.filter(node_id=node_id).update(last_seen_at=Now(), stopped_at=None, **fields):
+    if rows.filter(node_id=node_id).update(**{"last_seen_at": Now(), "stopped_at": None, **fields}):
         return
     create()
 
@@ -178,5 +178,10 @@ class Heartbeat:
         return int(skew.total_seconds() * 1000)
 
     def stopped(self, **fields: Any) -> None:
-        """Mark this node stopped, with ``fields``."""
-        stopped(using=self.using, node_id=self.node_id, **fields)
+        """Mark this node stopped, with ``fields``. A node that never wrote its row writes it
+        now, stopped, in one statement: ``run_scheduler --once`` keeps its one heartbeat for
+        this (``DatabaseState``)."""
+        if self.written is None:
+            self.beat(stopped_at=Now(), **fields)
+        else:
+            stopped(using=self.using, node_id=self.node_id, **fields)

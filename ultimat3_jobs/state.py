@@ -97,7 +97,9 @@ class SchedulerState(Protocol):
 class DatabaseState:
     """The watermarks in the ``Task`` table; a round's jobs in the job table.
 
-    ``store``: the job store that writes them (default: ``store_for(using)``).
+    ``store``: the job store that writes them (default: ``store_for(using)``). ``once``: for
+    a process that runs one round and stops (``run_scheduler --once``), whose node row is
+    written once, at the stop, with what its round's heartbeat would have written.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class DatabaseState:
         clock_skew_warning: timedelta = timedelta(seconds=1),
         clock: Callable[[], datetime] | None = None,
         store: JobStore | None = None,
+        once: bool = False,
     ) -> None:
         self.node_id = node_id
         self.leader = leader
@@ -125,6 +128,8 @@ class DatabaseState:
             skew_warning=clock_skew_warning,
         )
         self._last_leader: bool | None = None
+        #: With ``once``: the heartbeat kept for the stop to write.
+        self._kept: dict[str, Any] | None = {} if once else None
 
     def sync(self, tasks: Sequence[TaskHandle]) -> Synced:
         """Mirror the declarations; mark stored tasks no longer declared.
@@ -248,14 +253,17 @@ class DatabaseState:
         }
         if round_at is not None:
             fields["last_round_at"] = round_at
-        self.node.beat(**fields)
+        if self._kept is not None:
+            self._kept = fields  # One statement at the stop rather than two.
+        else:
+            self.node.beat(**fields)
         self._last_leader = is_leader
 
     def between_rounds(self) -> None:
         close_old_connections()
 
     def stopped(self) -> None:
-        self.node.stopped(is_leader=False)
+        self.node.stopped(**{**(self._kept or {}), "is_leader": False})
 
 
 def _letting_go(fired: Iterator[PlannedOccurrence]) -> Iterator[PlannedOccurrence]:

@@ -90,3 +90,31 @@ def test_heartbeat__a_row_deleted_meanwhile_is_written_again() -> None:
     Node.objects.filter(node_id="n4").delete()  # the admin's delete action
     assert _beat(heartbeat) == ["UPDATE", "INSERT"]
     assert Node.objects.get(node_id="n4").role == "relay"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat__a_once_run_writes_its_row_at_the_stop_in_one_insert_with_its_round() -> None:
+    state = DatabaseState(node_id="once", leader="advisory", once=True)
+    round_at = datetime.now(UTC)
+    with CaptureQueriesContext(connection) as queries:
+        state.heartbeat(is_leader=True, round_at=round_at, error="")
+    assert not [q for q in queries if "ultimat3_jobs_node" in q["sql"]]
+    assert not Node.objects.filter(node_id="once").exists()
+    with CaptureQueriesContext(connection) as queries:
+        state.stopped()
+    assert [q["sql"].split()[0].upper() for q in queries] == ["INSERT"]
+    row = Node.objects.get(node_id="once")
+    assert (row.role, row.leader, row.is_leader, row.last_round_at) == (
+        "scheduler", "advisory", False, round_at,
+    )  # fmt: skip
+    assert row.stopped_at is not None and row.clock_skew_ms is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat__a_stop_of_a_node_whose_row_was_written_is_one_update() -> None:
+    heartbeat = Heartbeat(using="default", node_id="n5", role="worker", every=timedelta(0))
+    heartbeat.beat(last_error="")
+    with CaptureQueriesContext(connection) as queries:
+        heartbeat.stopped()
+    assert [q["sql"].split()[0].upper() for q in queries] == ["UPDATE"]
+    assert Node.objects.get(node_id="n5").stopped_at is not None

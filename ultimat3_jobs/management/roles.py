@@ -165,6 +165,7 @@ def build_scheduler(options: dict[str, Any], *, once: bool = False) -> Scheduler
         using=database,
         heartbeat_interval=config.heartbeat_interval,
         clock_skew_warning=config.clock_skew_warning,
+        once=once,
     )
     tick_interval = options.get("tick_interval")
     scheduler = Scheduler(

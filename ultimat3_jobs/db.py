@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.db.backends.signals import connection_created
 from psycopg.pq import TransactionStatus
 
 from .errors import JobTransactionLeftOpenError
@@ -178,6 +179,38 @@ def hung_up(connection: Any) -> bool:
     except (OSError, psycopg.Error):
         return True  # Closed already.
     return bool(readable)
+
+
+#: How often PostgreSQL 14 and later look, during a statement, for its client gone
+#: (``cancel_for_dead_clients``).
+CLIENT_CHECK_INTERVAL = "250ms"
+
+
+def cancel_for_dead_clients() -> None:
+    """From now on, every connection this process opens to PostgreSQL 14 or later has the
+    server cancel its statement once the process that sent it is gone
+    (``client_connection_check_interval``), rather than run it to its end.
+
+    A statement sent outside a transaction commits when it ends, whoever is left to hear the
+    reply. A worker SIGKILLed while its start mark waited on a lock (a migration's, another
+    session's) had the mark land after its death: the job, never run, was then recovered as
+    started, its attempt counted, and a Django Task failed with ``WorkerLostError``. Cancelled,
+    the mark never lands and the job goes back to the queue uncounted. The server looks every
+    ``CLIENT_CHECK_INTERVAL``: a lock let go within that of the death still lets the statement
+    end; so does a client whose host died without closing its socket (README, "Workers").
+    """
+    connection_created.connect(_check_for_dead_client, dispatch_uid="ultimat3_jobs.db.dead-client")
+
+
+def _check_for_dead_client(sender: Any, connection: Any, **kwargs: Any) -> None:
+    raw = connection.connection
+    if connection.vendor != "postgresql" or raw.info.server_version < 140000:
+        return
+    if raw.autocommit:  # Else it would be a setting of the first transaction alone.
+        # On the driver's connection: no statement of the app's, in no log of Django's. A
+        # server that refuses it leaves the connection as it was.
+        with contextlib.suppress(psycopg.Error):
+            raw.execute(f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'")
 
 
 def database_now(using: str = "default") -> datetime:

@@ -49,7 +49,7 @@ from .attempts import (
 )
 from .checkins import CheckIns
 from .conf import get_settings, stale_after_problem
-from .db import cancel_statements, thread_connections
+from .db import cancel_for_dead_clients, cancel_statements, thread_connections
 from .errors import JobUnknownError, WorkerLostError
 from .lifecycle import (
     BURST_GIVE_UP_AFTER,
@@ -172,6 +172,9 @@ class Worker:
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {', '.join(POOLS)}, not {pool!r}")
         config = get_settings()
+        # A start mark is a statement of its own: one left waiting when this process dies must
+        # not land after it.
+        cancel_for_dead_clients()
         self.pool = pool
         self.max_jobs_per_child = max_jobs_per_child
         self.max_memory_per_child = max_memory_per_child

@@ -8,8 +8,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django_tasks import TaskResultStatus
 
 from testproject.demo import background
@@ -74,6 +75,54 @@ def test_sigkill_with_jobs_claimed_ahead__each_runs_exactly_once_none_failed(
     }
     (recovered,) = survivor.named("jobs.worker.recovered")
     assert (recovered["requeued"], recovered["released"], recovered["failed"]) == (1, 5, 0)
+
+
+def _waiting_on(locker: int) -> list[str]:
+    """The statements of other sessions waiting on a lock session ``locker`` holds."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [locker]
+        )
+        return [query for (query,) in cursor.fetchall()]
+
+
+def test_sigkill_while_a_start_mark_waits_on_a_lock__it_never_lands_the_jobs_run_once(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    # A deploy's migration locks the job table; the worker is SIGKILLed meanwhile. Its start
+    # mark, left waiting, must not land once the lock goes: the jobs never ran.
+    victim = start_worker(tmp_path, processes, "victim", "--concurrency", "1", **HOLD)
+    victim_node = node_of(victim)
+    started = tmp_path / "started"
+    with transaction.atomic():
+        slow_ping.enqueue({"label": "slow", "seconds": 1, "started": str(started)})
+        once = [ping_once.enqueue({"label": f"once-{n}"}) for n in range(3)]
+    ids = sorted(made.job_id for made in once)
+    wait_for(started.exists, 15, "the slow job to start")
+    assert wait_for(lambda: _claimed_ahead(victim_node), 5, "the jobs claimed ahead") == ids
+    with psycopg.connect(**connection.get_connection_params()) as locker:
+        locker.execute(
+            "SELECT id FROM ultimat3_jobs_job WHERE id = ANY(%s) FOR UPDATE", [ids]
+        ).fetchall()
+        marks = wait_for(
+            lambda: _waiting_on(locker.info.backend_pid), 15, "a start mark to wait on the lock"
+        )
+        assert all("UPDATE" in mark or "EXECUTE" in mark for mark in marks), marks
+        _kill(victim)
+        time.sleep(1)  # The server's look for its client gone (db.CLIENT_CHECK_INTERVAL).
+        locker.rollback()
+    assert _claimed_ahead(victim_node) == ids  # None marked started after the death.
+
+    survivor = start_worker(tmp_path, processes, "survivor", "--concurrency", "2")
+    node_of(survivor)
+    wait_for(
+        lambda: Job.objects.filter(pk__in=ids, status=JobStatus.SUCCEEDED).count() == 3,
+        30,
+        "the jobs claimed ahead to succeed, each on its one attempt",
+    )
+    assert Counter(Ping.objects.values_list("label", flat=True)) == {
+        "slow": 1, **{f"once-{n}": 1 for n in range(3)},
+    }  # fmt: skip
 
 
 def test_a_job_that_kills_its_worker__ends_failed_after_its_attempts_the_others_run(

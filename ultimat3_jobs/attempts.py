@@ -38,7 +38,7 @@ from django.db import (
 from . import instruments, tracing
 from .checkins import CheckIns
 from .conf import get_settings
-from .db import committed, in_transaction, left_in_transaction
+from .db import committed, dumps, in_transaction, left_in_transaction
 from .errors import (
     JobProcessDiedError,
     JobRowUnreadableError,
@@ -262,10 +262,14 @@ class Attempts:
         return self._failed(job, text, started, retry=False, fields=error.as_fields())
 
     def unreadable(self, job: ClaimedJob) -> Ended:
-        """A row the claim could not read (``ClaimedJob.unreadable``): failed unrun, since a
-        retry reads the same row; a Django Task's with its ``TaskError``."""
+        """A row the claim could not read (``ClaimedJob.unreadable``), or a @job's whose input
+        is no object of keyword arguments: failed unrun, since a retry reads the same row; a
+        Django Task's with its ``TaskError``."""
+        why = job.unreadable or (
+            f"its input, {dumps(job.input)[:200]}, is not an object of keyword arguments"
+        )
         error = JobRowUnreadableError(
-            f"job {job.id} ({job.name}) holds a value this worker cannot read: {job.unreadable}",
+            f"job {job.id} ({job.name}) holds a value this worker cannot read: {why}",
             fix="correct the row's run_at, created_at, input or args (written around the app, "
             "by SQL), then retry the job from the admin; enqueue through the app, which refuses "
             "such values",

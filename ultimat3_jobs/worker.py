@@ -365,7 +365,8 @@ class Worker:
 
     def _take(self, job: ClaimedJob, slot: _Slot) -> None:
         """Start one job a thread took from the inbox, run it, and hand over how it ended."""
-        if job.unreadable:
+        # A @job's input that is no object (written by SQL) raises the same at every attempt.
+        if job.unreadable or not (job.backend or isinstance(job.input, dict)):
             self._hand_in(self.attempts.unreadable(job))
             return
         if job.backend:

@@ -638,6 +638,9 @@ POISONS = {
         "jsonb_build_object('label', (repeat('[', 5000) || repeat(']', 5000))::jsonb) "
         "WHERE id = %s"
     ),
+    "input_a_string": "UPDATE ultimat3_jobs_job SET input = '\"text\"' WHERE id = %s",
+    "input_null": "UPDATE ultimat3_jobs_job SET input = 'null' WHERE id = %s",
+    "input_an_array": "UPDATE ultimat3_jobs_job SET input = '[1, 2]' WHERE id = %s",
     "task_created_at_in_year_294270": (  # Past what a bigint of microseconds holds.
         "UPDATE ultimat3_jobs_job SET created_at = '294270-06-01 00:00+00' WHERE id = %s"
     ),

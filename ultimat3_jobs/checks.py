@@ -32,11 +32,20 @@ command_database: ContextVar[str | None] = ContextVar("command_database", defaul
 
 def judged_databases(named: Sequence[str] | None) -> list[str]:
     """The databases the leader and the stored tasks are judged on: those ``check --database``
-    names, else the one the running command works on, else where the app writes its tasks."""
+    (or ``migrate``'s target) names that may hold the app's tables, else the one the running
+    command works on, else where the app writes its tasks. A ``migrate`` of the project's
+    own database, the app routed elsewhere (``DATABASE_ROUTERS``), judges the app's."""
     from .models import Task
 
     if named:
-        return [alias for alias in named if alias in connections.databases]
+        held = [
+            alias
+            for alias in named
+            if alias in connections.databases and router.allow_migrate_model(alias, Task)
+        ]
+        if held or not any(alias in connections.databases for alias in named):
+            return held
+        return [router.db_for_write(Task)]
     own = command_database.get()
     if own is not None and own in connections.databases:
         return [own]

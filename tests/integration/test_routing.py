@@ -12,6 +12,7 @@ from django.test import override_settings
 from django.utils.connection import ConnectionDoesNotExist
 
 from ultimat3_jobs.backends import JobsBackend
+from ultimat3_jobs.checks import judged_databases
 from ultimat3_jobs.db import app_database
 from ultimat3_jobs.management.preflight import not_migrated_fix
 from ultimat3_jobs.status import scheduler_status
@@ -26,6 +27,9 @@ class ToJobs:
         return "jobs" if model._meta.app_label == "ultimat3_jobs" else None
 
     db_for_read = db_for_write
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        return db == "jobs" if app_label == "ultimat3_jobs" else None
 
 
 ROUTED = override_settings(DATABASE_ROUTERS=[f"{__name__}.ToJobs"])
@@ -59,3 +63,12 @@ def test_callers_that_name_no_database__go_where_the_router_sends_the_app() -> N
 def test_not_migrated_fix__names_the_database_to_migrate() -> None:
     assert not_migrated_fix("default") == "run: python manage.py migrate"
     assert not_migrated_fix("jobs") == "run: python manage.py migrate --database jobs"
+
+
+def test_judged_databases__a_migrate_of_a_database_without_the_apps_tables_judges_the_apps() -> None:
+    # ``migrate`` runs the checks on its target: the project's own database, the app routed
+    # elsewhere, was refused for a leader it never serves.
+    assert judged_databases([DEFAULT_DB_ALIAS]) == [DEFAULT_DB_ALIAS]
+    with ROUTED:
+        assert judged_databases([DEFAULT_DB_ALIAS]) == ["jobs"]
+        assert judged_databases(["nowhere"]) == []

@@ -263,7 +263,8 @@ class Worker:
         self._unsure = False
         #: Of those, the jobs whose function ran: their attempt stays counted.
         self._lost: set[int] = set()
-        self._gave_up = False
+        #: The error a burst gave up on (``run_worker --burst``'s failure says it).
+        self.gave_up: BaseException | None = None
         self._crashed = False
         self._listener: Listener | None = None
 
@@ -672,7 +673,7 @@ class Worker:
             self.claimed = 0
             self._abandoned.clear()
             self._leaving.clear()
-            self._gave_up = self._crashed = False
+            self.gave_up, self._crashed = None, False
 
     def stop(self, reason: str = "stop", *, wait: bool = True) -> None:
         """Stop claiming and let the jobs in flight finish, within the drain grace."""
@@ -709,7 +710,7 @@ class Worker:
             self._start_up()
             self._loop()
             exit_code = self._settle()
-            if self._gave_up and exit_code == CLEAN_EXIT:
+            if self.gave_up is not None and exit_code == CLEAN_EXIT:
                 exit_code = UNAVAILABLE_EXIT
         except BaseException:
             # Its stopped line must not say it ended as asked; the error goes on to the caller.
@@ -887,7 +888,7 @@ class Worker:
                 self.last_error = str(fields["error"])
                 emit(logger, "jobs.worker.loop-failed", logging.ERROR, **fields)
                 if self.burst and backoff.failures >= BURST_GIVE_UP_AFTER:
-                    self._gave_up = True
+                    self.gave_up = error
                     return
                 self.life.wake.clear()
                 # Not cut short by a job ending or a NOTIFY: only a drain ends the backoff.
@@ -1096,7 +1097,7 @@ class Worker:
                 "crashed"
                 if self._crashed
                 else "database-unavailable"
-                if self._gave_up
+                if self.gave_up is not None
                 else "burst"
                 if self.burst
                 else "max-jobs"

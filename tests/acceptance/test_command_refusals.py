@@ -51,6 +51,9 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         (["run_worker", "--burst", "--concurrency", "129"], "must be at most 128"),
         (["prune_jobs", "--days", "1000000000"], "must be at most 36500"),
         ([*BACKFILL, "--limit", str(10**26)], "must be at most 100000"),
+        (["run_worker", "--burst", "--prefetch", str(10**20)], "must be at most 10000"),
+        (["run_worker", "--burst", "--prefetch", "-1"], "must be 0 or more"),
+        (["run_relay", "--burst", "--batch", str(10**20)], "must be at most 10000"),
     ],
     ids=[
         "tick_inf",
@@ -61,6 +64,9 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         "concurrency",
         "days",
         "backfill_limit",
+        "prefetch",
+        "prefetch_negative",
+        "relay_batch",
     ],
 )
 def test_commands__out_of_range_flags_are_refused_by_argparse(
@@ -133,8 +139,8 @@ def test_run_scheduler__a_refused_advisory_connection_is_logged_as_database_unav
 def test_run_worker__burst_against_an_unreachable_database_gives_up_non_zero() -> None:
     result = run("run_worker", "--burst", "--poll-interval", "0.05", DATABASE_URL=UNREACHABLE)
     assert result.returncode == 3, result.stderr
-    assert "could not be reached, so this burst ran nothing" in result.stderr
-    assert "fix: check that the database" in result.stderr
+    assert "the database 'default' failed: OperationalError" in result.stderr
+    assert "[jobs.database-unavailable]\nfix: check that the database" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from django.core.management import call_command
@@ -734,3 +735,23 @@ def test_run_relay__a_burst_that_gave_up_on_a_surprise_names_it_not_the_database
     )
     with pytest.raises(CommandError, match=r"^the database 'default' failed: .*\[jobs.database-"):
         relay_exit(OperationalError("connection refused"), "default")
+
+
+@pytest.mark.django_db
+def test_run_worker__a_burst_that_gave_up_says_what_on_with_its_code_and_fix() -> None:
+    from django.core.management import CommandError
+
+    from ultimat3_jobs.management.roles import worker_exit
+
+    # A statement timeout, say: it was told as a database that could not be reached.
+    with pytest.raises(CommandError) as raised:
+        worker_exit(3, "default", psycopg.errors.QueryCanceled("canceling statement"))
+    assert raised.value.returncode == 3
+    assert "[jobs.database-timeout]" in str(raised.value)
+    assert "could not be reached" not in str(raised.value)
+    with pytest.raises(CommandError) as raised:
+        worker_exit(3, "default", RuntimeError("the claim surprised us"))
+    assert str(raised.value).startswith(
+        "RuntimeError: the claim surprised us [jobs.unexpected-error]; this burst gave up, "
+        "the jobs it did not run wait in the queue"
+    )

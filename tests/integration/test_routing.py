@@ -65,7 +65,7 @@ def test_not_migrated_fix__names_the_database_to_migrate() -> None:
     assert not_migrated_fix("jobs") == "run: python manage.py migrate --database jobs"
 
 
-def test_judged_databases__a_migrate_of_a_database_without_the_apps_tables_judges_the_apps() -> None:
+def test_judged_databases__a_migrate_of_one_without_the_apps_tables_judges_the_apps() -> None:
     # ``migrate`` runs the checks on its target: the project's own database, the app routed
     # elsewhere, was refused for a leader it never serves.
     assert judged_databases([DEFAULT_DB_ALIAS]) == [DEFAULT_DB_ALIAS]

@@ -18,47 +18,40 @@ MAX_SECONDS = 86_400.0
 MAX_CONCURRENCY = 128
 #: The longest retention ``prune_jobs --days`` accepts: the setting's own bound, a century.
 MAX_DAYS = MAX_RETENTION_DAYS
+#: The most jobs a worker claims ahead of its threads (``--prefetch``), and the most outbox rows
+#: the relay locks and sends in one transaction (``--batch``): each is a claim's ``LIMIT``.
+MAX_BATCH = 10_000
 #: The most occurrences ``backfill_task --limit`` lets one backfill enqueue: each is planned in
 #: memory and every job is written in one transaction.
 MAX_BACKFILL = 100_000
 
 
-def _whole(value: str, maximum: int | None) -> int:
+def _whole(value: str, maximum: int | None, least: int = 1) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    if number < least:
+        raise argparse.ArgumentTypeError(f"{value!r} must be {least} or more")
     if maximum is not None and number > maximum:
         raise argparse.ArgumentTypeError(f"{value!r} must be at most {maximum}")
     return number
 
 
 def positive_int(value: str) -> int:
-    """A whole number, 1 or more."""
+    """A whole number, 1 or more: a count kept in the process alone, never sent to the
+    database (whose integers end at 2**63 - 1)."""
     return _whole(value, None)
 
 
-def up_to(maximum: int) -> Callable[[str], int]:
-    """A whole number from 1 to ``maximum``."""
+def up_to(maximum: int, *, least: int = 1) -> Callable[[str], int]:
+    """A whole number from ``least`` (1 unless said) to ``maximum``."""
 
     def whole(value: str) -> int:
-        return _whole(value, maximum)
+        return _whole(value, maximum, least)
 
     whole.__name__ = f"whole number up to {maximum}"
     return whole
-
-
-def non_negative_int(value: str) -> int:
-    """A whole number, 0 or more."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more")
-    return number
 
 
 def positive_seconds(value: str) -> float:

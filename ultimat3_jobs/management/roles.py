@@ -18,8 +18,8 @@ from ultimat3_jobs.errors import UltimateError
 from ultimat3_jobs.leaders import build_leader
 from ultimat3_jobs.lifecycle import UNAVAILABLE_EXIT
 from ultimat3_jobs.management.arguments import (
+    MAX_BATCH,
     MAX_CONCURRENCY,
-    non_negative_int,
     positive_int,
     positive_seconds,
     queue_names,
@@ -84,7 +84,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prefetch",
-        type=non_negative_int,
+        type=up_to(MAX_BATCH, least=0),
         help="Claimed jobs that may wait for a free thread, claimed only while the threads "
         "keep up (default 100; 0 claims a thread's worth at a time).",
     )
@@ -202,10 +202,12 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
     return worker
 
 
-def worker_exit(exit_code: int, database: str) -> None:
+def worker_exit(exit_code: int, database: str, gave_up: BaseException | None = None) -> None:
     """Turn a worker's exit status into the command's: a drain past its grace fails it, and so
-    does a burst that could not reach the database."""
+    does a burst that gave up on the error ``gave_up``, whose code and fix it says."""
     if exit_code == UNAVAILABLE_EXIT:
+        if gave_up is not None:
+            raise burst_failure(gave_up, database, "the jobs it did not run wait in the queue")
         raise CommandError(
             f"the database {database!r} could not be reached, so this burst ran nothing "
             f"[jobs.database-unavailable]\nfix: {unavailable_fix(database)}",
@@ -221,15 +223,20 @@ def worker_exit(exit_code: int, database: str) -> None:
 def relay_exit(gave_up: BaseException | None, database: str) -> None:
     """A burst relay that gave up fails the command with what it could not reach and the fix;
     the rows it could not send wait in the outbox."""
-    if gave_up is None:
-        return
+    if gave_up is not None:
+        raise burst_failure(gave_up, database, "the rows it could not send wait in the outbox")
+
+
+def burst_failure(gave_up: BaseException, database: str, left: str) -> CommandError:
+    """The failure of a burst that gave up on ``gave_up``: a database's with its own code and
+    fix, any other error with its code and fix; ``left`` says what waits meanwhile."""
     fields = logs.failure_fields(gave_up)
     if fields["code"].startswith("jobs.database-"):
         failure = database_error(database, gave_up)
     else:
         failure = CommandError(
-            f"{fields['error']} [{fields['code']}]; this burst gave up, the rows it could not "
-            f"send wait in the outbox\nfix: {fields['fix']}"
+            f"{fields['error']} [{fields['code']}]; this burst gave up, {left}\n"
+            f"fix: {fields['fix']}"
         )
     failure.returncode = UNAVAILABLE_EXIT
-    raise failure
+    return failure

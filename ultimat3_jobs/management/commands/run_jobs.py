@@ -52,4 +52,4 @@ class Command(JobsCommand):
             # stop() may return as soon as the status reads "stopped", wait() once it is done.
             scheduler.stop("worker-stopped")
             scheduler.wait()
-        worker_exit(exit_code, options["database"])
+        worker_exit(exit_code, options["database"], worker.gave_up)

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from ultimat3_jobs.errors import UltimateError
-from ultimat3_jobs.management.arguments import positive_int, positive_seconds
+from ultimat3_jobs.management.arguments import MAX_BATCH, positive_seconds, up_to
 from ultimat3_jobs.management.base import JobsCommand
 from ultimat3_jobs.management.preflight import command_error
 
@@ -27,7 +27,7 @@ class Command(JobsCommand):
 
         parser.add_argument(
             "--batch",
-            type=positive_int,
+            type=up_to(MAX_BATCH),
             default=DEFAULT_BATCH,
             help=f"Rows locked and sent per transaction (default {DEFAULT_BATCH}).",
         )

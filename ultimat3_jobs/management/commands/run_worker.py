@@ -32,4 +32,4 @@ class Command(JobsCommand):
 
         prepare(options)
         worker = build_worker(options, burst=burst, max_jobs=max_jobs)
-        worker_exit(worker.run(), options["database"])
+        worker_exit(worker.run(), options["database"], worker.gave_up)

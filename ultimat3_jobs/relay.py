@@ -442,7 +442,7 @@ class Relay:
                     # a drain ends the backoff.
                     self.life.draining.wait(self.backoff.rest())
                 else:
-                    self.life.rest(self.backoff.rest())
+                    self._rest(self.backoff.rest())
         finally:
             if self._listener is not None:
                 self._listener.stop()
@@ -493,6 +493,16 @@ class Relay:
         # A relay that is not running has nothing to drain.
         if self.life.status == "running" and self.life.drain(reason):
             emit(logger, "jobs.relay.draining", reason=reason)
+
+    def _rest(self, seconds: float) -> None:
+        """Rest ``seconds`` unless woken (a NOTIFY, a drain), writing the heartbeat each time it
+        falls due meanwhile: a poll interval longer than ``HEALTH_TICKS`` heartbeats must not
+        read as a dead loop to the health checks."""
+        end = time.monotonic() + seconds
+        while not self.life.rest(min(end - time.monotonic(), self.node.until_due())):
+            if time.monotonic() >= end:
+                return
+            self._heartbeat()
 
     def _heartbeat(self) -> None:
         failures = self.backoff.failures

@@ -90,6 +90,10 @@ class SchedulerState(Protocol):
     def between_rounds(self) -> None:
         """Housekeeping between two rounds of the loop."""
 
+    def until_heartbeat(self) -> float:
+        """Seconds until this node's heartbeat falls due: the longest rest between two rounds,
+        whose heartbeat keeps the node alive to health checks and its lease renewed."""
+
     def stopped(self) -> None:
         """This node has stopped."""
 
@@ -261,6 +265,9 @@ class DatabaseState:
 
     def between_rounds(self) -> None:
         close_old_connections()
+
+    def until_heartbeat(self) -> float:
+        return self.node.until_due()
 
     def stopped(self) -> None:
         self.node.stopped(**{**(self._kept or {}), "is_leader": False})

@@ -8,6 +8,7 @@ one commit per round) so a round's logic can be tested, or reasoned about, witho
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -110,6 +111,9 @@ class MemoryState:
 
     def between_rounds(self) -> None:
         return None
+
+    def until_heartbeat(self) -> float:
+        return math.inf
 
     def stopped(self) -> None:
         return None

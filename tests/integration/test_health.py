@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.test import Client
 from django.utils import timezone
 
@@ -29,9 +30,11 @@ from ultimat3_jobs.health import (
     scheduler_health,
     worker_health,
 )
+from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Lease, Node
 from ultimat3_jobs.relay import Relay
 from ultimat3_jobs.scheduler import Scheduler
+from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.testing import MemoryState
 from ultimat3_jobs.worker import Worker
 
@@ -506,3 +509,44 @@ def test_health_check_plugin__the_scheduler_and_worker_checks_on_their_page() ->
         "Worker(database='default')": "OK",
     }
     assert client.get("/health/jobs/").status_code == 200  # its HTML page
+
+
+def _seen(node_id: str) -> tuple[Any, Any]:
+    row = Node.objects.filter(node_id=node_id).values_list("last_seen_at", "last_round_at")
+    return row.get() if row.exists() else (None, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_loops__idle_past_their_heartbeat_interval_still_heartbeat_within_it() -> None:
+    # A tick or a poll interval far longer than HEARTBEAT_INTERVAL (three of which the health
+    # checks allow): the scheduler and the relay were judged dead while they rested.
+    every = timedelta(seconds=0.2)
+    state = DatabaseState(node_id="s-long-tick", leader="sole", heartbeat_interval=every)
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), tasks=[], tick_interval=timedelta(seconds=60),
+        drain_on_shutdown=False,
+    )  # fmt: skip
+    relay = Relay(node_id="r-long-poll", listen=False, poll_interval=timedelta(seconds=60))
+    relay.node.every = every
+
+    def relaying() -> None:
+        try:
+            relay.run()
+        finally:
+            connections.close_all()
+
+    relay_thread = threading.Thread(target=relaying, daemon=True)
+    scheduler.start()
+    relay_thread.start()
+    try:
+        time.sleep(0.5)
+        first = _seen("s-long-tick"), _seen("r-long-poll")
+        time.sleep(1.0)
+        then = _seen("s-long-tick"), _seen("r-long-poll")
+    finally:
+        scheduler.stop("test")
+        relay.stop("test")
+        relay_thread.join(5)
+    assert None not in (first[0][0], first[1][0])
+    assert then[0][0] > first[0][0] and then[0][1] > first[0][1]  # rounds, each heard from
+    assert then[1][0] > first[1][0]

@@ -70,13 +70,16 @@ def check_settings(
         if problem is not None:
             message = f'{problem.message} (DATABASES["{alias}"])'
             messages.append(checks.Error(message, hint=problem.fix, id="ultimat3_jobs.E001"))
+    # The values a hint suggests pass the check they come from, whatever the tick.
+    tick = config.tick_interval.total_seconds()
     if config.lease_ttl <= config.tick_interval and "lease" in leaders:
         messages.append(
             checks.Error(
                 f"LEASE_TTL ({config.lease_ttl.total_seconds():g}s) is not longer than "
                 f"TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): the lease would "
                 "expire between two renewals and leadership would flap",
-                hint='set ULTIMAT3_JOBS["LEASE_TTL"] to several tick intervals, e.g. 10',
+                hint='set ULTIMAT3_JOBS["LEASE_TTL"] to several tick intervals, '
+                f"e.g. {max(10.0, 3 * tick):g}",
                 id="ultimat3_jobs.E003",
             )
         )
@@ -86,7 +89,8 @@ def check_settings(
                 f"MISFIRE_GRACE ({config.misfire_grace.total_seconds():g}s) is shorter than "
                 f"TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): on-time "
                 "occurrences would count as missed and skip-policy tasks would never fire",
-                hint='set ULTIMAT3_JOBS["MISFIRE_GRACE"] to at least the tick interval, e.g. 60',
+                hint='set ULTIMAT3_JOBS["MISFIRE_GRACE"] to at least the tick interval, '
+                f"e.g. {max(60.0, 2 * tick):g}",
                 id="ultimat3_jobs.W001",
             )
         )
@@ -96,7 +100,8 @@ def check_settings(
                 f"STALE_ROUND_WARNING ({config.stale_round_warning.total_seconds():g}s) is not "
                 f"longer than TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): the "
                 "admin and jobs_status would warn that no round ran between every two rounds",
-                hint='set ULTIMAT3_JOBS["STALE_ROUND_WARNING"] to several tick intervals, e.g. 60',
+                hint='set ULTIMAT3_JOBS["STALE_ROUND_WARNING"] to several tick intervals, '
+                f"e.g. {max(60.0, 3 * tick):g}",
                 id="ultimat3_jobs.W013",
             )
         )

@@ -7,6 +7,7 @@ django-debug-toolbar reads its settings.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -219,7 +220,12 @@ def get_settings() -> Settings:
         )
     raw = {**DEFAULTS, **user}
     base = raw["RETRY_BACKOFF_BASE"]
-    if isinstance(base, bool) or not isinstance(base, int | float) or base < 1:
+    # NaN compares false with every bound: it must be ruled out, not merely not below 1.
+    if (
+        isinstance(base, bool)
+        or not isinstance(base, int | float)
+        or not (math.isfinite(base) and base >= 1)
+    ):
         raise ConfigurationError(
             f'ULTIMAT3_JOBS["RETRY_BACKOFF_BASE"] is {base!r}, not a number >= 1',
             fix='set ULTIMAT3_JOBS["RETRY_BACKOFF_BASE"] to a number >= 1, e.g. 2',

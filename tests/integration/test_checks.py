@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -40,6 +41,18 @@ def test_check_settings__grace_shorter_than_tick_warns() -> None:
 @override_settings(ULTIMAT3_JOBS={"LEADER": "lease", "LEASE_TTL": 1, "TICK_INTERVAL": 1})
 def test_check_settings__lease_ttl_not_longer_than_tick_is_an_error() -> None:
     assert ids(check_settings()) == ["ultimat3_jobs.E003"]
+
+
+def test_check_settings__the_values_its_hints_suggest_pass_it_under_a_long_tick() -> None:
+    given = {"LEADER": "lease", "TICK_INTERVAL": 120}
+    with override_settings(ULTIMAT3_JOBS=given):
+        found = check_settings()
+    assert ids(found) == ["ultimat3_jobs.E003", "ultimat3_jobs.W001", "ultimat3_jobs.W013"]
+    for message in found:
+        key, value = re.search(r'\["(\w+)"\].*e\.g\. ([\d.]+)', message.hint or "").groups()
+        given[key] = float(value)
+    with override_settings(ULTIMAT3_JOBS=given):
+        assert check_settings() == []
 
 
 @override_settings(ULTIMAT3_JOBS={"TICK_INTERVALL": 1})

@@ -331,6 +331,9 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         {"ADVISORY_LOCK_KEY": 1.9},
         {"ADVISORY_LOCK_KEY": True},
         {"ADVISORY_LOCK_KEY": 2**63},
+        # NaN is below no bound: every retry waited RETRY_BACKOFF_MAX.
+        {"RETRY_BACKOFF_BASE": float("nan")},
+        {"RETRY_BACKOFF_BASE": float("inf")},
     ],
     ids=[
         "attempts_2_31",
@@ -346,6 +349,8 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         "lock_key_float",
         "lock_key_true",
         "lock_key_2_63",
+        "backoff_base_nan",
+        "backoff_base_inf",
     ],
 )
 def test_settings__values_a_column_or_a_timedelta_cannot_hold_are_refused(

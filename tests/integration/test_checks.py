@@ -44,13 +44,14 @@ def test_check_settings__lease_ttl_not_longer_than_tick_is_an_error() -> None:
 
 
 def test_check_settings__the_values_its_hints_suggest_pass_it_under_a_long_tick() -> None:
-    given = {"LEADER": "lease", "TICK_INTERVAL": 120}
+    given: dict[str, object] = {"LEADER": "lease", "TICK_INTERVAL": 120}
     with override_settings(ULTIMAT3_JOBS=given):
         found = check_settings()
     assert ids(found) == ["ultimat3_jobs.E003", "ultimat3_jobs.W001", "ultimat3_jobs.W013"]
     for message in found:
-        key, value = re.search(r'\["(\w+)"\].*e\.g\. ([\d.]+)', message.hint or "").groups()
-        given[key] = float(value)
+        suggested = re.search(r'\["(\w+)"\].*e\.g\. ([\d.]+)', message.hint or "")
+        assert suggested is not None, message.hint
+        given[suggested[1]] = float(suggested[2])
     with override_settings(ULTIMAT3_JOBS=given):
         assert check_settings() == []
 

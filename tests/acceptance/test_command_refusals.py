@@ -54,6 +54,8 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         (["run_worker", "--burst", "--prefetch", str(10**20)], "must be at most 10000"),
         (["run_worker", "--burst", "--prefetch", "-1"], "must be 0 or more"),
         (["run_relay", "--burst", "--batch", str(10**20)], "must be at most 10000"),
+        (["run_worker", "--burst", "--max-jobs-per-child", "5"], "needs --pool process"),
+        (["run_jobs", "--max-memory-per-child", "500"], "needs --pool process"),
     ],
     ids=[
         "tick_inf",
@@ -67,6 +69,8 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         "prefetch",
         "prefetch_negative",
         "relay_batch",
+        "max_jobs_per_child_threads",
+        "max_memory_per_child_threads",
     ],
 )
 def test_commands__out_of_range_flags_are_refused_by_argparse(

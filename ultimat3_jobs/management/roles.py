@@ -182,6 +182,14 @@ def build_worker(options: dict[str, Any], **extra: Any) -> Worker:
     """A worker on the database with the flags' settings; ``extra`` for burst/max_jobs."""
     poll_interval = options.get("poll_interval")
     drain_grace = options.get("drain_grace")
+    for flag in ("max_jobs_per_child", "max_memory_per_child"):
+        if options.get(flag) is not None and options.get("pool") != "process":
+            # Said at once, as argparse says a bad value: the thread pool has no child to replace.
+            raise CommandError(
+                f"--{flag.replace('_', '-')} needs --pool process (the thread pool runs jobs in "
+                "threads, with no child process to replace)",
+                returncode=2,
+            )
     try:
         worker = Worker(
             queues=options.get("queues"),

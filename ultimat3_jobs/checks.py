@@ -15,7 +15,7 @@ from django.core import checks
 from django.db import DatabaseError, connections, router
 
 from . import clock
-from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
+from .conf import DEFAULTS, Settings, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
 from .leaders import leader_problem
 
@@ -52,6 +52,16 @@ def judged_databases(named: Sequence[str] | None) -> list[str]:
     return [router.db_for_write(Task)]
 
 
+def _longest_gap(config: Settings) -> str:
+    """The longest rest between two rounds of the loop, as a check names it."""
+    tick, heartbeat = config.tick_interval, config.heartbeat_interval
+    if heartbeat < tick:
+        return (
+            f"HEARTBEAT_INTERVAL ({heartbeat.total_seconds():g}s), the longest gap between rounds"
+        )
+    return f"TICK_INTERVAL ({tick.total_seconds():g}s)"
+
+
 @checks.register()
 def check_settings(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
@@ -72,14 +82,16 @@ def check_settings(
             messages.append(checks.Error(message, hint=problem.fix, id="ultimat3_jobs.E001"))
     # The values a hint suggests pass the check they come from, whatever the tick.
     tick = config.tick_interval.total_seconds()
-    if config.lease_ttl <= config.tick_interval and "lease" in leaders:
+    # A loop runs a round at least once a heartbeat interval, whatever its tick.
+    gap = min(config.tick_interval, config.heartbeat_interval)
+    if config.lease_ttl <= gap and "lease" in leaders:
         messages.append(
             checks.Error(
                 f"LEASE_TTL ({config.lease_ttl.total_seconds():g}s) is not longer than "
-                f"TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): the lease would "
-                "expire between two renewals and leadership would flap",
+                f"{_longest_gap(config)}: the lease would expire between two renewals and "
+                "leadership would flap",
                 hint='set ULTIMAT3_JOBS["LEASE_TTL"] to several tick intervals, '
-                f"e.g. {max(10.0, 3 * tick):g}",
+                f"e.g. {max(10.0, 3 * gap.total_seconds()):g}",
                 id="ultimat3_jobs.E003",
             )
         )
@@ -94,14 +106,14 @@ def check_settings(
                 id="ultimat3_jobs.W001",
             )
         )
-    if config.stale_round_warning <= config.tick_interval:
+    if config.stale_round_warning <= gap:
         messages.append(
             checks.Warning(
                 f"STALE_ROUND_WARNING ({config.stale_round_warning.total_seconds():g}s) is not "
-                f"longer than TICK_INTERVAL ({config.tick_interval.total_seconds():g}s): the "
-                "admin and jobs_status would warn that no round ran between every two rounds",
+                f"longer than {_longest_gap(config)}: the admin and jobs_status would warn "
+                "that no round ran between every two rounds",
                 hint='set ULTIMAT3_JOBS["STALE_ROUND_WARNING"] to several tick intervals, '
-                f"e.g. {max(60.0, 3 * tick):g}",
+                f"e.g. {max(60.0, 3 * gap.total_seconds()):g}",
                 id="ultimat3_jobs.W013",
             )
         )

@@ -293,5 +293,5 @@ def stale_after_problem(
         f"twice HEARTBEAT_INTERVAL ({heartbeat_interval.total_seconds():g}s): a live worker's "
         "jobs could be recovered and run a second time",
         fix='set ULTIMAT3_JOBS["WORKER_STALE_AFTER"] to several heartbeat intervals, '
-        "e.g. 60 with the default HEARTBEAT_INTERVAL of 5",
+        f"e.g. {max(60.0, 3 * heartbeat_interval.total_seconds()):g}",
     )

@@ -29,7 +29,7 @@ from . import shutdown
 from .db import hung_up
 from .listener import Listener
 from .logs import failure_fields
-from .nodes import RunStatus
+from .nodes import Heartbeat, RunStatus
 from .retries import loop_backoff
 
 if TYPE_CHECKING:
@@ -153,6 +153,25 @@ class Backoff:
         return loop_backoff(self.interval, self.failures).total_seconds()
 
 
+def rest_heard(
+    wait: Callable[[float], bool], seconds: float, node: Heartbeat, beat: Callable[[], None]
+) -> bool:
+    """Wait up to ``seconds`` by ``wait`` (a role's ``rest``, cut short by a wake-up, or its
+    ``draining.wait``, by a drain alone), calling ``beat`` each time ``node``'s heartbeat falls
+    due meanwhile; True if the wait was cut short. A rest longer than ``HEALTH_TICKS``
+    heartbeats (a long poll interval, a backoff while a broker or a lock holds the loop up)
+    must not read as a dead loop to the health checks."""
+    end = time.monotonic() + max(0.0, seconds)
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if wait(min(left, node.until_due())):
+            return True
+        if node.due():
+            beat()
+
+
 def listen(
     role: str,
     *,
@@ -222,4 +241,11 @@ def drop_broken_connections() -> None:
             connection.close()
 
 
-__all__ = ["DATABASE_ERRORS", "Backoff", "Lifecycle", "drop_broken_connections", "listen"]
+__all__ = [
+    "DATABASE_ERRORS",
+    "Backoff",
+    "Lifecycle",
+    "drop_broken_connections",
+    "listen",
+    "rest_heard",
+]

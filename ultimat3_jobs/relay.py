@@ -54,6 +54,7 @@ from .lifecycle import (
     Backoff,
     Lifecycle,
     listen,
+    rest_heard,
 )
 from .listener import RELAY_PAYLOAD, Listener
 from .logs import emit, failure_fields
@@ -440,9 +441,11 @@ class Relay:
                 if self.backoff.failures:
                     # Not cut short by a NOTIFY (rows keep coming while a broker is down): only
                     # a drain ends the backoff.
-                    self.life.draining.wait(self.backoff.rest())
+                    rest_heard(
+                        self.life.draining.wait, self.backoff.rest(), self.node, self._heartbeat
+                    )
                 else:
-                    self._rest(self.backoff.rest())
+                    rest_heard(self.life.rest, self.backoff.rest(), self.node, self._heartbeat)
         finally:
             if self._listener is not None:
                 self._listener.stop()
@@ -493,16 +496,6 @@ class Relay:
         # A relay that is not running has nothing to drain.
         if self.life.status == "running" and self.life.drain(reason):
             emit(logger, "jobs.relay.draining", reason=reason)
-
-    def _rest(self, seconds: float) -> None:
-        """Rest ``seconds`` unless woken (a NOTIFY, a drain), writing the heartbeat each time it
-        falls due meanwhile: a poll interval longer than ``HEALTH_TICKS`` heartbeats must not
-        read as a dead loop to the health checks."""
-        end = time.monotonic() + seconds
-        while not self.life.rest(min(end - time.monotonic(), self.node.until_due())):
-            if time.monotonic() >= end:
-                return
-            self._heartbeat()
 
     def _heartbeat(self) -> None:
         failures = self.backoff.failures

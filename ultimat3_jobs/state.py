@@ -270,7 +270,9 @@ class DatabaseState:
         return self.node.until_due()
 
     def stopped(self) -> None:
-        self.node.stopped(**{**(self._kept or {}), "is_leader": False})
+        if self._kept == {}:
+            return  # A --once run whose round failed or never came: no row, as before it.
+        self.node.stopped(**{"leader": self.leader, **(self._kept or {}), "is_leader": False})
 
 
 def _letting_go(fired: Iterator[PlannedOccurrence]) -> Iterator[PlannedOccurrence]:

@@ -59,6 +59,7 @@ from .lifecycle import (
     Lifecycle,
     drop_broken_connections,
     listen,
+    rest_heard,
 )
 from .listener import Listener
 from .logs import emit, failure_fields
@@ -285,6 +286,12 @@ class Worker:
         draining, that it takes no more jobs (``jobs_status --check`` reads it)."""
         draining = f"{nodes.DRAINING} ({self.life.reason})" if self.life.draining.is_set() else ""
         self.node.beat(last_error=self.last_error or draining)
+
+    def _heartbeat_tried(self) -> None:
+        """``heartbeat`` while the loop backs off: a claim that fails with the database up (a
+        lock, a statement timeout) leaves the node alive; one that fails with it away, tried."""
+        with contextlib.suppress(*DATABASE_ERRORS):
+            self.heartbeat()
 
     def recover(self) -> Recovered:
         """Return the running jobs of workers that stopped heartbeating to the queue."""
@@ -892,7 +899,9 @@ class Worker:
                     return
                 self.life.wake.clear()
                 # Not cut short by a job ending or a NOTIFY: only a drain ends the backoff.
-                self.life.draining.wait(fields["retry_in"])
+                rest_heard(
+                    self.life.draining.wait, fields["retry_in"], self.node, self._heartbeat_tried
+                )
                 continue
             if self.max_jobs is not None and self.claimed >= self.max_jobs:
                 return
@@ -1096,7 +1105,7 @@ class Worker:
             or (
                 "crashed"
                 if self._crashed
-                else "database-unavailable"
+                else "gave-up"
                 if self.gave_up is not None
                 else "burst"
                 if self.burst

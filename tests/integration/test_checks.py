@@ -44,16 +44,24 @@ def test_check_settings__lease_ttl_not_longer_than_tick_is_an_error() -> None:
 
 
 def test_check_settings__the_values_its_hints_suggest_pass_it_under_a_long_tick() -> None:
-    given: dict[str, object] = {"LEADER": "lease", "TICK_INTERVAL": 120}
+    given: dict[str, object] = {"LEADER": "lease", "TICK_INTERVAL": 120, "HEARTBEAT_INTERVAL": 120}
     with override_settings(ULTIMAT3_JOBS=given):
         found = check_settings()
-    assert ids(found) == ["ultimat3_jobs.E003", "ultimat3_jobs.W001", "ultimat3_jobs.W013"]
+    assert ids(found) == [
+        "ultimat3_jobs.E003", "ultimat3_jobs.W001", "ultimat3_jobs.W013", "ultimat3_jobs.E004",
+    ]  # fmt: skip
     for message in found:
         suggested = re.search(r'\["(\w+)"\].*e\.g\. ([\d.]+)', message.hint or "")
         assert suggested is not None, message.hint
         given[suggested[1]] = float(suggested[2])
     with override_settings(ULTIMAT3_JOBS=given):
         assert check_settings() == []
+
+
+@override_settings(ULTIMAT3_JOBS={"LEADER": "lease", "TICK_INTERVAL": 30})
+def test_check_settings__a_tick_longer_than_the_lease_is_fine_under_heartbeat_rounds() -> None:
+    # A round at least once a heartbeat interval (5 s) renews the 10 s lease.
+    assert check_settings() == []
 
 
 @override_settings(ULTIMAT3_JOBS={"TICK_INTERVALL": 1})

@@ -118,3 +118,9 @@ def test_heartbeat__a_stop_of_a_node_whose_row_was_written_is_one_update() -> No
         heartbeat.stopped()
     assert [q["sql"].split()[0].upper() for q in queries] == ["UPDATE"]
     assert Node.objects.get(node_id="n5").stopped_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat__a_once_run_whose_round_never_ended_writes_no_row() -> None:
+    DatabaseState(node_id="once-failed", leader="advisory", once=True).stopped()
+    assert not Node.objects.filter(node_id="once-failed").exists()

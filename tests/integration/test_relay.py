@@ -16,7 +16,13 @@ import psycopg
 import pytest
 import redis
 from django.core.management import call_command
-from django.db import OperationalError, close_old_connections, connection, transaction
+from django.db import (
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+    transaction,
+)
 
 from testproject.demo import background
 from testproject.demo.celery_tasks import plain_row, write_row
@@ -27,7 +33,7 @@ from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.engines import Sent, celery_task_id, send
 from ultimat3_jobs.errors import BrokerUnavailableError
 from ultimat3_jobs.inputs import input_digest
-from ultimat3_jobs.models import Job
+from ultimat3_jobs.models import Job, Node
 from ultimat3_jobs.planner import occurrence_key
 from ultimat3_jobs.relay import JOBS_BACKEND, Relay
 from ultimat3_jobs.store import store_for
@@ -755,3 +761,38 @@ def test_run_worker__a_burst_that_gave_up_says_what_on_with_its_code_and_fix() -
         "RuntimeError: the claim surprised us [jobs.unexpected-error]; this burst gave up, "
         "the jobs it did not run wait in the queue"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay__backing_off_from_a_broker_that_is_down_it_still_heartbeats() -> None:
+    # Its database up: alive, not ready. Its heartbeat stopped for the backoff's 2-30 s, and
+    # the health checks judged it dead.
+    celery_round("relay.broker-down")
+
+    def down(row: Job, using: str) -> Sent:
+        raise BrokerUnavailableError("the broker refused the connection", fix="start it")
+
+    relayer = Relay(
+        node_id="r-broker-down", listen=False, poll_interval=timedelta(seconds=5), sender=down
+    )
+    relayer.node.every = timedelta(seconds=0.2)
+
+    def relaying() -> None:
+        try:
+            relayer.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=relaying, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.6)
+        close_old_connections()
+        first = Node.objects.get(node_id="r-broker-down").last_seen_at
+        time.sleep(1.0)
+        then = Node.objects.get(node_id="r-broker-down").last_seen_at
+    finally:
+        relayer.stop("test")
+        thread.join(5)
+    assert relayer.backoff.failures >= 1
+    assert then > first

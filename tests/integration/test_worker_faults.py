@@ -27,7 +27,7 @@ from ultimat3_jobs import clock, lifecycle
 from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.lifecycle import drop_broken_connections
-from ultimat3_jobs.models import Job, JobStatus
+from ultimat3_jobs.models import Job, JobStatus, Node
 from ultimat3_jobs.pool import Child, ChildDied, ChildSetup
 from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.store import store_for
@@ -780,3 +780,40 @@ def test_run__a_job_past_its_timeout_has_its_statement_cancelled_and_its_locks_l
         ).fetchall()
         assert sleeping == [(0,)]
     assert not Ping.objects.filter(label="stuck").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__backing_off_from_claims_that_fail_with_the_database_up_it_still_heartbeats() -> None:
+    # A migration's lock, a statement timeout: the claim fails, the heartbeat would not. It
+    # stopped for the backoff's seconds, and the health checks judged the worker dead.
+    def claims_fail(name: str, kwargs: dict[str, Any]) -> BaseException | None:
+        if name in ("claim", "finish_and_claim"):
+            return OperationalError("canceling statement due to lock timeout")
+        return None
+
+    worker, _ = _worker(
+        claims_fail, node_id="w-backing-off", burst=False, poll_interval=timedelta(seconds=5)
+    )
+    worker.node.every = timedelta(seconds=0.2)
+
+    def working() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=working, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.6)
+        first = _last_seen("w-backing-off")
+        time.sleep(1.0)
+        then = _last_seen("w-backing-off")
+    finally:
+        worker.stop("test", wait=False)
+        thread.join(10)
+    assert then > first
+
+
+def _last_seen(node_id: str) -> datetime:
+    return Node.objects.get(node_id=node_id).last_seen_at

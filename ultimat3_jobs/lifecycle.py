@@ -172,6 +172,13 @@ def rest_heard(
             beat()
 
 
+def database_away(error: BaseException | None) -> bool:
+    """Whether ``error`` says the database cannot be reached: a loop backing off from it
+    writes no heartbeat meanwhile, whose connection attempt could hold a drain up to the
+    connect timeout; its next pass tries."""
+    return error is not None and failure_fields(error)["code"] == "jobs.database-unavailable"
+
+
 def listen(
     role: str,
     *,
@@ -245,6 +252,7 @@ __all__ = [
     "DATABASE_ERRORS",
     "Backoff",
     "Lifecycle",
+    "database_away",
     "drop_broken_connections",
     "listen",
     "rest_heard",

@@ -53,6 +53,7 @@ from .lifecycle import (
     UNAVAILABLE_EXIT,
     Backoff,
     Lifecycle,
+    database_away,
     listen,
     rest_heard,
 )
@@ -441,9 +442,12 @@ class Relay:
                 if self.backoff.failures:
                     # Not cut short by a NOTIFY (rows keep coming while a broker is down): only
                     # a drain ends the backoff.
-                    rest_heard(
-                        self.life.draining.wait, self.backoff.rest(), self.node, self._heartbeat
-                    )
+                    if database_away(self.backoff.last_error):
+                        self.life.draining.wait(self.backoff.rest())
+                    else:
+                        rest_heard(
+                            self.life.draining.wait, self.backoff.rest(), self.node, self._heartbeat
+                        )
                 else:
                     rest_heard(self.life.rest, self.backoff.rest(), self.node, self._heartbeat)
         finally:

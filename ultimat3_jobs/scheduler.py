@@ -805,7 +805,7 @@ class Scheduler:
                 # Never less rest than the round took: rounds slower than the occurrences
                 # they serve must not run back to back. Never more than a heartbeat interval:
                 # under a tick longer than that (--tick-interval 30), a round with nothing due
-                # (one statement) keeps the node heard from and its lease renewed.
+                # keeps the node heard from and its lease renewed.
                 rest = time.monotonic() - began
                 gap = min(gap, max(min(self._until_next_due(), self.state.until_heartbeat()), rest))
             self.life.rest(gap)

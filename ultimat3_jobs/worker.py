@@ -57,6 +57,7 @@ from .lifecycle import (
     UNAVAILABLE_EXIT,
     Backoff,
     Lifecycle,
+    database_away,
     drop_broken_connections,
     listen,
     rest_heard,
@@ -288,8 +289,9 @@ class Worker:
         self.node.beat(last_error=self.last_error or draining)
 
     def _heartbeat_tried(self) -> None:
-        """``heartbeat`` while the loop backs off: a claim that fails with the database up (a
-        lock, a statement timeout) leaves the node alive; one that fails with it away, tried."""
+        """``heartbeat`` while the loop backs off from a claim that failed with the database
+        up (a lock, a statement timeout): the node is alive. One that fails is the next
+        pass's to meet."""
         with contextlib.suppress(*DATABASE_ERRORS):
             self.heartbeat()
 
@@ -899,9 +901,15 @@ class Worker:
                     return
                 self.life.wake.clear()
                 # Not cut short by a job ending or a NOTIFY: only a drain ends the backoff.
-                rest_heard(
-                    self.life.draining.wait, fields["retry_in"], self.node, self._heartbeat_tried
-                )
+                if database_away(error):
+                    self.life.draining.wait(fields["retry_in"])
+                else:
+                    rest_heard(
+                        self.life.draining.wait,
+                        fields["retry_in"],
+                        self.node,
+                        self._heartbeat_tried,
+                    )
                 continue
             if self.max_jobs is not None and self.claimed >= self.max_jobs:
                 return

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import DataError, OperationalError, connection, connections
 from django_tasks import TaskResultStatus
@@ -788,7 +789,9 @@ def test_run__backing_off_from_claims_that_fail_with_the_database_up_it_still_he
     # stopped for the backoff's seconds, and the health checks judged the worker dead.
     def claims_fail(name: str, kwargs: dict[str, Any]) -> BaseException | None:
         if name in ("claim", "finish_and_claim"):
-            return OperationalError("canceling statement due to lock timeout")
+            error = OperationalError("canceling statement due to lock timeout")
+            error.__cause__ = psycopg.errors.LockNotAvailable()  # SQLSTATE 55P03
+            return error
         return None
 
     worker, _ = _worker(

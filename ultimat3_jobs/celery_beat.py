@@ -19,8 +19,9 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from . import cron
-from .errors import CeleryBeatReadError, InvalidCronError
+from .errors import CeleryBeatReadError, InvalidCronError, UltimateError
 from .inputs import NAME_LIMIT
+from .zones import resolve_zone
 
 TASKS_TABLE = "django_celery_beat_periodictask"
 CRONTAB_TABLE = "django_celery_beat_crontabschedule"
@@ -130,9 +131,11 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
                 f"FROM {CRONTAB_TABLE}"
             )
             for pk, minute, hour, dom, month, dow, tz in cursor.fetchall():
+                # Celery reads a field with spaces in it ("9, 17") as without them.
+                fields = [re.sub(r"\s+", "", str(f)) for f in (minute, hour, dom, month, dow)]
                 # Celery reads a day by its first three letters, in any case: "Monday", "TUE".
-                dow = re.sub(r"[A-Za-z]+", lambda name: name[0][:3].lower(), str(dow))
-                crontabs[pk] = (f"{minute} {hour} {dom} {month} {dow}", str(tz or default_tz))
+                fields[4] = re.sub(r"[A-Za-z]+", lambda name: name[0][:3].lower(), fields[4])
+                crontabs[pk] = (" ".join(fields), str(tz or default_tz))
     intervals: dict[int, tuple[int, str]] = {}
     if INTERVAL_TABLE in tables:
         with connection.cursor() as cursor:
@@ -174,6 +177,11 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
             except InvalidCronError as error:
                 beat.blocked = True
                 beat.notes.append(f"{error.message}: write the cron by hand")
+            try:
+                resolve_zone(beat.tz, beat.name)
+            except UltimateError as error:
+                beat.blocked = True  # Declared, it would fail the import of the whole module.
+                beat.notes.append(f"{error.message}: {error.fix}")
             _, _, dom, _, dow = beat.cron.split(" ")
             if _restricted(dom) and _restricted(dow):
                 beat.blocked = True
@@ -214,10 +222,12 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
         if not isinstance(args, list):
             beat.notes.append(f"args {row['args']!r} is not a JSON list: left out")
         if beat.args:
+            beat.blocked = True  # Declared, it would call the task without them every time.
             beat.notes.append(
                 f"positional args {beat.args!r}: entries take keyword arguments only; name them"
             )
         if beat.one_off:
+            beat.blocked = True  # Declared, it would run on every occurrence of its schedule.
             beat.notes.append("one_off: it ran once in beat; run it now from the admin instead")
         if beat.queue:
             beat.notes.append(
@@ -269,8 +279,11 @@ def render(tasks: list[BeatTask], *, prefix: str = "beat", include_disabled: boo
         # The task's name, prefix and all, fits the task table's column.
         function = _identifier(beat.name, taken, NAME_LIMIT - len(prefix) - 1)
         lines += ["", ""]
-        lines.append(f"# PeriodicTask {beat.name!r} (id {beat.id}): {beat.task}, {beat.schedule}")
-        lines += [f"# NOTE: {note}" for note in beat.notes]
+        # Text read from the database, a line break in it included, stays in its comment.
+        lines.append(
+            _comment(f"PeriodicTask {beat.name!r} (id {beat.id}): {beat.task}, {beat.schedule}")
+        )
+        lines += [_comment(f"NOTE: {note}") for note in beat.notes]
         if beat.task == BACKEND_CLEANUP:
             lines.append(
                 "# NOTE: Celery's result cleanup; keep it only if you keep a result backend"
@@ -283,6 +296,11 @@ def render(tasks: list[BeatTask], *, prefix: str = "beat", include_disabled: boo
         active = beat.cron is not None and not beat.blocked
         lines += body if active else [f"# {line}" for line in body]
     return "\n".join(lines) + "\n"
+
+
+def _comment(text: str) -> str:
+    """``text`` as one comment line, whatever line breaks it holds."""
+    return "# " + " ".join(text.splitlines())
 
 
 __all__ = ["BeatTask", "interval_cron", "read_beat_tasks", "render"]

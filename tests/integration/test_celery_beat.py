@@ -61,6 +61,11 @@ ODD_ROWS = [
     "INSERT INTO django_celery_beat_crontabschedule VALUES (4, '0', '9', 'Monday,FRIDAY', '*', "
     "'*', 'UTC')",
     "INSERT INTO django_celery_beat_crontabschedule VALUES (5, '61', '9', '*', '*', '*', 'UTC')",
+    # Spaces Celery reads past; a zone written around django-celery-beat's own checks.
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (6, '0', '9, 17', '*', '*', '*', "
+    "'UTC')",
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (7, '0', '9', '*', '*', '*', "
+    "'Bogota')",
     *(
         "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, "
         f"enabled, one_off, crontab_id) VALUES ({pk}, '{name}', 'demo.plain_row', {args}, "
@@ -75,8 +80,20 @@ ODD_ROWS = [
             (12, "friday 13th", "'[]'", """'{"label": "f"}'""", 3),
             (13, "day names", "'[]'", """'{"label": "d"}'""", 4),
             (14, "minute 61", "'[]'", """'{"label": "m"}'""", 5),
+            (15, "spaced hours", "'[]'", """'{"label": "s"}'""", 6),
+            (16, "no such zone", "'[]'", """'{"label": "z"}'""", 7),
         ]
     ),
+    # Text from the table that would be code, were it printed as it is in a comment.
+    (
+        "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, "
+        "enabled, one_off, crontab_id) VALUES (17, 'queued oddly', 'demo.plain_row', '[]', "
+        """'{"label": "q"}', %s, TRUE, FALSE, 1)""",
+        ["q\nraise SystemExit('injected')  #"],
+    ),
+    "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, enabled, "
+    "one_off, crontab_id) VALUES (18, 'once only', 'demo.plain_row', '[]', "
+    """'{"label": "o"}', '', FALSE, TRUE, 1)""",
 ]
 
 
@@ -90,8 +107,9 @@ def beat_tables() -> None:
 @pytest.fixture
 def odd_beat_tables(beat_tables: None) -> None:
     with connection.cursor() as cursor:
-        for statement in ODD_ROWS:
-            cursor.execute(statement)
+        for row in ODD_ROWS:
+            statement, params = row if isinstance(row, tuple) else (row, None)
+            cursor.execute(statement, params)
 
 
 def test_celery_beat_tasks__odd_rows_print_a_module_that_imports_and_runs(
@@ -122,6 +140,12 @@ def test_celery_beat_tasks__odd_rows_print_a_module_that_imports_and_runs(
     assert days is not None and days.cron == "0 9 * * mon,fri"
     assert fresh_registry.get_task("beat.minute_61") is None
     assert re.search(r"# NOTE: .*61.*: write the cron by hand", source), source
+    spaced = fresh_registry.get_task("beat.spaced_hours")
+    assert spaced is not None and spaced.cron == "0 9,17 * * *"
+    assert fresh_registry.get_task("beat.no_such_zone") is None
+    assert fresh_registry.get_task("beat.once_only") is None  # one_off: run it from the admin
+    assert fresh_registry.get_task("beat.queued_oddly") is not None  # and nothing injected ran
+    assert all(line.startswith("#") for line in source.splitlines() if "injected" in line)
 
 
 @pytest.mark.parametrize(
@@ -164,8 +188,9 @@ def test_celery_beat_tasks__prints_declarations_that_run(
 
     quarter = fresh_registry.get_task("beat.quarter_hour")
     assert quarter is not None and quarter.cron == "*/15 * * * *"
-    weekday = fresh_registry.get_task("beat.weekday_digest")
-    assert weekday is not None and (weekday.cron, weekday.tz) == ("30 8 * * mon-fri", "UTC")
+    # Beat would call it with positional arguments no entry takes: a comment, saying why.
+    assert fresh_registry.get_task("beat.weekday_digest") is None
+    assert "# @task(cron='30 8 * * mon-fri', tz='UTC', name='beat.weekday_digest')" in source
     # No cron for these: written out as comments, with the reason.
     assert fresh_registry.get_task("beat.every_7") is None
     assert fresh_registry.get_task("beat.sunrise") is None

@@ -62,10 +62,8 @@ ODD_ROWS = [
     "'*', 'UTC')",
     "INSERT INTO django_celery_beat_crontabschedule VALUES (5, '61', '9', '*', '*', '*', 'UTC')",
     # Spaces Celery reads past; a zone written around django-celery-beat's own checks.
-    "INSERT INTO django_celery_beat_crontabschedule VALUES (6, '0', '9, 17', '*', '*', '*', "
-    "'UTC')",
-    "INSERT INTO django_celery_beat_crontabschedule VALUES (7, '0', '9', '*', '*', '*', "
-    "'Bogota')",
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (6, '0', '9, 17', '*', '*', '*', 'UTC')",
+    "INSERT INTO django_celery_beat_crontabschedule VALUES (7, '0', '9', '*', '*', '*', 'Bogota')",
     *(
         "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, "
         f"enabled, one_off, crontab_id) VALUES ({pk}, '{name}', 'demo.plain_row', {args}, "

@@ -28,7 +28,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 
 from . import clock, history
 from .catchup import Span
-from .cron import between
+from .cron import between, wall_instant
 from .errors import (
     BackfillPausedError,
     BackfillRangeError,
@@ -155,7 +155,9 @@ def find_task(name: str) -> TaskHandle:
 
 
 def parse_instant(value: str, zone: ZoneInfo, what: str = "instant") -> datetime:
-    """An ISO 8601 date or date-time; one without an offset is read in the task's ``zone``."""
+    """An ISO 8601 date or date-time; one without an offset is read in the task's ``zone``,
+    a wall time the clock skipped as the gap's end, where the schedule fires a slot in it
+    (``cron.wall_instant``)."""
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
@@ -165,7 +167,7 @@ def parse_instant(value: str, zone: ZoneInfo, what: str = "instant") -> datetime
             '"2026-03-01T02:30:00+00:00"',
             cause=value,
         ) from None
-    return parsed if parsed.utcoffset() is not None else parsed.replace(tzinfo=zone)
+    return parsed if parsed.utcoffset() is not None else wall_instant(parsed, zone)
 
 
 def occurrences_in(
@@ -200,7 +202,9 @@ def occurrences_in(
     found = between(
         handle.schedule,
         handle.zone,
-        start - _JUST_BEFORE,
+        # In UTC: a microsecond before 03:00 EDT on a spring-forward night, in the zone's own
+        # wall-clock arithmetic, is 02:59:59 of a gap, read an hour later, past the slot at 03:00.
+        start.astimezone(UTC) - _JUST_BEFORE,
         end,
         limit + 1,
         dst_gap=handle.dst_gap,

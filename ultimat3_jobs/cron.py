@@ -49,6 +49,7 @@ __all__ = [
     "next_occurrence",
     "occurrences",
     "parse",
+    "wall_instant",
 ]
 
 OccurrenceKind = Literal["normal", "gap-shifted", "repeated-first", "repeated"]
@@ -870,6 +871,21 @@ def _next_offset_change(
             return _offset_change(zone, low, high)
         low = high
     return None
+
+
+def wall_instant(wall: datetime, zone: ZoneInfo) -> datetime:
+    """The instant a naive local ``wall`` time in ``zone`` names, by the rule slots follow: a
+    repeated wall time is its first pass, and one the clock skipped (in a gap) is the gap's
+    end, where a slot there fires."""
+    try:
+        first = wall.replace(tzinfo=zone).astimezone(UTC)
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    except OverflowError:
+        return wall.replace(tzinfo=zone)  # Years 1 and 9999 hold no clock change.
+    if first <= second:
+        return wall.replace(tzinfo=zone)
+    # A gap: fold=0 reads it with the offset before the change, fold=1 with the one after.
+    return _offset_change(zone, second, first).astimezone(zone)
 
 
 def _offset_change(zone: ZoneInfo, low: datetime, high: datetime) -> datetime:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from io import StringIO
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -672,3 +673,24 @@ def test_command__help_says_an_occurrence_ahead_runs_at_its_own_time() -> None:
     from ultimat3_jobs.management.commands.backfill_task import Command
 
     assert "still ahead is enqueued to run at its own time" in Command.help
+
+
+def test_parse_instant__a_wall_time_the_clock_skipped_is_the_gaps_end() -> None:
+    # 02:30 on New York's spring-forward night never was: read with the offset before the
+    # change, --start was 03:30 EDT, past the slot that fires at the gap's end (03:00 EDT).
+    zone = ZoneInfo("America/New_York")
+    assert backfill.parse_instant("2026-03-08T02:30", zone).astimezone(UTC) == at(
+        "2026-03-08T07:00Z"
+    )
+    # A repeated one is its first pass, as before.
+    assert backfill.parse_instant("2026-11-01T01:30", zone).astimezone(UTC) == at(
+        "2026-11-01T05:30Z"
+    )
+    handle = daily("bf.gap", cron="30 2 * * *", tz="America/New_York")
+    start = backfill.parse_instant("2026-03-08T02:30", handle.zone)
+    end = backfill.parse_instant("2026-03-08T05:00", handle.zone)
+    assert backfill.occurrences_in(handle, start, end) == [at("2026-03-08T07:00Z")]
+    # The gap's end written as the wall time it is: 03:00 less a microsecond, in the zone's own
+    # arithmetic, was 02:59:59 of the gap, read an hour later.
+    start = backfill.parse_instant("2026-03-08T03:00", handle.zone)
+    assert backfill.occurrences_in(handle, start, end) == [at("2026-03-08T07:00Z")]

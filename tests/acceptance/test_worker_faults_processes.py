@@ -7,6 +7,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -39,6 +40,21 @@ def _claimed_ahead(node: str) -> list[int]:
     return sorted(rows.values_list("pk", flat=True))
 
 
+def _claimed_behind_a_slow_job(
+    tmp_path: Path, processes: list[Process], seconds: float, count: int
+) -> tuple[Process, str, Any, list[Any]]:
+    """A one-thread worker running a slow job, ``count`` one-attempt jobs enqueued beside it:
+    the worker, its node, the slow job and the others, once the slow one started."""
+    victim = start_worker(tmp_path, processes, "victim", "--concurrency", "1", **HOLD)
+    victim_node = node_of(victim)
+    started = tmp_path / "started"
+    with transaction.atomic():  # One commit, one NOTIFY: one claim takes them all.
+        slow = slow_ping.enqueue({"label": "slow", "seconds": seconds, "started": str(started)})
+        once = [ping_once.enqueue({"label": f"once-{n}"}) for n in range(count)]
+    wait_for(started.exists, 15, "the slow job to start")
+    return victim, victim_node, slow, once
+
+
 def _kill(process: Process) -> None:
     process.signal(signal.SIGKILL)
     assert process.wait(5) == -signal.SIGKILL
@@ -47,13 +63,7 @@ def _kill(process: Process) -> None:
 def test_sigkill_with_jobs_claimed_ahead__each_runs_exactly_once_none_failed(
     tmp_path: Path, processes: list[Process]
 ) -> None:
-    victim = start_worker(tmp_path, processes, "victim", "--concurrency", "1", **HOLD)
-    victim_node = node_of(victim)
-    started = tmp_path / "started"
-    with transaction.atomic():  # One commit, one NOTIFY: one claim takes all six.
-        slow = slow_ping.enqueue({"label": "slow", "seconds": 2, "started": str(started)})
-        once = [ping_once.enqueue({"label": f"once-{n}"}) for n in range(5)]
-    wait_for(started.exists, 15, "the slow job to start")
+    victim, victim_node, slow, once = _claimed_behind_a_slow_job(tmp_path, processes, 2, 5)
     ahead = wait_for(lambda: _claimed_ahead(victim_node), 5, "the jobs claimed ahead")
     assert ahead == sorted(made.job_id for made in once)
     _kill(victim)
@@ -91,14 +101,8 @@ def test_sigkill_while_a_start_mark_waits_on_a_lock__it_never_lands_the_jobs_run
 ) -> None:
     # A deploy's migration locks the job table; the worker is SIGKILLed meanwhile. Its start
     # mark, left waiting, must not land once the lock goes: the jobs never ran.
-    victim = start_worker(tmp_path, processes, "victim", "--concurrency", "1", **HOLD)
-    victim_node = node_of(victim)
-    started = tmp_path / "started"
-    with transaction.atomic():
-        slow_ping.enqueue({"label": "slow", "seconds": 1, "started": str(started)})
-        once = [ping_once.enqueue({"label": f"once-{n}"}) for n in range(3)]
+    victim, victim_node, _, once = _claimed_behind_a_slow_job(tmp_path, processes, 1, 3)
     ids = sorted(made.job_id for made in once)
-    wait_for(started.exists, 15, "the slow job to start")
     assert wait_for(lambda: _claimed_ahead(victim_node), 5, "the jobs claimed ahead") == ids
     with psycopg.connect(**connection.get_connection_params()) as locker:
         locker.execute(

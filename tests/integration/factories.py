@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
+
+from django.db import connections
 
 from ultimat3_jobs.cron import parse
 from ultimat3_jobs.handles import JobHandle, TaskHandle
@@ -59,3 +63,23 @@ def task_of(
         catch_up="skip",
         max_catch_up=10,
     )
+
+
+@contextlib.contextmanager
+def running(role: Any) -> Iterator[None]:
+    """``role.run()`` (a worker's, a relay's) in a thread of its own whose connections close
+    as it ends; stopped and joined on leaving the block."""
+
+    def run() -> None:
+        try:
+            role.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        role.stop("test")
+        thread.join(10)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +36,8 @@ from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.testing import MemoryState
 from ultimat3_jobs.worker import Worker
+
+from .factories import running
 
 TICK = timedelta(seconds=1)
 
@@ -386,7 +387,6 @@ def test_database_health__the_leader_that_took_over_from_a_killed_one_is_the_one
 @pytest.mark.django_db(transaction=True)
 def test_database_health__the_same_lock_held_in_another_database_is_not_this_leader_s() -> None:
     import psycopg
-    from django.db import connections
 
     from ultimat3_jobs.conf import get_settings
 
@@ -465,7 +465,6 @@ def test_health_check_plugin__a_database_it_cannot_read_is_said_with_the_code_an
 ) -> None:
     import asyncio
 
-    from django.db import connections
     from health_check.exceptions import ServiceUnavailable
 
     from ultimat3_jobs.health_checks import Worker
@@ -529,24 +528,15 @@ def test_loops__idle_past_their_heartbeat_interval_still_heartbeat_within_it() -
     relay = Relay(node_id="r-long-poll", listen=False, poll_interval=timedelta(seconds=60))
     relay.node.every = every
 
-    def relaying() -> None:
-        try:
-            relay.run()
-        finally:
-            connections.close_all()
-
-    relay_thread = threading.Thread(target=relaying, daemon=True)
     scheduler.start()
-    relay_thread.start()
     try:
-        time.sleep(0.5)
-        first = _seen("s-long-tick"), _seen("r-long-poll")
-        time.sleep(1.0)
-        then = _seen("s-long-tick"), _seen("r-long-poll")
+        with running(relay):
+            time.sleep(0.5)
+            first = _seen("s-long-tick"), _seen("r-long-poll")
+            time.sleep(1.0)
+            then = _seen("s-long-tick"), _seen("r-long-poll")
     finally:
         scheduler.stop("test")
-        relay.stop("test")
-        relay_thread.join(5)
     assert None not in (first[0][0], first[1][0])
     assert then[0][0] > first[0][0] and then[0][1] > first[0][1]  # rounds, each heard from
     assert then[1][0] > first[1][0]

@@ -20,7 +20,6 @@ from django.db import (
     OperationalError,
     close_old_connections,
     connection,
-    connections,
     transaction,
 )
 
@@ -39,6 +38,7 @@ from ultimat3_jobs.relay import JOBS_BACKEND, Relay
 from ultimat3_jobs.store import store_for
 
 from ..redis_server import RedisServer, point_celery_at
+from .factories import running
 from .test_django_tasks import MINUTE, every_minute, fire_once
 
 QUEUE = "celery"  # Celery's default queue: where a worker started without -Q consumes.
@@ -777,22 +777,11 @@ def test_relay__backing_off_from_a_broker_that_is_down_it_still_heartbeats() -> 
     )
     relayer.node.every = timedelta(seconds=0.2)
 
-    def relaying() -> None:
-        try:
-            relayer.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=relaying, daemon=True)
-    thread.start()
-    try:
+    with running(relayer):
         time.sleep(0.6)
         close_old_connections()
         first = Node.objects.get(node_id="r-broker-down").last_seen_at
         time.sleep(1.0)
         then = Node.objects.get(node_id="r-broker-down").last_seen_at
-    finally:
-        relayer.stop("test")
-        thread.join(5)
     assert relayer.backoff.failures >= 1
     assert then > first

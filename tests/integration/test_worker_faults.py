@@ -35,6 +35,7 @@ from ultimat3_jobs.store import store_for
 from ultimat3_jobs.testing import Fault, FaultyStore, fail, faults
 from ultimat3_jobs.worker import CLEAN_EXIT, Worker
 
+from .factories import running
 from .test_worker import QUICK, make_job, wait_until
 
 UNSTORABLE = "jobs.job.result-unstorable"
@@ -799,22 +800,11 @@ def test_run__backing_off_from_claims_that_fail_with_the_database_up_it_still_he
     )
     worker.node.every = timedelta(seconds=0.2)
 
-    def working() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=working, daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         time.sleep(0.6)
         first = _last_seen("w-backing-off")
         time.sleep(1.0)
         then = _last_seen("w-backing-off")
-    finally:
-        worker.stop("test", wait=False)
-        thread.join(10)
     assert then > first
 
 

@@ -15,7 +15,7 @@ from django.core import checks
 from django.db import DatabaseError, connections, router
 
 from . import clock
-from .conf import DEFAULTS, Settings, default_leader, get_settings, stale_after_problem
+from .conf import DEFAULTS, default_leader, get_settings, stale_after_problem
 from .errors import ConfigurationError
 from .leaders import leader_problem
 
@@ -52,16 +52,6 @@ def judged_databases(named: Sequence[str] | None) -> list[str]:
     return [router.db_for_write(Task)]
 
 
-def _longest_gap(config: Settings) -> str:
-    """The longest rest between two rounds of the loop, as a check names it."""
-    tick, heartbeat = config.tick_interval, config.heartbeat_interval
-    if heartbeat < tick:
-        return (
-            f"HEARTBEAT_INTERVAL ({heartbeat.total_seconds():g}s), the longest gap between rounds"
-        )
-    return f"TICK_INTERVAL ({tick.total_seconds():g}s)"
-
-
 @checks.register()
 def check_settings(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
@@ -84,11 +74,16 @@ def check_settings(
     tick = config.tick_interval.total_seconds()
     # A loop runs a round at least once a heartbeat interval, whatever its tick.
     gap = min(config.tick_interval, config.heartbeat_interval)
+    gap_named = (
+        f"HEARTBEAT_INTERVAL ({gap.total_seconds():g}s), the longest gap between rounds"
+        if config.heartbeat_interval < config.tick_interval
+        else f"TICK_INTERVAL ({tick:g}s)"
+    )
     if config.lease_ttl <= gap and "lease" in leaders:
         messages.append(
             checks.Error(
                 f"LEASE_TTL ({config.lease_ttl.total_seconds():g}s) is not longer than "
-                f"{_longest_gap(config)}: the lease would expire between two renewals and "
+                f"{gap_named}: the lease would expire between two renewals and "
                 "leadership would flap",
                 hint='set ULTIMAT3_JOBS["LEASE_TTL"] to several tick intervals, '
                 f"e.g. {max(10.0, 3 * gap.total_seconds()):g}",
@@ -110,7 +105,7 @@ def check_settings(
         messages.append(
             checks.Warning(
                 f"STALE_ROUND_WARNING ({config.stale_round_warning.total_seconds():g}s) is not "
-                f"longer than {_longest_gap(config)}: the admin and jobs_status would warn "
+                f"longer than {gap_named}: the admin and jobs_status would warn "
                 "that no round ran between every two rounds",
                 hint='set ULTIMAT3_JOBS["STALE_ROUND_WARNING"] to several tick intervals, '
                 f"e.g. {max(60.0, 3 * gap.total_seconds()):g}",

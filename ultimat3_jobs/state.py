@@ -132,8 +132,9 @@ class DatabaseState:
             skew_warning=clock_skew_warning,
         )
         self._last_leader: bool | None = None
-        #: With ``once``: the heartbeat kept for the stop to write.
-        self._kept: dict[str, Any] | None = {} if once else None
+        self._once = once
+        #: With ``once``: the round's heartbeat, kept for the stop to write.
+        self._kept: dict[str, Any] = {}
 
     def sync(self, tasks: Sequence[TaskHandle]) -> Synced:
         """Mirror the declarations; mark stored tasks no longer declared.
@@ -257,7 +258,7 @@ class DatabaseState:
         }
         if round_at is not None:
             fields["last_round_at"] = round_at
-        if self._kept is not None:
+        if self._once:
             self._kept = fields  # One statement at the stop rather than two.
         else:
             self.node.beat(**fields)
@@ -270,9 +271,9 @@ class DatabaseState:
         return self.node.until_due()
 
     def stopped(self) -> None:
-        if self._kept == {}:
+        if self._once and not self._kept:
             return  # A --once run whose round failed or never came: no row, as before it.
-        self.node.stopped(**{"leader": self.leader, **(self._kept or {}), "is_leader": False})
+        self.node.stopped(**{"leader": self.leader, **self._kept, "is_leader": False})
 
 
 def _letting_go(fired: Iterator[PlannedOccurrence]) -> Iterator[PlannedOccurrence]:

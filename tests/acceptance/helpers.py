@@ -235,3 +235,14 @@ def processes() -> Iterator[list[Process]]:
     for process in started:
         if process._log is not None:
             process._log.close()
+
+
+def waiting_on(locker: int) -> list[str]:
+    """The statements of other sessions waiting on a lock session ``locker`` holds."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [locker]
+        )
+        return [query for (query,) in cursor.fetchall()]

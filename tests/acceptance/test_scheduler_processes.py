@@ -13,11 +13,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import cast
 
+import psycopg
 import pytest
 from django.db import close_old_connections, connection
 from django.db.models import Count
 
-from ultimat3_jobs.models import Job, Task
+from ultimat3_jobs.models import Job, Node, Task
 
 from .helpers import (
     Process,
@@ -27,6 +28,7 @@ from .helpers import (
     stop_all,
     throwaway_cluster,
     wait_for,
+    waiting_on,
 )
 
 __all__ = ["processes"]
@@ -318,3 +320,34 @@ def test_scheduler__a_task_function_that_holds_its_round_is_named_while_it_does(
     assert len(node.named("jobs.scheduler.task-slow")) == 1  # once a call
     node.signal(signal.SIGTERM)
     assert node.wait(10) == 1
+
+
+def test_run_scheduler_once__killed_before_its_node_row_its_round_stands_and_no_live_row_is_left(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    # A --once run writes its node row once, at its stop, after its round committed. Held up
+    # there (the node table locked) and SIGKILLed, its round stands, nothing of it fires again,
+    # and no row says a dead process is alive: a heartbeat written after the round and before
+    # the stop, as a --once run wrote it, landed once the lock went, a live row for a dead node.
+    arm = spawn(tmp_path, "arm", "run_scheduler", "--once", settings_overrides=FAST)
+    processes.append(arm)
+    assert arm.wait(60) == 0
+    time.sleep(1.5)  # Due: the per-second task's occurrences since the arming.
+    with psycopg.connect(**connection.get_connection_params()) as locker:
+        locker.execute("LOCK TABLE ultimat3_jobs_node IN ACCESS EXCLUSIVE MODE")
+        killed = spawn(tmp_path, "killed", "run_scheduler", "--once", settings_overrides=FAST)
+        processes.append(killed)
+        fired = wait_for(occurrences, 30, "the round's jobs to commit")
+        wait_for(
+            lambda: waiting_on(locker.info.backend_pid), 30, "its node row to wait on the lock"
+        )
+        killed.signal(signal.SIGKILL)
+        assert killed.wait(5) == -signal.SIGKILL
+        locker.rollback()
+    again = spawn(tmp_path, "again", "run_scheduler", "--once", settings_overrides=FAST)
+    processes.append(again)
+    assert again.wait(60) == 0
+    after = assert_every_occurrence_exactly_once()
+    assert set(fired) <= set(after)
+    close_old_connections()
+    assert not Node.objects.filter(role="scheduler", stopped_at__isnull=True).exists()

@@ -19,7 +19,7 @@ from testproject.demo.models import Ping
 from testproject.demo.tasks import kill_own_worker, ping, ping_once, slow_ping
 from ultimat3_jobs.models import Job, JobStatus
 
-from .helpers import Process, processes, restart_throwaway_postgres, wait_for
+from .helpers import Process, processes, restart_throwaway_postgres, wait_for, waiting_on
 from .test_worker_processes import job_row, node_of, start_worker
 
 __all__ = ["processes"]
@@ -87,15 +87,6 @@ def test_sigkill_with_jobs_claimed_ahead__each_runs_exactly_once_none_failed(
     assert (recovered["requeued"], recovered["released"], recovered["failed"]) == (1, 5, 0)
 
 
-def _waiting_on(locker: int) -> list[str]:
-    """The statements of other sessions waiting on a lock session ``locker`` holds."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [locker]
-        )
-        return [query for (query,) in cursor.fetchall()]
-
-
 def test_sigkill_while_a_start_mark_waits_on_a_lock__it_never_lands_the_jobs_run_once(
     tmp_path: Path, processes: list[Process]
 ) -> None:
@@ -109,7 +100,7 @@ def test_sigkill_while_a_start_mark_waits_on_a_lock__it_never_lands_the_jobs_run
             "SELECT id FROM ultimat3_jobs_job WHERE id = ANY(%s) FOR UPDATE", [ids]
         ).fetchall()
         marks = wait_for(
-            lambda: _waiting_on(locker.info.backend_pid), 15, "a start mark to wait on the lock"
+            lambda: waiting_on(locker.info.backend_pid), 15, "a start mark to wait on the lock"
         )
         assert all("UPDATE" in mark or "EXECUTE" in mark for mark in marks), marks
         _kill(victim)

@@ -56,6 +56,9 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         (["run_relay", "--burst", "--batch", str(10**20)], "must be at most 10000"),
         (["run_worker", "--burst", "--max-jobs-per-child", "5"], "needs --pool process"),
         (["run_jobs", "--max-memory-per-child", "500"], "needs --pool process"),
+        (["run_worker", "--burst", "--metrics-addr", "127.0.0.1"], "needs --metrics-port"),
+        (["run_scheduler", "--once", "--metrics-addr", "::1"], "needs --metrics-port"),
+        (["jobs_status", "--role", "worker"], "--role needs --check"),
     ],
     ids=[
         "tick_inf",
@@ -71,6 +74,9 @@ def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         "relay_batch",
         "max_jobs_per_child_threads",
         "max_memory_per_child_threads",
+        "metrics_addr_without_port",
+        "metrics_addr_without_port_once",
+        "role_without_check",
     ],
 )
 def test_commands__out_of_range_flags_are_refused_by_argparse(

@@ -54,8 +54,7 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-addr",
-        default="0.0.0.0",
-        help="Address the metrics exporter listens on (default 0.0.0.0).",
+        help="With --metrics-port: the address the exporter listens on (default 0.0.0.0).",
     )
     parser.add_argument("--database", default=app_database())
 
@@ -139,12 +138,17 @@ def prepare(options: dict[str, Any], *, exporter: bool = True) -> Any:
     logs.configure(
         options["log_format"], logging.DEBUG if options.get("verbosity", 1) > 1 else logging.INFO
     )
+    if options.get("metrics_addr") is not None and options.get("metrics_port") is None:
+        # Said at once, as argparse says a bad value: no exporter would listen on it.
+        raise CommandError("--metrics-addr needs --metrics-port", returncode=2)
     require_migrated(options["database"])
     if not exporter or options.get("metrics_port") is None:
         return None
     try:
         return metrics.serve(
-            options["metrics_port"], options["metrics_addr"], using=options.get("database")
+            options["metrics_port"],
+            options.get("metrics_addr") or "0.0.0.0",
+            using=options.get("database"),
         )
     except UltimateError as error:
         raise command_error(error) from error

@@ -74,6 +74,9 @@ class Command(JobsCommand):
         roles: list[str] | None,
         **options: Any,
     ) -> None:
+        if roles and not check:
+            # Said at once, as argparse says a bad value: without --check no role is judged.
+            raise CommandError("--role needs --check", returncode=2)
         require_migrated(database)
         try:
             if check:

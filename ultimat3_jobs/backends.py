@@ -215,10 +215,21 @@ def load_task(path: str) -> Task:
 
 def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
     """A ``TaskResult`` of ``job``'s row as loaded (or, started, as its claim made it)."""
-    if (task.priority, task.queue_name, task.backend) != (job.priority, job.queue, alias):
-        # Should the settings have changed since, the declared task still tells what it is.
+    # Enqueued for later, a row is due after its creation; a claim's record has no due time.
+    run_at = getattr(job, "run_at", None)
+    run_after = run_at if run_at is not None and run_at != job.created_at else task.run_after
+    if (task.priority, task.queue_name, task.backend, task.run_after) != (
+        job.priority,
+        job.queue,
+        alias,
+        run_after,
+    ):
+        # The row tells what the task was enqueued as: its priority, queue and due time (the
+        # declared task has none of a using()), should the settings have changed since.
         with contextlib.suppress(InvalidTaskError):
-            task = task.using(priority=job.priority, queue_name=job.queue, backend=alias)
+            task = task.using(
+                priority=job.priority, queue_name=job.queue, backend=alias, run_after=run_after
+            )
     status = STATUSES[job.status]
     if job.status == "running" and job.started_at is None:
         status = TaskResultStatus.READY  # Claimed ahead by a worker; not started yet.

@@ -204,6 +204,9 @@ def test_enqueue__run_after_in_the_future_is_not_run_and_burst_still_exits() -> 
     now.refresh()
     assert result.status == TaskResultStatus.READY
     assert now.status == TaskResultStatus.SUCCESSFUL
+    # Read back, the result says when it is due, as the enqueued one did; the other is not.
+    assert background.record.get_result(result.id).task.run_after == later.run_after
+    assert background.record.get_result(now.id).task.run_after is None
     assert list(Ping.objects.values_list("label", flat=True)) == ["now"]
 
 

@@ -30,7 +30,7 @@ from .db import Ahead, OwnLockWaits, instant_texts
 from .errors import RoundLockWaitError
 from .handles import EnqueueResult, TaskHandle, TaskJobResult
 from .leaders import LeaderElection, SoleLeader
-from .lifecycle import Backoff, Lifecycle
+from .lifecycle import Backoff, Lifecycle, database_away
 from .logs import Lines, emit, failure_fields
 from .nodes import RunStatus
 from .planner import (
@@ -794,6 +794,7 @@ class Scheduler:
                 logger.debug(
                     "traceback", exc_info=error, extra={"event": "jobs.scheduler.traceback"}
                 )
+                self._heard_failing(error)
             try:
                 self.state.between_rounds()
             except Exception as error:  # pragma: no cover - closing a broken connection
@@ -809,6 +810,17 @@ class Scheduler:
                 rest = time.monotonic() - began
                 gap = min(gap, max(min(self._until_next_due(), self.state.until_heartbeat()), rest))
             self.life.rest(gap)
+
+    def _heard_failing(self, error: Exception) -> None:
+        """The node's row says the error of a round that failed, as a round's heartbeat says
+        a task's: a node failing every round is then seen alive and failing, with why, rather
+        than silent. Not while the database cannot be reached (``database_away``)."""
+        if database_away(error):
+            return
+        try:
+            self.state.heartbeat(is_leader=self.is_leader, round_at=None, error=self.last_error)
+        except Exception as failed:  # The round's own failure is the one logged.
+            logger.debug("heartbeat", exc_info=failed, extra={"event": "jobs.scheduler.traceback"})
 
     def _watch(self) -> None:
         """Watch the rounds of this run for a task function that holds one (``_watch_rounds``)."""

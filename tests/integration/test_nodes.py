@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,10 +13,14 @@ from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.db import database_now
-from ultimat3_jobs.models import Node
+from ultimat3_jobs.leaders import SoleLeader
+from ultimat3_jobs.models import Job, Node
 from ultimat3_jobs.nodes import Heartbeat
+from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.worker import Worker
+
+from .factories import make_tasks
 
 
 @pytest.mark.django_db
@@ -124,3 +130,59 @@ def test_heartbeat__a_stop_of_a_node_whose_row_was_written_is_one_update() -> No
 def test_heartbeat__a_once_run_whose_round_never_ended_writes_no_row() -> None:
     DatabaseState(node_id="once-failed", leader="advisory", once=True).stopped()
     assert not Node.objects.filter(node_id="once-failed").exists()
+
+
+def _last_error(node_id: str, wanted: Callable[[str], bool], within: float = 5.0) -> str:
+    """The node's ``last_error`` once ``wanted`` holds of it, else as it was at the deadline."""
+    deadline = time.monotonic() + within
+    while True:
+        row = Node.objects.filter(node_id=node_id).values_list("last_error", flat=True).first()
+        if (row is not None and wanted(row)) or time.monotonic() > deadline:
+            return row or ""
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a trigger of PostgreSQL's")
+def test_heartbeat__a_scheduler_whose_every_round_fails_says_why_on_its_row() -> None:
+    # Every round's COPY refused by the database: the loop went on failing with nothing on the
+    # node's row but the heartbeat of its last good round, as if silent.
+    clock = FrozenClock(datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC))
+    tasks = make_tasks(1, prefix="failing")
+    state = DatabaseState(node_id="failing-node", leader="sole", clock=clock)
+    scheduler = Scheduler(
+        state=state, leader=SoleLeader(), clock=clock, tasks=tasks,
+        tick_interval=timedelta(seconds=0.05), drain_on_shutdown=False,
+    )  # fmt: skip
+    scheduler.tick()  # Armed: the row says a round and no error.
+    assert Node.objects.get(node_id="failing-node").last_error == ""
+    with connection.cursor() as cursor:
+        cursor.execute(_REFUSING_TRIGGER)
+    try:
+        clock.set(datetime(2026, 6, 1, 0, 1, 0, 100_000, tzinfo=UTC))  # Its occurrence is due.
+        scheduler.start()
+        try:
+            failing = _last_error("failing-node", lambda error: "refused by a trigger" in error)
+            assert "refused by a trigger" in failing
+            assert Job.objects.count() == 0
+            with connection.cursor() as cursor:
+                cursor.execute("DROP TRIGGER u3j_test_refuse ON ultimat3_jobs_job")
+            # Once its rounds go through, the held occurrence fires.
+            deadline = time.monotonic() + 5
+            while not Job.objects.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert Job.objects.count() == 1
+        finally:
+            scheduler.stop("test")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS u3j_test_refuse ON ultimat3_jobs_job")
+            cursor.execute("DROP FUNCTION IF EXISTS u3j_test_refuse()")
+
+
+_REFUSING_TRIGGER = """
+CREATE FUNCTION u3j_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$;
+CREATE TRIGGER u3j_test_refuse BEFORE INSERT ON ultimat3_jobs_job
+FOR EACH ROW EXECUTE FUNCTION u3j_test_refuse();
+"""

@@ -168,7 +168,7 @@ def test_heartbeat__a_scheduler_whose_every_round_fails_says_why_on_its_row() ->
             with connection.cursor() as cursor:
                 cursor.execute("DROP TRIGGER u3j_test_refuse ON ultimat3_jobs_job")
             # Once its rounds go through, the held occurrence fires.
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 15  # A rest doubled by each failure.
             while not Job.objects.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert Job.objects.count() == 1

@@ -38,7 +38,7 @@ from django.db import (
 from . import instruments, tracing
 from .checkins import CheckIns
 from .conf import get_settings
-from .db import committed, dumps, in_transaction, left_in_transaction
+from .db import committed, dumps, in_transaction, left_in_transaction, running_job_of
 from .errors import (
     JobProcessDiedError,
     JobRowUnreadableError,
@@ -228,7 +228,11 @@ class Attempts:
         before = in_transaction()
         try:
             # Its span continues the trace its row keeps (its occurrence's, its caller's).
-            with tracing.job_run(job, worker=self.node_id) as span, self._spanned(job, span):
+            with (
+                tracing.job_run(job, worker=self.node_id) as span,
+                self._spanned(job, span),
+                running_job_of(self.store.using),
+            ):
                 handle.func(**job.input)
                 committed(job.name, before)
         except BaseException as error:

@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -36,6 +37,26 @@ def app_database() -> str:
     from .models import Job
 
     return router.db_for_write(Job) or DEFAULT_DB_ALIAS
+
+
+#: The database of the job this thread (or pool child) runs, set by the worker around its
+#: function (``running_job_of``): the app's own jobs, the nightly prune, work on the database
+#: their row is on, which a worker's ``--database`` names, not where the router sends the app.
+_running_on: ContextVar[str | None] = ContextVar("running_on", default=None)
+
+
+@contextlib.contextmanager
+def running_job_of(using: str) -> Iterator[None]:
+    token = _running_on.set(using)
+    try:
+        yield
+    finally:
+        _running_on.reset(token)
+
+
+def job_database() -> str:
+    """The database of the job running here, else the app's (``app_database``)."""
+    return _running_on.get() or app_database()
 
 
 def dedicated_connection(using: str, application_name: str) -> psycopg.Connection[Any]:

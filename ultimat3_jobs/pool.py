@@ -335,7 +335,7 @@ def _told(conn: Connection, message: object) -> bool:
 
 def _run_job(job: ClaimedJob, setup: ChildSetup) -> Reply:
     from . import tracing
-    from .db import committed, in_transaction, left_in_transaction
+    from .db import committed, in_transaction, left_in_transaction, running_job_of
     from .logs import failure_fields
     from .registry import registry
     from .retries import format_error
@@ -345,7 +345,7 @@ def _run_job(job: ClaimedJob, setup: ChildSetup) -> Reply:
     before = in_transaction()
     try:
         # Its span, as in the thread pool: the trace its row keeps, continued in this child.
-        with tracing.job_run(job, worker=setup.node_id):
+        with tracing.job_run(job, worker=setup.node_id), running_job_of(setup.using):
             handle.func(**job.input)
             committed(job.name, before)
     except BaseException as error:

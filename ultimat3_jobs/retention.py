@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from . import clock
 from .conf import get_settings
+from .db import job_database
 from .logs import emit
 from .store import JobStore, Progress, store_for
 
@@ -44,12 +45,13 @@ def prune(
     """Delete finished jobs, occurrence records and silent nodes older than ``older_than``.
 
     ``older_than`` defaults to the ``RETENTION_DAYS`` setting; ``dry_run`` only counts.
-    ``store``: the job store of ``using`` (default: the app's database, ``db.app_database``).
+    ``store``: the job store of ``using`` (default: the database of the job running here, as
+    the nightly prune is, else the app's: ``db.job_database``).
     ``progress`` hears of each batch deleted.
     """
     keep = older_than if older_than is not None else timedelta(days=get_settings().retention_days)
     cutoff = (now or clock.now()) - keep
-    store = store or store_for(using)
+    store = store or store_for(using if using is not None else job_database())
     jobs, occurrences, nodes = store.prune(
         cutoff, batch_size=batch_size, dry_run=dry_run, progress=progress
     )
@@ -62,5 +64,6 @@ def prune(
         nodes=result.nodes,
         cutoff=cutoff,
         dry_run=dry_run,
+        database=store.using,
     )
     return result

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from testproject.demo.models import Ping
@@ -23,7 +24,7 @@ from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.db import execute_bound
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.errors import ConfigurationError
-from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence
+from ultimat3_jobs.models import Job, JobStatus, Node, Occurrence, Task
 from ultimat3_jobs.registry import Registry, registry
 from ultimat3_jobs.retention import prune
 from ultimat3_jobs.store import ClaimedJob, sql, store_for
@@ -707,6 +708,53 @@ def test_prune__leaves_a_failed_job_retried_while_its_batch_is_deleted() -> None
     pruning.join(30)
     assert pruned[0].jobs == 4
     assert list(Job.objects.values_list("pk", "status")) == [(retried.pk, JobStatus.QUEUED)]
+
+
+@pytest.mark.django_db
+def test_prune__keeps_each_tasks_last_fired_record_however_old() -> None:
+    # A task that fires less often than the retention period read as never fired once its
+    # last fired record went (jobs_status's last fired occurrence).
+    now = timezone.now()
+    for name in ("monthly", "hourly", "gone"):
+        Task.objects.create(name=name, cron="0 0 1 * *", tz="UTC", first_seen_at=now, synced_at=now)
+
+    def record(task: str, days: int, outcome: str = "fired") -> Occurrence:
+        when = now - timedelta(days=days)
+        return Occurrence.objects.create(
+            task=task, outcome=outcome, occurrence=when, recorded_at=when
+        )
+
+    record("monthly", 50)
+    last_monthly = record("monthly", 20)
+    record("monthly", 19, outcome="dropped")  # Not a firing: pruned.
+    record("hourly", 20)
+    fresh_hourly = record("hourly", 1)
+    record("gone", 20)
+    Task.objects.filter(name="gone").delete()  # No task row: nothing of it is kept.
+
+    assert prune(older_than=timedelta(days=14), dry_run=True).occurrences == 4
+    assert prune(older_than=timedelta(days=14), batch_size=2).occurrences == 4
+
+    left = set(Occurrence.objects.values_list("pk", flat=True))
+    assert left == {last_monthly.pk, fresh_hourly.pk}
+    # Pruned again, the kept record stays: a prune never empties a task's history of firings.
+    assert prune(older_than=timedelta(days=14)).occurrences == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune__the_nightly_job_prunes_the_database_its_worker_runs_on() -> None:
+    # The router sends the app to an alias "jobs" that does not exist here: the job, run by a
+    # worker of "default" (its --database), pruned "jobs" and failed at each attempt.
+    old = timezone.now() - timedelta(days=20)
+    stale = make_job(status=JobStatus.SUCCEEDED, finished_at=old, created_at=old)
+    nightly = make_job("ultimat3_jobs.prune", data={"days": 14}, max_attempts=1)
+
+    with override_settings(DATABASE_ROUTERS=["tests.integration.test_routing.ToJobs"]):
+        call_command("run_worker", "--burst", "--no-listen", "--database", "default")
+
+    nightly.refresh_from_db()
+    assert (nightly.status, nightly.last_error) == (JobStatus.SUCCEEDED, "")
+    assert not Job.objects.filter(pk=stale.pk).exists()
 
 
 @pytest.mark.django_db

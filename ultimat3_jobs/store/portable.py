@@ -30,6 +30,7 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    Subquery,
     TextField,
     Value,
     When,
@@ -825,19 +826,44 @@ class PortableStore:
         old = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff)
         jobs = self._jobs().filter(old, status__in=FINISHED)
         occurrences = Occurrence.objects.using(self.using).filter(recorded_at__lt=cutoff)
+        last_fired = self._last_fired_before(cutoff)
         # A node silent for the whole retention period is long dead; its jobs were recovered.
         nodes = Node.objects.using(self.using).filter(last_seen_at__lt=cutoff)
         # A closed check-in is a record of its occurrence, counted with them.
         check_ins = CheckIn.objects.using(self.using).filter(finished_at__lt=cutoff)
         if dry_run:
-            return jobs.count(), occurrences.count() + check_ins.count(), nodes.count()
+            records = occurrences.count() - len(last_fired) + check_ins.count()
+            return jobs.count(), records, nodes.count()
         jobs_deleted = _delete_in_batches(jobs, batch_size, progress, "finished jobs")
         return (
             jobs_deleted,
-            _delete_in_batches(occurrences, batch_size, progress, "occurrence records")
+            _delete_in_batches(
+                occurrences, batch_size, progress, "occurrence records", keep=last_fired
+            )
             + _delete_in_batches(check_ins, batch_size, progress, "check-ins"),
             _delete_in_batches(nodes, batch_size, progress, "nodes"),
         )
+
+    def _last_fired_before(self, cutoff: datetime) -> set[int]:
+        """The ids of the tasks' last fired records, of those recorded before ``cutoff``: a prune
+        keeps them, however old, so a task that fires less often than the retention period
+        does not read as never fired (its last fired occurrence, in ``jobs_status``). One
+        statement: a look-up of each task's newest records in their index."""
+        newest = (
+            Occurrence.objects.using(self.using)
+            .filter(task=OuterRef("name"), outcome=Outcome.FIRED)
+            .order_by("-recorded_at", "-id")
+        )
+        rows = (
+            self._tasks()
+            .annotate(
+                last_id=Subquery(newest.values("id")[:1]),
+                last_at=Subquery(newest.values("recorded_at")[:1]),
+            )
+            .filter(last_at__lt=cutoff)
+            .values_list("last_id", flat=True)
+        )
+        return set(rows)
 
     # -- occurrence records -----------------------------------------------------------------------
 
@@ -1121,10 +1147,16 @@ WORKER_LOST_CLASS = class_path(WorkerLostError)
 
 
 def _delete_in_batches(
-    rows: QuerySet[Any], batch_size: int, progress: Progress | None, what: str
+    rows: QuerySet[Any],
+    batch_size: int,
+    progress: Progress | None,
+    what: str,
+    *,
+    keep: Collection[int] = (),
 ) -> int:
     """Delete ``rows`` a batch at a time, so a first prune of a large table never holds one huge
-    transaction; how many went. ``progress`` hears of each batch as ``what``.
+    transaction; how many went, all but those whose id is in ``keep``. ``progress`` hears of
+    each batch as ``what``.
 
     The delete keeps the filter of ``rows``: a row that stopped matching since its id was read
     (a failed job retried, a node heard from again) is left, as PostgreSQL reads the filter
@@ -1138,8 +1170,11 @@ def _delete_in_batches(
         ids = list(batch.order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:
             return deleted
-        count, _ = rows.filter(pk__in=ids).delete()
         after = ids[-1]
+        gone = [pk for pk in ids if pk not in keep] if keep else ids
+        if not gone:
+            continue
+        count, _ = rows.filter(pk__in=gone).delete()
         deleted += count
         if progress is not None:
             progress(what, deleted)

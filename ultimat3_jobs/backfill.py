@@ -18,7 +18,7 @@ ahead of them. Kept apart from the admin and the command, which both call it.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +30,7 @@ from . import clock, history
 from .catchup import Span
 from .cron import between, wall_instant
 from .errors import (
+    BackfillHistoryPrunedError,
     BackfillPausedError,
     BackfillRangeError,
     BackfillTooLargeError,
@@ -368,9 +369,40 @@ def _read(
     if planned:
         wanted = {handle.name: [o.occurrence for o in planned]}
         fired = store.fired_occurrences(wanted).get(handle.name, set())
+        if not again:
+            _refuse_forgotten(handle, planned, fired, store.pruned_before())
     present = store.ids_of(job.key for o in planned for job in o.jobs)
     return BackfillPlan(
         handle.name, start, end, planned, present, frozenset(fired), clock.now(), again
+    )
+
+
+def _refuse_forgotten(
+    handle: TaskHandle,
+    planned: Sequence[PlannedOccurrence],
+    fired: Collection[datetime],
+    cutoff: datetime | None,
+) -> None:
+    """Refuse occurrences before a prune's ``cutoff`` with no trace of firing: the jobs and
+    records that would say whether they fired may be gone, and "already fired" could no
+    longer be told from "never fired" (which is what a backfill fires)."""
+    if cutoff is None:
+        return
+    forgotten = [
+        o.occurrence for o in planned if o.occurrence < cutoff and o.occurrence not in fired
+    ]
+    if not forgotten:
+        return
+    zone = handle.zone
+    raise BackfillHistoryPrunedError(
+        f'{len(forgotten)} occurrence(s) of task "{handle.name}", from '
+        f"{forgotten[0].astimezone(zone).isoformat()} to "
+        f"{forgotten[-1].astimezone(zone).isoformat()}, are older than what a prune deleted "
+        f"({cutoff.astimezone(zone).isoformat()}): whether they fired can no longer be told",
+        fix='pass --again (in the admin: tick "Fire already fired occurrences again") to '
+        "enqueue them whether they fired or not, or start the range at "
+        f"{cutoff.astimezone(zone).isoformat()} or later",
+        cause=handle.name,
     )
 
 

@@ -187,6 +187,14 @@ class BackfillPausedError(UltimateError):
     code = "jobs.backfill.task-paused"
 
 
+class BackfillHistoryPrunedError(UltimateError):
+    """A backfill of occurrences older than a prune's cutoff with no trace of firing: the jobs
+    and records that would say whether they fired may be gone, and firing them again is
+    what ``--again`` asks for."""
+
+    code = "jobs.backfill.history-pruned"
+
+
 class TaskEntriesError(UltimateError):
     """A task's function raised, or returned something that is not a list of (job, input)."""
 

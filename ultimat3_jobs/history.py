@@ -25,7 +25,11 @@ OUTCOME_LABELS = {
     Outcome.MANUAL.value: "manual",
     Outcome.OVERLAP.value: "skipped (overlap)",
     Outcome.BACKFILL.value: "backfill",
+    Outcome.PRUNED.value: "pruned",
 }
+
+#: The task a prune is recorded under: the app's own nightly prune (``tasks.py``).
+PRUNE_TASK = "ultimat3_jobs.prune"
 
 
 @dataclass(slots=True)
@@ -89,6 +93,11 @@ def decided(
     """The row of occurrences decided without firing: dropped, paused or overlapping."""
     detail += " (at least)" if span.at_least else ""
     return _row(task, outcome, span, at=at, node=node, detail=detail)
+
+
+def pruned(cutoff: datetime, *, at: datetime, detail: str) -> dict[str, Any]:
+    """The row of a prune that deleted what was older than ``cutoff``."""
+    return _row(PRUNE_TASK, Outcome.PRUNED, Span(cutoff, cutoff, 1), at=at, detail=detail)
 
 
 def _row(

@@ -173,6 +173,9 @@ class Outcome(models.TextChoices):
     #: Not fired: a job of an earlier occurrence of the task was not done yet.
     OVERLAP = "overlap"
     BACKFILL = "backfill"
+    #: A prune, recorded under the app's prune task: ``occurrence`` is its cutoff, before which
+    #: the jobs and records that said whether an occurrence fired may be gone.
+    PRUNED = "pruned"
 
 
 class Occurrence(models.Model):

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from . import clock
+from . import clock, history
 from .conf import get_settings
 from .db import job_database
 from .logs import emit
@@ -42,7 +42,8 @@ def prune(
     store: JobStore | None = None,
     progress: Progress | None = None,
 ) -> Pruned:
-    """Delete finished jobs, occurrence records and silent nodes older than ``older_than``.
+    """Delete finished jobs, occurrence records and silent nodes older than ``older_than``, and
+    record the prune (``history.pruned``).
 
     ``older_than`` defaults to the ``RETENTION_DAYS`` setting; ``dry_run`` only counts.
     ``store``: the job store of ``using`` (default: the database of the job running here, as
@@ -50,12 +51,17 @@ def prune(
     ``progress`` hears of each batch deleted.
     """
     keep = older_than if older_than is not None else timedelta(days=get_settings().retention_days)
-    cutoff = (now or clock.now()) - keep
+    at = now or clock.now()
+    cutoff = at - keep
     store = store or store_for(using if using is not None else job_database())
     jobs, occurrences, nodes = store.prune(
         cutoff, batch_size=batch_size, dry_run=dry_run, progress=progress
     )
     result = Pruned(jobs=jobs, occurrences=occurrences, nodes=nodes, cutoff=cutoff)
+    if not dry_run:
+        # What fired before the cutoff may have left no trace: a backfill asks (``pruned_before``).
+        detail = f"deleted {jobs} finished job(s), {occurrences} record(s), {nodes} node(s)"
+        store.insert_record(history.pruned(cutoff, at=at, detail=detail))
     emit(
         logger,
         "jobs.retention.pruned",

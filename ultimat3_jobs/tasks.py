@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from ultimat3_jobs import Entry, job, task
 
 
+# The name its prunes are recorded under too (``history.PRUNE_TASK``).
 @job(name="ultimat3_jobs.prune")
 def prune(days: int | None = None) -> None:
     """Delete what is older than ``days`` (default: the ``RETENTION_DAYS`` setting)."""

@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from ultimat3_jobs import backfill, clock, job, task
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.errors import (
+    BackfillHistoryPrunedError,
     BackfillPausedError,
     BackfillRangeError,
     BackfillTooLargeError,
@@ -24,6 +25,7 @@ from ultimat3_jobs.handles import Entry, TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
 from ultimat3_jobs.models import Job, Occurrence, Task
 from ultimat3_jobs.planner import RoundPlan, plan_task
+from ultimat3_jobs.retention import prune
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
 
@@ -694,3 +696,63 @@ def test_parse_instant__a_wall_time_the_clock_skipped_is_the_gaps_end() -> None:
     # arithmetic, was 02:59:59 of the gap, read an hour later.
     start = backfill.parse_instant("2026-03-08T03:00", handle.zone)
     assert backfill.occurrences_in(handle, start, end) == [at("2026-03-08T07:00Z")]
+
+
+# -- after a prune ------------------------------------------------------------------------------
+
+
+def _fired_and_pruned(frozen: FrozenClock, handle: TaskHandle | None = None) -> TaskHandle:
+    """``bf.daily`` backfilled over 1-5 May, its jobs done then, and pruned at ``NOW`` (the
+    retention period, 14 days, long past): no trace is left that those occurrences fired."""
+    handle = handle or daily()
+    frozen.set(at("2026-05-05T12:00Z"))
+    backfill.run(handle, at("2026-05-01T00:00Z"), at("2026-05-05T23:00Z"), user="o", via="t")
+    Job.objects.update(status="succeeded", finished_at=frozen())
+    frozen.set(NOW)
+    pruned = prune(older_than=timedelta(days=14))
+    assert (pruned.jobs, Job.objects.count()) == (5, 0)
+    return handle
+
+
+def test_run__occurrences_before_a_prunes_cutoff_without_a_trace_are_refused_unless_again(
+    frozen: FrozenClock,
+) -> None:
+    # Pruned, their jobs and records no longer said they fired: the backfill fired each again.
+    handle = _fired_and_pruned(frozen)
+    start, end = at("2026-05-01T00:00Z"), at("2026-05-05T23:00Z")
+    with pytest.raises(BackfillHistoryPrunedError) as planned:
+        backfill.plan(handle, start, end)
+    with pytest.raises(BackfillHistoryPrunedError) as ran:
+        backfill.run(handle, start, end, user="o", via="t")
+    for caught in (planned, ran):
+        assert caught.value.code == "jobs.backfill.history-pruned"
+        assert "5 occurrence(s)" in str(caught.value)
+        assert "--again" in caught.value.fix
+    assert not Job.objects.exists()
+
+    done = backfill.run(
+        handle, at("2026-05-01T00:00Z"), at("2026-05-05T23:00Z"), again=True, user="o", via="t"
+    )
+    assert done.created == 5
+
+
+def test_run__occurrences_after_a_prunes_cutoff_or_never_pruned_are_not_refused(
+    frozen: FrozenClock,
+) -> None:
+    handle = daily()
+    # Never pruned: an old range is read as it stands.
+    assert backfill.plan(handle, at("2026-04-01T00:00Z"), at("2026-04-02T23:00Z")).new == 2
+    _fired_and_pruned(frozen, handle)
+    # After the cutoff (27 May), what did not fire is known not to have fired.
+    done = backfill.run(handle, at("2026-06-01T00:00Z"), at("2026-06-02T23:00Z"), user="o", via="t")
+    assert done.created == 2
+
+
+def test_command__a_range_before_a_prune_is_a_command_error_with_the_fix(
+    frozen: FrozenClock,
+) -> None:
+    _fired_and_pruned(frozen)
+    with pytest.raises(CommandError) as caught:
+        command("bf.daily", "--start", "2026-05-01", "--end", "2026-05-05")
+    assert "jobs.backfill.history-pruned" in str(caught.value)
+    assert "\nfix: pass --again" in str(caught.value)

@@ -627,8 +627,24 @@ def test_prune__deletes_finished_jobs_and_records_past_retention_only() -> None:
     assert (result.jobs, result.occurrences, result.nodes) == (3, 1, 1)
     left = set(Job.objects.values_list("pk", flat=True))
     assert left == {jobs[k].pk for k in ("old_queued", "old_running", "new_succeeded")}
-    assert Occurrence.objects.count() == 1
+    assert Occurrence.objects.exclude(outcome="pruned").count() == 1
     assert not Node.objects.filter(node_id="gone").exists()
+    # The prune is on record, under the app's prune task, its cutoff as the occurrence.
+    record = Occurrence.objects.get(outcome="pruned")
+    assert (record.task, record.occurrence) == ("ultimat3_jobs.prune", result.cutoff)
+    assert record.detail == "deleted 3 finished job(s), 1 record(s), 1 node(s)"
+    assert store_for().pruned_before() == result.cutoff
+
+
+@pytest.mark.django_db
+def test_prune__the_latest_cutoff_on_record_is_the_latest_in_time() -> None:
+    # A prune of one day, then the nightly one of fourteen: history before the first cutoff
+    # may be gone, whatever the later one deleted.
+    assert store_for().pruned_before() is None
+    shorter = prune(older_than=timedelta(days=1))
+    prune(older_than=timedelta(days=14))
+    assert store_for().pruned_before() == shorter.cutoff
+    assert not prune(older_than=timedelta(days=1), dry_run=True).occurrences  # Both are kept.
 
 
 @pytest.mark.django_db
@@ -735,7 +751,7 @@ def test_prune__keeps_each_tasks_last_fired_record_however_old() -> None:
     assert prune(older_than=timedelta(days=14), dry_run=True).occurrences == 4
     assert prune(older_than=timedelta(days=14), batch_size=2).occurrences == 4
 
-    left = set(Occurrence.objects.values_list("pk", flat=True))
+    left = set(Occurrence.objects.exclude(outcome="pruned").values_list("pk", flat=True))
     assert left == {last_monthly.pk, fresh_hourly.pk}
     # Pruned again, the kept record stays: a prune never empties a task's history of firings.
     assert prune(older_than=timedelta(days=14)).occurrences == 0
@@ -801,7 +817,7 @@ def test_builtin_prune_job__prunes_when_a_worker_runs_it() -> None:
     _old_and_new_rows()
     make_job("ultimat3_jobs.prune", data={"days": 14}, queue="maintenance")
     assert ran(burst_worker(queues=["maintenance"])) == ["succeeded"]
-    assert Occurrence.objects.count() == 1
+    assert Occurrence.objects.exclude(outcome="pruned").count() == 1
     assert not Job.objects.filter(status=JobStatus.FAILED).exists()
 
 

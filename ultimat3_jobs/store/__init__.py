@@ -451,6 +451,11 @@ class JobStore(Protocol):
         """One record (``history.manual``, ``history.backfill``), returned saved."""
         ...
 
+    def pruned_before(self) -> datetime | None:
+        """The latest cutoff a prune recorded (``history.pruned``): what fired before it may
+        have left no trace. None if no prune is on record."""
+        ...
+
     # -- the task table: declarations and watermarks ---------------------------------------------
 
     def sync_tasks(self, tasks: Sequence[TaskHandle]) -> Synced:

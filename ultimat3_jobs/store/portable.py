@@ -896,6 +896,13 @@ class PortableStore:
     def insert_record(self, row: dict[str, Any]) -> Occurrence:
         return Occurrence.objects.using(self.using).create(**row)
 
+    def pruned_before(self) -> datetime | None:
+        prunes = Occurrence.objects.using(self.using).filter(
+            task=history.PRUNE_TASK, outcome=Outcome.PRUNED
+        )
+        latest: datetime | None = prunes.aggregate(cutoff=Max("occurrence"))["cutoff"]
+        return latest
+
     # -- the task table ---------------------------------------------------------------------------
 
     def sync_tasks(self, tasks: Sequence[TaskHandle]) -> Synced:

@@ -11,6 +11,16 @@ import pytest
 import sentry_sdk
 
 from testproject.sentry_envelopes import EnvelopeFile, read
+from ultimat3_jobs.monitors import check_in_id
+
+#: The DSN and environment of the tests' Sentry clients (this fixture's, and the example
+#: project's under ``ULTIMAT3_SENTRY_ENVELOPES``), as ``checkins.deployment`` says them.
+DSN, ENVIRONMENT = "https://public@sentry.invalid/1", "test"
+
+
+def occurrence_check_in(task: str, occurrence: Any) -> str:
+    """The check-in id of ``task``'s ``occurrence`` from the tests' clients."""
+    return check_in_id(task, occurrence, f"{DSN}|{ENVIRONMENT}")
 
 
 @pytest.fixture
@@ -18,11 +28,11 @@ def envelopes(tmp_path: Path) -> Iterator[Path]:
     """A Sentry client for the test's duration; the file its envelopes go to."""
     path = tmp_path / "envelopes.jsonl"
     sentry_sdk.init(
-        dsn="https://public@sentry.invalid/1",
+        dsn=DSN,
         transport=EnvelopeFile(str(path)),
         default_integrations=False,
         auto_enabling_integrations=False,
-        environment="test",
+        environment=ENVIRONMENT,
     )
     try:
         yield path

@@ -77,10 +77,37 @@ def sending() -> bool:
     return sdk is not None and bool(sdk.get_client().is_active())
 
 
+def deployment() -> str:
+    """What sets this process's check-ins apart from another deployment's
+    (``monitors.check_in_id``): its Sentry client's DSN and environment, which the scheduler
+    and the workers of one deployment share."""
+    options = _sentry().get_client().options
+    return f"{options.get('dsn') or ''}|{options.get('environment') or ''}"
+
+
 def _capture_checkin(**fields: Any) -> None:
     from sentry_sdk.crons import capture_checkin  # Sent only with a client: loaded by then.
 
     capture_checkin(**fields)
+
+
+class _Paced:
+    """Check-ins handed to the Sentry client at the pace its transport takes them: its queue
+    holds ``transport_queue_size`` items (100 by default) and drops what comes past it, so
+    after half of that the sender waits for the queue to drain. From the check-ins thread
+    alone: neither a round nor a job waits."""
+
+    def __init__(self) -> None:
+        options = _sentry().get_client().options
+        self.every = max(1, int(options.get("transport_queue_size") or 100) // 2)
+        self.deployment = deployment()
+        self.sent = 0
+
+    def capture(self, **fields: Any) -> None:
+        if self.sent and self.sent % self.every == 0:
+            _sentry().flush(timeout=CLOSE_TIMEOUT)
+        _capture_checkin(**fields)
+        self.sent += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,29 +258,33 @@ class CheckIns:
 
     def _send(self, batch: list[tuple[str, Any]]) -> None:
         watched = self.watched()
+        paced = _Paced() if sending() else None
         ended: list[int] = []
         for kind, value in batch:
             if kind == "opened":
                 fired, enqueued = value
                 try:
-                    self._open(fired, watched)
+                    if paced is not None:
+                        self._open(fired, watched, paced)
                 except Exception as error:  # Sentry's client must never stop the thread.
                     emit(logger, "jobs.checkins.failed", logging.WARNING, **failure_fields(error))
                 ended.extend(_found_present(fired, enqueued, watched))
         ended += [job_id for kind, ids in batch if kind == "ended" for job_id in ids]
-        if ended:
-            self._close(ended, watched)
+        if ended and paced is not None:
+            self._close(ended, watched, paced)
         for kind, value in batch:
             if kind == "flush":
                 value.set()
 
-    def _open(self, fired: Sequence[FiredOccurrence], watched: dict[str, Watched]) -> None:
+    def _open(
+        self, fired: Sequence[FiredOccurrence], watched: dict[str, Watched], paced: _Paced
+    ) -> None:
         for occurrence in fired:
             monitor = watched.get(occurrence.task)
             if monitor is None:
                 continue
-            check_in = check_in_id(occurrence.task, occurrence.occurrence)
-            _capture_checkin(
+            check_in = check_in_id(occurrence.task, occurrence.occurrence, paced.deployment)
+            paced.capture(
                 monitor_slug=monitor.slug,
                 check_in_id=check_in,
                 status="in_progress",
@@ -261,11 +292,15 @@ class CheckIns:
             )
             if not occurrence.jobs:
                 # Nothing to run: the occurrence ended as it fired.
-                _capture_checkin(
-                    monitor_slug=monitor.slug, check_in_id=check_in, status="ok", duration=0.0
+                paced.capture(
+                    monitor_slug=monitor.slug,
+                    check_in_id=check_in,
+                    status="ok",
+                    duration=0.0,
+                    monitor_config=monitor.config,
                 )
 
-    def _close(self, job_ids: list[int], watched: dict[str, Watched]) -> None:
+    def _close(self, job_ids: list[int], watched: dict[str, Watched], paced: _Paced) -> None:
         for attempt in range(1, CLOSE_TRIES + 1):
             try:
                 closed = self.store.close_occurrences(job_ids, tasks=watched)
@@ -284,18 +319,23 @@ class CheckIns:
                     return
                 time.sleep(1.0)
         for row in closed:
-            self._send_closed(row, watched)
+            self._send_closed(row, watched, paced)
 
-    def _send_closed(self, row: ClosedOccurrence, watched: dict[str, Watched]) -> None:
+    def _send_closed(
+        self, row: ClosedOccurrence, watched: dict[str, Watched], paced: _Paced
+    ) -> None:
         monitor = watched.get(row.task)
         if monitor is None:
             return
         try:
-            _capture_checkin(
+            # With the monitor's config, as the ``in_progress`` has: should that one have been
+            # lost, Sentry makes the monitor from this one rather than refusing it.
+            paced.capture(
                 monitor_slug=monitor.slug,
-                check_in_id=check_in_id(row.task, row.occurrence),
+                check_in_id=check_in_id(row.task, row.occurrence, paced.deployment),
                 status=row.status,
                 duration=max((row.finished_at - row.started_at).total_seconds(), 0.0),
+                monitor_config=monitor.config,
             )
         except Exception as error:
             emit(logger, "jobs.checkins.failed", logging.WARNING, **failure_fields(error))

@@ -217,16 +217,16 @@ def check_monitors(
     tasks = registry.tasks()
     messages: list[checks.CheckMessage] = []
     monitored = [t for t in tasks if is_monitored(t.monitor, default=config.sentry_crons)]
-    if monitored and not sentry_installed():
+    unfit = [t.name for t in monitored if t.monitor is None and crontab(t.schedule) is None]
+    if len(monitored) > len(unfit) and not sentry_installed():
         messages.append(
             checks.Warning(
-                f"{len(monitored)} task(s) are Sentry Crons monitors (SENTRY_CRONS or "
-                "monitor=), but sentry-sdk is not installed: no check-in is sent",
+                f"{len(monitored) - len(unfit)} task(s) are Sentry Crons monitors (SENTRY_CRONS "
+                "or monitor=), but sentry-sdk is not installed: no check-in is sent",
                 hint=SENTRY_MISSING_FIX,
                 id="ultimat3_jobs.W011",
             )
         )
-    unfit = [t.name for t in monitored if t.monitor is None and crontab(t.schedule) is None]
     if unfit:
         messages.append(
             checks.Warning(

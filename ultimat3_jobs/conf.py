@@ -127,19 +127,25 @@ class Settings:
     unknown: tuple[str, ...]
 
 
-def _seconds(raw: dict[str, Any], key: str) -> timedelta:
+#: The longest of most durations: inf or 1e308 would overflow the timedelta and every use of it.
+A_YEAR = (366 * 86_400, "a year")
+#: Sentry's bound on a monitor's margin and maximum runtime: 40,320 minutes.
+SENTRY_MINUTES = (40_320 * 60, "28 days, Sentry's bound")
+
+
+def _seconds(raw: dict[str, Any], key: str, at_most: tuple[int, str] = A_YEAR) -> timedelta:
     value = raw[key]
     # A timedelta is held to the same bounds, by its seconds.
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    # A year at most: inf or 1e308 would overflow the timedelta and every use of it.
+    limit, said = at_most
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
-        or not 0 < seconds <= 366 * 86_400
+        or not 0 < seconds <= limit
     ):
         raise ConfigurationError(
             f'ULTIMAT3_JOBS["{key}"] is {value!r}, not a positive number of seconds '
-            "(at most a year)",
+            f"(at most {said})",
             fix=f'set ULTIMAT3_JOBS["{key}"] to a number of seconds, e.g. {DEFAULTS[key]!r}',
             cause=value,
         )
@@ -262,8 +268,8 @@ def get_settings() -> Settings:
         relay_unknown_task_grace=_seconds(raw, "RELAY_UNKNOWN_TASK_GRACE"),
         unknown_job_grace=_seconds(raw, "UNKNOWN_JOB_GRACE"),
         sentry_crons=_flag(raw, "SENTRY_CRONS"),
-        sentry_checkin_margin=_seconds(raw, "SENTRY_CHECKIN_MARGIN"),
-        sentry_max_runtime=_seconds(raw, "SENTRY_MAX_RUNTIME"),
+        sentry_checkin_margin=_seconds(raw, "SENTRY_CHECKIN_MARGIN", SENTRY_MINUTES),
+        sentry_max_runtime=_seconds(raw, "SENTRY_MAX_RUNTIME", SENTRY_MINUTES),
         health_ticks=_positive_int(raw, "HEALTH_TICKS"),
         metrics_job_table=_flag(raw, "METRICS_JOB_TABLE"),
         metrics_per_task=_flag(raw, "METRICS_PER_TASK"),

@@ -37,9 +37,21 @@ SLUG_LIMIT = 50
 _SLUG = re.compile(r"^[a-z0-9_-]+$")
 _NOT_SLUG = re.compile(r"[^a-z0-9_-]+")
 
-#: Check-in ids are uuid5 of ``<task>:<occurrence_ms>`` in this namespace: the scheduler that
-#: opens an occurrence's check-in and the worker that closes it compute the same id.
+#: Check-in ids are uuid5 of ``<deployment>|<task>:<occurrence_ms>`` in this namespace: the
+#: scheduler that opens an occurrence's check-in and the worker that closes it compute the same
+#: id, and another deployment (another Sentry project or environment) another one.
 CHECK_IN_NAMESPACE = uuid.UUID("0b8e2a55-3c59-4f0e-a3c1-7d52c1f4e9b6")
+
+#: What Sentry takes of a monitor's options (beyond them it refuses the monitor's config):
+#: minutes for the two durations, consecutive check-ins for the two thresholds.
+OPTION_LIMITS = {
+    "checkin_margin": 40_320,
+    "max_runtime": 40_320,
+    "failure_issue_threshold": 720,
+    "recovery_threshold": 720,
+}
+#: An owner is a user's e-mail or a team's slug, in Sentry's form.
+OWNER_PREFIXES = ("user:", "team:")
 
 _OPTIONS_FIX = (
     "pass monitor=True, monitor=False, or a dict of Sentry monitor options, e.g. "
@@ -81,10 +93,13 @@ def _option_problem(key: object, value: object) -> str | None:
             return "not a non-empty string"
         if key == "slug" and (len(value) > SLUG_LIMIT or not _SLUG.match(value)):
             return f"a slug is at most {SLUG_LIMIT} of a-z, 0-9, - and _"
+        if key == "owner" and not value.startswith(OWNER_PREFIXES):
+            return 'an owner is "user:<email>" or "team:<slug>"'
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
-        unit = "minutes" if key in MINUTE_OPTIONS else "check-ins"
-        return f"not a positive whole number of {unit}"
+    unit = "minutes" if key in MINUTE_OPTIONS else "check-ins"
+    limit = OPTION_LIMITS[str(key)]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+        return f"not a whole number of {unit} from 1 to {limit:,} (Sentry's bounds)"
     return None
 
 
@@ -111,8 +126,9 @@ def slug(task: str, monitor: Monitor = None) -> str:
         return str(monitor["slug"])
     made = _NOT_SLUG.sub("-", task.lower()).strip("-") or "task"
     # Only the dots of "app.function" made dashes: kept as it reads. A name changed otherwise,
-    # or cut, keeps a digest of itself, so two names never share a monitor.
-    if len(made) <= SLUG_LIMIT and made == task.replace(".", "-"):
+    # or cut, or with dashes of its own ("a-b.c" and "a.b-c" read alike), keeps a digest of
+    # itself, so two names never share a monitor.
+    if len(made) <= SLUG_LIMIT and "-" not in task and made == task.replace(".", "-"):
         return made
     digest = hashlib.sha256(task.encode()).hexdigest()[:8]
     return f"{made[: SLUG_LIMIT - 9].rstrip('-')}-{digest}"
@@ -152,10 +168,14 @@ def monitor_config(
     return config
 
 
-def check_in_id(task: str, occurrence: datetime) -> str:
-    """The check-in id of ``task``'s ``occurrence``: the same from every process."""
+def check_in_id(task: str, occurrence: datetime, deployment: str) -> str:
+    """The check-in id of ``task``'s ``occurrence``: the same from every process of one
+    ``deployment`` (its Sentry DSN and environment, ``checkins.deployment``). Sentry looks a
+    check-in id up across all its projects: one shared by two deployments (staging and
+    production, two projects that both run this app's nightly prune) is refused to the
+    second."""
     ms = int(occurrence.timestamp() * 1000)
-    return uuid.uuid5(CHECK_IN_NAMESPACE, f"{task}:{ms}").hex
+    return uuid.uuid5(CHECK_IN_NAMESPACE, f"{deployment}|{task}:{ms}").hex
 
 
 __all__ = [

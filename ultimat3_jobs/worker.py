@@ -312,13 +312,15 @@ class Worker:
             )
         if recovered.failed:
             instruments.recovered_failed(recovered.failed_jobs)
-            self.checkins.ended((job_id, None) for job_id in recovered.jobs)
             self._tell_lost(recovered.jobs)
         return recovered
 
     def _tell_lost(self, job_ids: Sequence[int]) -> None:
-        """``task_finished`` for the Django Tasks among ``job_ids`` a lost worker's end
-        failed; none without the framework installed (then no such row is ours to run)."""
+        """Jobs a lost worker's end (a dead one's recovery, a drain out of grace, a release of
+        jobs whose outcome was never written) may have failed, out of attempts: their Sentry
+        occurrences close, and ``task_finished`` is sent for the Django Tasks among them (none
+        without the framework installed: then no such row is ours to run)."""
+        self.checkins.ended((job_id, None) for job_id in job_ids)
         try:
             from .backends import finished_lost
         except ImportError:
@@ -961,6 +963,8 @@ class Worker:
             self._lost.difference_update(ran)
         if released:
             emit(logger, "jobs.worker.released", logging.WARNING, unheld=released)
+            if ran:
+                self._tell_lost(ran)
 
     def _keep_pending(self, ended: list[Ended], error: BaseException) -> None:
         """A write failed: its outcomes go back in front, for the next turn to write."""

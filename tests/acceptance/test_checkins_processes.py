@@ -14,9 +14,8 @@ from django.utils import timezone
 
 from testproject.sentry_envelopes import read
 from ultimat3_jobs.models import Job, JobStatus, Occurrence, Task
-from ultimat3_jobs.monitors import check_in_id
 
-from ..sentry_support import by_check_in
+from ..sentry_support import by_check_in, occurrence_check_in
 from .helpers import Process, processes, spawn
 
 __all__ = ["processes"]
@@ -93,7 +92,7 @@ def test_checkins__in_progress_from_the_scheduler_then_ok_or_error_from_the_work
         assert len(fired) >= 3, fired  # run-all: every minute moved back
         monitor = task.replace(".", "-")
         assert by_check_in(envelopes, monitor) == {
-            check_in_id(task, at): ["in_progress", final] for at in fired
+            occurrence_check_in(task, at): ["in_progress", final] for at in fired
         }
     # In one process and closed in another: the check-in id is the occurrence's own.
     pids = {
@@ -125,7 +124,7 @@ def test_checkins__in_progress_from_the_scheduler_then_ok_or_error_from_the_work
     # Skipped for overlap: only the first occurrence of the round fired, the others say nothing.
     [first] = occurrences("acceptance.monitored_overlap")
     assert by_check_in(envelopes, "acceptance-monitored_overlap") == {
-        check_in_id("acceptance.monitored_overlap", first): ["in_progress", "ok"]
+        occurrence_check_in("acceptance.monitored_overlap", first): ["in_progress", "ok"]
     }
     records = Occurrence.objects.filter(task="acceptance.monitored_overlap", outcome="overlap")
     assert records.exists()

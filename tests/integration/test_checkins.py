@@ -3,14 +3,20 @@ worker that ends its last job closes it, once; with a transport that records env
 
 from __future__ import annotations
 
+import gzip
+import http.server
+import json
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+import sentry_sdk
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -21,8 +27,8 @@ from ultimat3_jobs.cron import parse
 from ultimat3_jobs.declarations import job
 from ultimat3_jobs.handles import JobHandle, TaskHandle
 from ultimat3_jobs.leaders import SoleLeader
-from ultimat3_jobs.models import CheckIn, Job, JobStatus
-from ultimat3_jobs.monitors import check_in_id
+from ultimat3_jobs.models import CheckIn, Job, JobStatus, Occurrence
+from ultimat3_jobs.planner import PlannedOccurrence
 from ultimat3_jobs.registry import Registry
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
@@ -30,7 +36,7 @@ from ultimat3_jobs.store import store_for
 from ultimat3_jobs.worker import Worker
 from ultimat3_jobs.zones import resolve_zone
 
-from ..sentry_support import by_check_in, check_ins, envelopes
+from ..sentry_support import by_check_in, check_ins, envelopes, occurrence_check_in
 from .factories import demo_ping
 
 __all__ = ["envelopes"]
@@ -95,6 +101,31 @@ def test_close_occurrences__closes_once_when_the_last_job_has_ended() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("again_ends", ["first", "last"])
+def test_close_occurrences__a_backfill_again_of_a_fired_occurrence_neither_holds_nor_closes_it(
+    again_ends: str,
+) -> None:
+    # `backfill_task --again` added a job to an occurrence the round had fired: ended last, it
+    # was no job whose end closes the occurrence, yet the occurrence waited for it: never closed.
+    store = store_for()
+    scheduled = scheduled_job("m.rerun", AT, JobStatus.RUNNING)
+    Occurrence.objects.create(task="m.rerun", outcome="fired", occurrence=AT, recorded_at=AT)
+    again = scheduled_job("m.rerun", AT, JobStatus.RUNNING, part=2)
+    Job.objects.filter(pk=again.pk).update(
+        enqueued_by="backfill:ops", created_at=AT + timedelta(hours=1)
+    )
+    first, last = (again, scheduled) if again_ends == "first" else (scheduled, again)
+
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.SUCCEEDED, finished_at=AT)
+    closed = store.close_occurrences([first.pk], tasks=["m.rerun"])
+    assert [c.status for c in closed] == ([] if first is again else ["ok"])
+    Job.objects.filter(pk=last.pk).update(status=JobStatus.FAILED, finished_at=AT)
+    closed += store.close_occurrences([last.pk], tasks=["m.rerun"])
+    # Closed once, when the scheduled run's job ended, by that job's outcome alone.
+    assert [c.status for c in closed] == (["error"] if last is scheduled else ["ok"])
+
+
+@pytest.mark.django_db
 def test_close_occurrences__one_failed_job_makes_it_an_error() -> None:
     ok = scheduled_job("m.nightly", AT, JobStatus.SUCCEEDED, part=1)
     failed = scheduled_job("m.nightly", AT, JobStatus.FAILED, part=2)
@@ -144,7 +175,7 @@ def test_checkins__cancelling_the_last_queued_job_in_the_admin_closes_its_occurr
     assert Job.objects.get(pk=queued.pk).status == JobStatus.CANCELLED
     occurrence = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
     assert by_check_in(envelopes, "m-cancelled") == {
-        check_in_id("m.cancelled", occurrence): ["in_progress", "error"]
+        occurrence_check_in("m.cancelled", occurrence): ["in_progress", "error"]
     }
 
 
@@ -251,14 +282,17 @@ def test_checkins__a_round_opens_each_occurrence_and_its_last_job_closes_it(
     assert worker.run() == 0
 
     assert by_check_in(envelopes, "m-fine") == {
-        check_in_id("m.fine", occurrence): ["in_progress", "ok"]
+        occurrence_check_in("m.fine", occurrence): ["in_progress", "ok"]
     }
     assert by_check_in(envelopes, "m-broken") == {
-        check_in_id("m.broken", occurrence): ["in_progress", "error"]
+        occurrence_check_in("m.broken", occurrence): ["in_progress", "error"]
     }
     assert by_check_in(envelopes, "m-unwatched") == {}
     closing = [c for c in check_ins(envelopes) if c["status"] != "in_progress"]
-    assert all(c["duration"] >= 0 and "monitor_config" not in c for c in closing)
+    # Each closing one carries its monitor's config too: its in_progress may have been lost.
+    assert all(
+        c["duration"] >= 0 and c["monitor_config"] == config[c["monitor_slug"]] for c in closing
+    )
     assert set(CheckIn.objects.values_list("task", "status")) == {
         ("m.fine", "ok"),
         ("m.broken", "error"),
@@ -351,7 +385,7 @@ def test_checkins__an_occurrence_a_backfill_enqueued_ahead_closes_when_its_jobs_
     [job] = Job.objects.filter(task="m.ahead")
     assert (job.enqueued_by, job.status) == ("backfill:ops", JobStatus.SUCCEEDED)
     assert by_check_in(envelopes, "m-ahead") == {
-        check_in_id("m.ahead", occurrence): ["in_progress", "ok"]
+        occurrence_check_in("m.ahead", occurrence): ["in_progress", "ok"]
     }
 
 
@@ -402,3 +436,89 @@ def test_check_ins__a_project_that_never_imports_sentry_sdk_does_not_load_it() -
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "[]"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkins__a_job_its_worker_fails_past_the_drain_grace_closes_it_as_an_error(
+    envelopes: Path, fresh_registry: Registry
+) -> None:
+    # Its last attempt given back unfinished by a drain out of grace: the job ended failed,
+    # and its occurrence stayed in progress until Sentry timed it out.
+    @job(name="it.monitored_slow", max_attempts=1)
+    def slow(label: str) -> None:
+        time.sleep(1.5)
+
+    task = monitored("m.slow", [(slow, {"label": "a"})], tz="UTC")
+    clock = FrozenClock(T0)
+    scheduler = sole_scheduler(task, clock)
+    scheduler.tick()
+    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
+    scheduler.tick()
+    [made] = Job.objects.filter(task="m.slow")
+
+    worker = Worker(
+        listen=False,
+        poll_interval=timedelta(seconds=0.05),
+        drain_grace=timedelta(seconds=0.2),
+        drain_on_shutdown=False,
+        checkins=CheckIns(tasks=[task], inline=True),
+    )
+    worker.start()
+    deadline = time.monotonic() + 10
+    while worker.in_flight() != [made.pk] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    worker.stop("test")
+    worker.join(timeout=5)
+
+    assert Job.objects.get(pk=made.pk).status == JobStatus.FAILED
+    occurrence = datetime(2026, 6, 1, 0, 1, tzinfo=UTC)
+    assert by_check_in(envelopes, "m-slow") == {
+        occurrence_check_in("m.slow", occurrence): ["in_progress", "error"]
+    }
+
+
+class _Ingest(http.server.BaseHTTPRequestHandler):
+    """Sentry's envelope endpoint, slow as a remote one: counts the check-ins it is sent."""
+
+    received: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        time.sleep(0.005)
+        for line in body.splitlines():
+            item = json.loads(line) if line.startswith(b"{") else {}
+            if "check_in_id" in item:  # A check-in's payload (its item header has none).
+                self.received.append(item["check_in_id"])
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_checkins__a_round_of_more_than_the_clients_queue_holds_sends_every_check_in() -> None:
+    # The client's transport queue drops what comes past it: past 100 check-ins in one round
+    # (150 hourly tasks), the rest never reached Sentry, their monitors never made.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Ingest.received = []
+    tasks = [monitored(f"m.many{i:03d}", [], tz="UTC") for i in range(60)]
+    fired = [PlannedOccurrence(task.name, AT, False, ()) for task in tasks]
+    sentry_sdk.init(
+        dsn=f"http://public@127.0.0.1:{server.server_address[1]}/1",
+        transport_queue_size=10,
+        _experiments={"transport_compression_level": 9},  # gzip, brotli installed or not
+        default_integrations=False,
+        auto_enabling_integrations=False,
+    )
+    try:
+        CheckIns(tasks=tasks, inline=True).opened(fired)  # An in_progress and an ok each.
+        sentry_sdk.flush(timeout=10)
+    finally:
+        sentry_sdk.get_client().close()
+        sentry_sdk.get_global_scope().set_client(None)
+        server.shutdown()
+        server.server_close()
+    assert len(_Ingest.received) == 2 * len(tasks)

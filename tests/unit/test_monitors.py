@@ -44,11 +44,16 @@ def test_check_monitor__takes_a_flag_or_options(value: object, expected: object)
         pytest.param("yes", "monitor='yes'", id="a_string"),
         pytest.param(1, "monitor=1", id="a_number"),
         pytest.param({"margin": 5}, "not an option of a Sentry monitor", id="unknown_key"),
-        pytest.param({"checkin_margin": 0}, "positive whole number of minutes", id="zero"),
-        pytest.param({"max_runtime": 1.5}, "positive whole number of minutes", id="fraction"),
-        pytest.param({"max_runtime": True}, "positive whole number of minutes", id="a_bool"),
+        pytest.param({"checkin_margin": 0}, "whole number of minutes from 1", id="zero"),
+        pytest.param({"max_runtime": 1.5}, "whole number of minutes from 1", id="fraction"),
+        pytest.param({"max_runtime": True}, "whole number of minutes from 1", id="a_bool"),
         pytest.param({"recovery_threshold": -1}, "of check-ins", id="negative_threshold"),
+        # Sentry's own bounds, past which it refuses the monitor's config.
+        pytest.param({"max_runtime": 40_321}, "from 1 to 40,320", id="runtime_past_sentry"),
+        pytest.param({"checkin_margin": 50_000}, "from 1 to 40,320", id="margin_past_sentry"),
+        pytest.param({"failure_issue_threshold": 721}, "from 1 to 720", id="threshold_past"),
         pytest.param({"owner": ""}, "non-empty string", id="empty_owner"),
+        pytest.param({"owner": "nobody"}, '"user:<email>" or "team:<slug>"', id="owner_form"),
         pytest.param({"slug": "Has Spaces"}, "a slug is at most 50", id="slug_chars"),
         pytest.param({"slug": "x" * 51}, "a slug is at most 50", id="slug_length"),
     ],
@@ -75,11 +80,13 @@ def test_task__monitor_is_checked_at_declaration(fresh_registry: Registry) -> No
         def per_second(occurrence: datetime) -> list[Entry]:
             return []
 
-    @task(cron="0 3 * * *", tz="Europe/Paris", name="unit.nightly_monitor", monitor={"owner": "a"})
+    owner = {"owner": "team:ops"}
+
+    @task(cron="0 3 * * *", tz="Europe/Paris", name="unit.nightly_monitor", monitor=owner)
     def nightly(occurrence: datetime) -> list[Entry]:
         return []
 
-    assert nightly.monitor == {"owner": "a"}
+    assert nightly.monitor == owner
 
 
 @pytest.mark.parametrize(
@@ -119,6 +126,10 @@ def test_slug__a_changed_or_long_name_keeps_a_digest_so_names_never_share_one() 
     assert slug(long_a) != slug(long_b)
     assert all(len(slug(name)) <= 50 for name in (long_a, long_b, "Billing.Nightly"))
     assert slug("anything", {"slug": "pinned"}) == "pinned"
+    # Dashes of a name's own read as its dots do: each such name keeps a digest.
+    alike = ["billing.nightly-run", "billing-nightly.run", "a-b.c", "a.b-c"]
+    assert len({slug(name) for name in alike}) == len(alike)
+    assert slug("a.b.c") == "a-b-c"
 
 
 def test_monitor_config__crontab_zone_and_minutes_from_the_settings() -> None:
@@ -153,7 +164,11 @@ def test_monitor_config__options_override_in_sentrys_units_and_seconds_round_up(
 def test_check_in_id__one_per_occurrence_whoever_computes_it() -> None:
     at = datetime(2026, 6, 1, 3, tzinfo=UTC)
     same = at.astimezone(datetime(2026, 1, 1).astimezone().tzinfo)
-    assert check_in_id("t", at) == check_in_id("t", same)
-    assert len(check_in_id("t", at)) == 32
-    assert check_in_id("t", at) != check_in_id("t", at + timedelta(minutes=1))
-    assert check_in_id("t", at) != check_in_id("u", at)
+    here = "https://key@o1.ingest.sentry.io/1|production"
+    assert check_in_id("t", at, here) == check_in_id("t", same, here)
+    assert len(check_in_id("t", at, here)) == 32
+    assert check_in_id("t", at, here) != check_in_id("t", at + timedelta(minutes=1), here)
+    assert check_in_id("t", at, here) != check_in_id("u", at, here)
+    # Sentry looks ids up across its projects: another project's, another environment's.
+    assert check_in_id("t", at, here) != check_in_id("t", at, "https://key@o1/2|production")
+    assert check_in_id("t", at, here) != check_in_id("t", at, here.replace("production", "staging"))

@@ -586,6 +586,7 @@ class PortableStore:
             occurrence=OuterRef("occurrence"),
             outcome=Outcome.FIRED,
         )
+        # The jobs of the occurrence's scheduled run (``sql.CLOSE_OCCURRENCES``).
         scheduled = Q(enqueued_by="scheduler") | Q(enqueued_by__startswith="backfill:") & Exists(
             fired
         )
@@ -602,7 +603,7 @@ class PortableStore:
             assert occurrence is not None  # Excluded above.
             summary = (
                 self._jobs()
-                .filter(task=task, occurrence=occurrence)
+                .filter(scheduled, task=task, occurrence=occurrence)
                 .aggregate(
                     live=Count("pk", filter=~Q(status__in=FINISHED)),
                     failed=Count("pk", filter=Q(status__in=UNSUCCESSFUL)),

@@ -407,20 +407,26 @@ FOR UPDATE SKIP LOCKED
 #: occurrence's jobs are found through the (task, occurrence) index. A backfill's job counts
 #: once a round fired its occurrence (one the backfill enqueued ahead): that fired record is
 #: recorded after the job was made, found by the task's index from then.
+# A job of the scheduled run of its occurrence: the round's, or a backfill's that the round then
+# found there (made before the occurrence's fired record). A backfill's ``--again`` of an
+# occurrence that fired already is a run of its own: it neither closes the check-in nor holds
+# it open.
+_OF_THE_RUN = f"""(j.enqueued_by = 'scheduler'
+      OR j.enqueued_by LIKE 'backfill:%%' AND EXISTS (
+          SELECT 1 FROM {_OCCURRENCE} AS o
+          WHERE o.task = j.task AND o.recorded_at >= j.created_at
+            AND o.occurrence = j.occurrence AND o.outcome = 'fired'))"""
 CLOSE_OCCURRENCES = f"""
 WITH ended AS (
     SELECT DISTINCT task, occurrence FROM {_JOB} AS j
     WHERE id = ANY(%(ids)s) AND task = ANY(%(tasks)s) AND occurrence IS NOT NULL
-      AND (enqueued_by = 'scheduler'
-           OR enqueued_by LIKE 'backfill:%%' AND EXISTS (
-               SELECT 1 FROM {_OCCURRENCE} AS o
-               WHERE o.task = j.task AND o.recorded_at >= j.created_at
-                 AND o.occurrence = j.occurrence AND o.outcome = 'fired'))
+      AND {_OF_THE_RUN}
 ),
 closed AS (
     SELECT e.task, e.occurrence, bool_or(j.status IN ('failed', 'cancelled')) AS failed,
            min(j.created_at) AS started_at, max(j.finished_at) AS finished_at
     FROM ended AS e JOIN {_JOB} AS j ON j.task = e.task AND j.occurrence = e.occurrence
+    WHERE {_OF_THE_RUN}
     GROUP BY e.task, e.occurrence
     HAVING bool_and(j.status IN ('succeeded', 'failed', 'cancelled'))
 )

@@ -288,3 +288,33 @@ def test_check_scheduled_jobs__runs_each_tasks_function_once_for_every_rule() ->
     assert len(calls) == 1
     [overlap] = [m for m in messages if m.id == "ultimat3_jobs.W007"]
     assert '"checks.counted"' in overlap.msg
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@override_settings(ULTIMAT3_JOBS={"SENTRY_CRONS": True})
+def test_check_monitors__w011_counts_the_monitors_sentry_crons_leaves_out_none_of(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A per-second task under SENTRY_CRONS is no monitor (W012 names it): W011 counted it.
+    from ultimat3_jobs import checkins, task
+    from ultimat3_jobs.checks import check_monitors
+    from ultimat3_jobs.registry import registry
+
+    monkeypatch.setattr(checkins, "sentry_installed", lambda: False)
+
+    @task(cron="* * * * * *", tz="UTC", name="mon.every_second")
+    def every_second(occurrence: datetime) -> list[Entry]:
+        return []
+
+    @task(cron="0 3 * * *", tz="UTC", name="mon.nightly")
+    def nightly(occurrence: datetime) -> list[Entry]:
+        return []
+
+    messages = {m.id: m.msg for m in check_monitors()}
+    assert set(messages) == {"ultimat3_jobs.W011", "ultimat3_jobs.W012"}
+    # As many as would be sent check-ins, were sentry-sdk there.
+    monitors = checkins.watched_tasks(registry.tasks(), get_settings())
+    assert "mon.nightly" in monitors and "mon.every_second" not in monitors
+    said = f"{len(monitors)} task(s) are Sentry Crons monitors"
+    assert messages["ultimat3_jobs.W011"].startswith(said)
+    assert "mon.every_second" in messages["ultimat3_jobs.W012"]

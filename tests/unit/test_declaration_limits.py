@@ -334,6 +334,9 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         # NaN is below no bound: every retry waited RETRY_BACKOFF_MAX.
         {"RETRY_BACKOFF_BASE": float("nan")},
         {"RETRY_BACKOFF_BASE": float("inf")},
+        # Past Sentry's 40,320 minutes, it refuses the monitor's config.
+        {"SENTRY_MAX_RUNTIME": 40_320 * 60 + 1},
+        {"SENTRY_CHECKIN_MARGIN": timedelta(days=30)},
     ],
     ids=[
         "attempts_2_31",
@@ -351,6 +354,8 @@ def test_task__iana_zones_including_links_are_accepted() -> None:
         "lock_key_2_63",
         "backoff_base_nan",
         "backoff_base_inf",
+        "sentry_runtime_past_sentry",
+        "sentry_margin_past_sentry",
     ],
 )
 def test_settings__values_a_column_or_a_timedelta_cannot_hold_are_refused(

@@ -235,7 +235,11 @@ def read_beat_tasks(using: str, *, default_tz: str) -> list[BeatTask]:
                 "option); the relay publishes where Celery routes it"
             )
         if not beat.enabled:
-            beat.notes.append("disabled in beat: pause the task in the admin after deploying")
+            beat.blocked = True  # Declared, it would run from its next occurrence on.
+            beat.notes.append(
+                "disabled in beat: uncomment it to schedule it (declared, it runs from its next "
+                "occurrence)"
+            )
         found.append(beat)
     return found
 

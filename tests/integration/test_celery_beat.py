@@ -199,6 +199,24 @@ def test_celery_beat_tasks__prints_declarations_that_run(
     assert '# NOTE: queue "reports"' in source
 
 
+def test_celery_beat_tasks__a_disabled_row_is_a_commented_out_declaration(
+    beat_tables: None, fresh_registry: Registry
+) -> None:
+    # Declared, with a note to pause it after deploying, it ran from its next occurrence on.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_celery_beat_periodictask (id, name, task, args, kwargs, queue, "
+            "enabled, one_off, crontab_id) VALUES (30, 'paused nightly', 'demo.plain_row', '[]', "
+            "'{}', '', FALSE, FALSE, 1)"
+        )
+    source = converted()
+    exec(compile(source, "beat_tasks.py", "exec"), {})
+    assert fresh_registry.get_task("beat.paused_nightly") is None
+    assert "# @task(cron='0 3 * * *', tz='Europe/Paris', name='beat.paused_nightly')" in source
+    assert "# NOTE: disabled in beat: uncomment it to schedule it" in source
+    assert fresh_registry.get_task("beat.nightly_report") is not None
+
+
 def test_celery_beat_tasks__skip_disabled_leaves_them_out(beat_tables: None) -> None:
     source = converted("--skip-disabled")
     assert "weekday digest" not in source

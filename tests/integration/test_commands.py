@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import io
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.core.management import call_command, get_commands, load_command_class
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 
 from ultimat3_jobs.management.base import JobsCommand
+from ultimat3_jobs.management.preflight import latest_migration
 
 pytestmark = pytest.mark.django_db
 
@@ -73,3 +77,32 @@ def test_role_commands__ready_keeps_an_early_signal_for_the_commands_that_run_a_
         if getattr(load_command_class("ultimat3_jobs", name), "runs_until_signalled", False)
     }
     assert roles == ROLE_COMMANDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_role_commands__a_database_behind_this_release_is_said_at_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Started before `migrate` (a rolling deploy), a role ran on the older schema with nothing
+    # said until something failed on it.
+    latest = latest_migration()
+    assert [("ultimat3_jobs", latest)] == MigrationLoader(None).graph.leaf_nodes("ultimat3_jobs")
+
+    def said() -> list[dict[str, str]]:
+        capsys.readouterr()
+        call_command("run_scheduler", "--once", "--log-format", "json")
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+        return [line for line in lines if line["event"] == "jobs.database-behind"]
+
+    recorded = MigrationRecorder.Migration.objects.filter(app="ultimat3_jobs", name=latest)
+    applied = recorded.get()
+    try:
+        recorded.delete()
+        [behind] = said()
+    finally:
+        applied.save()
+    assert (behind["migration"], behind["fix"]) == (
+        f"ultimat3_jobs.{latest}",
+        "run: python manage.py migrate",
+    )
+    assert said() == []

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+from pathlib import Path
+
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.migrations.recorder import MigrationRecorder
 
 from ultimat3_jobs.errors import UltimateError, UnknownDatabaseError
-from ultimat3_jobs.logs import NOT_MIGRATED_FIX, TIMEOUT_FIX, failure_fields
+from ultimat3_jobs.logs import NOT_MIGRATED_FIX, TIMEOUT_FIX, emit, failure_fields
 from ultimat3_jobs.store import store_for
+
+logger = logging.getLogger("ultimat3_jobs.commands")
 
 
 def require_database(using: str) -> None:
@@ -38,6 +45,38 @@ def require_migrated(using: str) -> None:
         raise CommandError(
             f"the database {using!r} has no {' or '.join(missing)} table "
             f"[jobs.database-not-migrated]\nfix: {not_migrated_fix(using)}"
+        )
+
+
+@functools.cache
+def latest_migration() -> str | None:
+    """The name of this release's last migration of the app (None where its files cannot be
+    listed: an install from a zip)."""
+    folder = Path(__file__).resolve().parents[1] / "migrations"
+    return max((path.stem for path in folder.glob("[0-9][0-9][0-9][0-9]_*.py")), default=None)
+
+
+def warn_if_behind(using: str) -> None:
+    """Say at start when the database lacks this release's last migration of the app. A role
+    runs all the same (a rolling deploy may start it before ``migrate``, and the release
+    before this one's schema may serve), but what fails on the older schema then fails with
+    its reason said. One small read; nothing when it cannot be read."""
+    latest = latest_migration()
+    if latest is None:
+        return
+    recorder = MigrationRecorder(connections[using])
+    try:
+        behind = not recorder.migration_qs.filter(app="ultimat3_jobs", name=latest).exists()
+    except DatabaseError:
+        return
+    if behind:
+        emit(
+            logger,
+            "jobs.database-behind",
+            logging.WARNING,
+            database=using,
+            migration=f"ultimat3_jobs.{latest}",
+            fix=not_migrated_fix(using),
         )
 
 

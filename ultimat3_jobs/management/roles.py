@@ -30,6 +30,7 @@ from ultimat3_jobs.management.preflight import (
     database_error,
     require_migrated,
     unavailable_fix,
+    warn_if_behind,
 )
 from ultimat3_jobs.nodes import new_node_id
 from ultimat3_jobs.scheduler import Scheduler
@@ -142,6 +143,7 @@ def prepare(options: dict[str, Any], *, exporter: bool = True) -> Any:
         # Said at once, as argparse says a bad value: no exporter would listen on it.
         raise CommandError("--metrics-addr needs --metrics-port", returncode=2)
     require_migrated(options["database"])
+    warn_if_behind(options["database"])
     if not exporter or options.get("metrics_port") is None:
         return None
     try:

@@ -215,9 +215,7 @@ def load_task(path: str) -> Task:
 
 def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
     """A ``TaskResult`` of ``job``'s row as loaded (or, started, as its claim made it)."""
-    # Enqueued for later, a row is due after its creation; a claim's record has no due time.
-    run_at = getattr(job, "run_at", None)
-    run_after = run_at if run_at is not None and run_at != job.created_at else task.run_after
+    run_after = _run_after(job) or task.run_after
     if (task.priority, task.queue_name, task.backend, task.run_after) != (
         job.priority,
         job.queue,
@@ -251,6 +249,16 @@ def result_of(job: Job | StartedTask, task: Task, alias: str) -> TaskResult:
     # The framework keeps the value behind a read-only property; a backend sets it.
     object.__setattr__(result, "_return_value", job.return_value)
     return result
+
+
+def _run_after(job: Job | StartedTask) -> datetime | None:
+    """When a row enqueued for later is due, while nothing has moved that time since: not
+    once it was claimed (a retry's backoff moves it) or put off for a worker that knows its
+    task. A claim's record (``StartedTask``) is of a claimed row."""
+    if job.attempts or getattr(job, "target_unknown_since", None) is not None:
+        return None
+    run_at: datetime | None = getattr(job, "run_at", None)
+    return run_at if run_at is not None and run_at != job.created_at else None
 
 
 def _errors(error_class: str, traceback: str) -> list[TaskError]:

@@ -207,6 +207,12 @@ def test_enqueue__run_after_in_the_future_is_not_run_and_burst_still_exits() -> 
     # Read back, the result says when it is due, as the enqueued one did; the other is not.
     assert background.record.get_result(result.id).task.run_after == later.run_after
     assert background.record.get_result(now.id).task.run_after is None
+    # Put off for a worker that knows its task, a row's due time is no longer its run_after.
+    put_off = background.record.enqueue("put off")
+    Job.objects.filter(pk=put_off.id).update(
+        run_at=timezone.now() + timedelta(seconds=5), target_unknown_since=timezone.now()
+    )
+    assert background.record.get_result(put_off.id).task.run_after is None
     assert list(Ping.objects.values_list("label", flat=True)) == ["now"]
 
 

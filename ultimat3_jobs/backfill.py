@@ -370,7 +370,7 @@ def _read(
         wanted = {handle.name: [o.occurrence for o in planned]}
         fired = store.fired_occurrences(wanted).get(handle.name, set())
         if not again:
-            _refuse_forgotten(handle, planned, fired, store.pruned_before())
+            _refuse_forgotten(handle, planned, fired, store.pruned_before(handle.name))
     present = store.ids_of(job.key for o in planned for job in o.jobs)
     return BackfillPlan(
         handle.name, start, end, planned, present, frozenset(fired), clock.now(), again
@@ -397,8 +397,9 @@ def _refuse_forgotten(
     raise BackfillHistoryPrunedError(
         f'{len(forgotten)} occurrence(s) of task "{handle.name}", from '
         f"{forgotten[0].astimezone(zone).isoformat()} to "
-        f"{forgotten[-1].astimezone(zone).isoformat()}, are older than what a prune deleted "
-        f"({cutoff.astimezone(zone).isoformat()}): whether they fired can no longer be told",
+        f"{forgotten[-1].astimezone(zone).isoformat()}, are older than a prune's cutoff "
+        f"({cutoff.astimezone(zone).isoformat()}), and the task was seen before it: whether "
+        "they fired can no longer be told",
         fix='pass --again (in the admin: tick "Fire already fired occurrences again") to '
         "enqueue them whether they fired or not, or start the range at "
         f"{cutoff.astimezone(zone).isoformat()} or later",

@@ -58,7 +58,7 @@ def prune(
         cutoff, batch_size=batch_size, dry_run=dry_run, progress=progress
     )
     result = Pruned(jobs=jobs, occurrences=occurrences, nodes=nodes, cutoff=cutoff)
-    if not dry_run:
+    if not dry_run and (jobs or occurrences):
         # What fired before the cutoff may have left no trace: a backfill asks (``pruned_before``).
         detail = f"deleted {jobs} finished job(s), {occurrences} record(s), {nodes} node(s)"
         store.insert_record(history.pruned(cutoff, at=at, detail=detail))

@@ -708,6 +708,8 @@ def _fired_and_pruned(frozen: FrozenClock, handle: TaskHandle | None = None) -> 
     frozen.set(at("2026-05-05T12:00Z"))
     backfill.run(handle, at("2026-05-01T00:00Z"), at("2026-05-05T23:00Z"), user="o", via="t")
     Job.objects.update(status="succeeded", finished_at=frozen())
+    # First seen then, on this clock (the column takes the wall clock's now).
+    Task.objects.filter(name=handle.name).update(first_seen_at=frozen())
     frozen.set(NOW)
     pruned = prune(older_than=timedelta(days=14))
     assert (pruned.jobs, Job.objects.count()) == (5, 0)
@@ -745,6 +747,10 @@ def test_run__occurrences_after_a_prunes_cutoff_or_never_pruned_are_not_refused(
     _fired_and_pruned(frozen, handle)
     # After the cutoff (27 May), what did not fire is known not to have fired.
     done = backfill.run(handle, at("2026-06-01T00:00Z"), at("2026-06-02T23:00Z"), user="o", via="t")
+    assert done.created == 2
+    # A task first seen after the cutoff had nothing that old to prune: its May is its own.
+    newer = daily("bf.newer")
+    done = backfill.run(newer, at("2026-05-01T00:00Z"), at("2026-05-02T23:00Z"), user="o", via="t")
     assert done.created == 2
 
 

@@ -633,18 +633,51 @@ def test_prune__deletes_finished_jobs_and_records_past_retention_only() -> None:
     record = Occurrence.objects.get(outcome="pruned")
     assert (record.task, record.occurrence) == ("ultimat3_jobs.prune", result.cutoff)
     assert record.detail == "deleted 3 finished job(s), 1 record(s), 1 node(s)"
-    assert store_for().pruned_before() == result.cutoff
+    # Before that cutoff, what a task seen by then fired may have left no trace.
+    _task_seen("old.task", days_ago=30)
+    _task_seen("new.task", days_ago=1)
+    assert store_for().pruned_before("old.task") == result.cutoff
+    assert store_for().pruned_before("new.task") is None  # Nothing of it was that old.
+    assert store_for().pruned_before("never.seen") is None
+
+
+def _task_seen(name: str, *, days_ago: int) -> None:
+    seen = timezone.now() - timedelta(days=days_ago)
+    Task.objects.create(name=name, cron="0 3 * * *", tz="UTC")
+    Task.objects.filter(name=name).update(first_seen_at=seen)  # Past the field's auto_now_add.
+
+
+def _old_record(days_ago: float) -> None:
+    when = timezone.now() - timedelta(days=days_ago)
+    Occurrence.objects.create(task="t", outcome="dropped", occurrence=when, recorded_at=when)
 
 
 @pytest.mark.django_db
-def test_prune__the_latest_cutoff_on_record_is_the_latest_in_time() -> None:
+def test_prune__the_latest_cutoff_is_the_latest_in_time_and_a_prune_of_nothing_is_not_one() -> None:
+    _task_seen("t", days_ago=60)
+    assert prune(older_than=timedelta(days=14)).occurrences == 0
+    assert not Occurrence.objects.filter(outcome="pruned").exists()  # It deleted nothing.
+    assert store_for().pruned_before("t") is None
+
     # A prune of one day, then the nightly one of fourteen: history before the first cutoff
     # may be gone, whatever the later one deleted.
-    assert store_for().pruned_before() is None
+    _old_record(2)
     shorter = prune(older_than=timedelta(days=1))
+    _old_record(20)
     prune(older_than=timedelta(days=14))
-    assert store_for().pruned_before() == shorter.cutoff
-    assert not prune(older_than=timedelta(days=1), dry_run=True).occurrences  # Both are kept.
+    assert Occurrence.objects.filter(outcome="pruned").count() == 2
+    assert store_for().pruned_before("t") == shorter.cutoff
+
+
+@pytest.mark.django_db
+def test_prune__a_nightly_prune_job_of_the_release_before_counts_by_its_row() -> None:
+    # The release before this one recorded no prune: its job row says when and how far back.
+    _task_seen("t", days_ago=60)
+    finished = timezone.now() - timedelta(hours=3)
+    for data in ({}, {"days": 3}):
+        job = make_job("ultimat3_jobs.prune", data=data, status=JobStatus.SUCCEEDED)
+        Job.objects.filter(pk=job.pk).update(finished_at=finished)
+    assert store_for().pruned_before("t") == finished - timedelta(days=3)
 
 
 @pytest.mark.django_db

@@ -451,9 +451,11 @@ class JobStore(Protocol):
         """One record (``history.manual``, ``history.backfill``), returned saved."""
         ...
 
-    def pruned_before(self) -> datetime | None:
-        """The latest cutoff a prune recorded (``history.pruned``): what fired before it may
-        have left no trace. None if no prune is on record."""
+    def pruned_before(self, task: str) -> datetime | None:
+        """The latest cutoff of a prune (one recorded, ``history.pruned``, or one the nightly
+        prune job of the release before this one ran, which recorded nothing) before which
+        what ``task`` fired may have left no trace; None if there is none, or if the task was
+        first seen after it (nothing of it was older than the cutoff)."""
         ...
 
     # -- the task table: declarations and watermarks ---------------------------------------------

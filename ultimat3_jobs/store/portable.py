@@ -38,7 +38,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Concat, Greatest, Now
 
 from .. import clock, history, tracing
-from ..conf import get_settings
+from ..conf import MAX_RETENTION_DAYS, get_settings
 from ..errors import ResultUnstorableError, TaskSyncError, WorkerLostError, class_path
 from ..inputs import check_key, check_run_at, occurrence_prefix, relayed_result
 from ..models import CheckIn, Job, JobStatus, Node, Occurrence, Outcome, Task
@@ -85,6 +85,9 @@ RECOVER_BATCH = 1000
 EVERY_TASK_FROM = 500
 #: Task rows a sync reads at a time (``_every_declaration``).
 DECLARATIONS_READ = 20_000
+
+#: The latest prune jobs ``pruned_before`` reads, of those still in the table.
+PRUNE_JOBS_READ = 30
 
 # Where ``_declarations`` puts each column after the name and the declaration.
 DECLARED_AT = 1 + len(DECLARED)
@@ -897,12 +900,28 @@ class PortableStore:
     def insert_record(self, row: dict[str, Any]) -> Occurrence:
         return Occurrence.objects.using(self.using).create(**row)
 
-    def pruned_before(self) -> datetime | None:
+    def pruned_before(self, task: str) -> datetime | None:
+        first_seen = self._tasks().filter(name=task).values_list("first_seen_at", flat=True)
+        seen = first_seen.first()
+        if seen is None:
+            return None  # No row: neither a round nor a backfill ever wrote of it.
         prunes = Occurrence.objects.using(self.using).filter(
             task=history.PRUNE_TASK, outcome=Outcome.PRUNED
         )
-        latest: datetime | None = prunes.aggregate(cutoff=Max("occurrence"))["cutoff"]
-        return latest
+        cutoffs = [prunes.aggregate(cutoff=Max("occurrence"))["cutoff"]]
+        # A prune job's row says when it ran, its input how far back (its recent rows: a
+        # prune deletes the older ones with the rest).
+        jobs = self._jobs().filter(name=history.PRUNE_TASK, status=JobStatus.SUCCEEDED)
+        default = get_settings().retention_days
+        for finished, data in jobs.order_by("-finished_at").values_list("finished_at", "input")[
+            :PRUNE_JOBS_READ
+        ]:
+            days = data.get("days") if isinstance(data, dict) else None
+            if finished is not None:
+                kept = days if isinstance(days, int) and 0 < days <= MAX_RETENTION_DAYS else default
+                cutoffs.append(finished - timedelta(days=kept))
+        cutoff = max((at for at in cutoffs if at is not None), default=None)
+        return cutoff if cutoff is not None and seen < cutoff else None
 
     # -- the task table ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import queue
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from .conf import Settings, get_settings
+from .errors import SentryBehindError
 from .lifecycle import DATABASE_ERRORS
 from .logs import emit, failure_fields
 from .monitors import check_in_id, is_monitored, monitor_config, slug
@@ -46,6 +48,9 @@ logger = logging.getLogger("ultimat3_jobs.checkins")
 CLOSE_TRIES = 3
 #: Seconds ``close()`` waits for what is queued to be sent.
 CLOSE_TIMEOUT = 5.0
+#: Seconds the thread waits at most for the Sentry client's queue to drain before it hands
+#: over more (``_Paced``); a Sentry that takes longer is behind, and check-ins are lost.
+PACE_TIMEOUT = 30.0
 
 
 def _found_present(
@@ -92,20 +97,33 @@ def _capture_checkin(**fields: Any) -> None:
 
 
 class _Paced:
-    """Check-ins handed to the Sentry client at the pace its transport takes them: its queue
-    holds ``transport_queue_size`` items (100 by default) and drops what comes past it, so
-    after half of that the sender waits for the queue to drain. From the check-ins thread
-    alone: neither a round nor a job waits."""
+    """Check-ins handed to ``client`` at the pace its transport takes them: its queue holds
+    ``transport_queue_size`` items (100 by default) and drops what comes past it, so after
+    each half of that, counted over every batch the thread sends, the sender waits for the
+    queue to drain, up to ``PACE_TIMEOUT``. From the check-ins thread alone: neither a round
+    nor a job waits."""
 
-    def __init__(self) -> None:
-        options = _sentry().get_client().options
-        self.every = max(1, int(options.get("transport_queue_size") or 100) // 2)
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.every = max(1, int(client.options.get("transport_queue_size") or 100) // 2)
         self.deployment = deployment()
         self.sent = 0
+        #: This batch found Sentry behind: it waits no more, what the client drops is lost.
+        self.behind = False
 
     def capture(self, **fields: Any) -> None:
-        if self.sent and self.sent % self.every == 0:
-            _sentry().flush(timeout=CLOSE_TIMEOUT)
+        if self.sent and self.sent % self.every == 0 and not self.behind:
+            began = time.monotonic()
+            _sentry().flush(timeout=PACE_TIMEOUT)
+            if time.monotonic() - began >= PACE_TIMEOUT:
+                self.behind = True
+                behind = SentryBehindError(
+                    f"Sentry took more than {PACE_TIMEOUT:g} s for {self.every} check-ins: "
+                    "the client drops what its queue cannot hold",
+                    fix="check the Sentry host's reach and latency from this one, or raise "
+                    "the client's transport_queue_size",
+                )
+                emit(logger, "jobs.checkins.failed", logging.WARNING, **failure_fields(behind))
         _capture_checkin(**fields)
         self.sent += 1
 
@@ -124,7 +142,7 @@ def watched_tasks(tasks: Iterable[TaskHandle], config: Settings) -> dict[str, Wa
     A task Sentry cannot follow (more than one run a minute) is left out under
     ``SENTRY_CRONS``; ``manage.py check`` names it (``W012``).
     """
-    watched = {}
+    configs: dict[str, tuple[str, dict[str, Any]]] = {}
     for handle in tasks:
         if not is_monitored(handle.monitor, default=config.sentry_crons):
             continue
@@ -136,7 +154,15 @@ def watched_tasks(tasks: Iterable[TaskHandle], config: Settings) -> dict[str, Wa
             max_runtime=config.sentry_max_runtime,
         )
         if made is not None:
-            watched[handle.name] = Watched(slug(handle.name, handle.monitor), made)
+            configs[handle.name] = (slug(handle.name, handle.monitor), made)
+    shared = Counter(made_slug for made_slug, _ in configs.values())
+    watched = {}
+    for name, (made_slug, made) in configs.items():
+        if shared[made_slug] > 1 and "-" in name and made_slug == slug(name):
+            # Its own dashes read as another's dots: a digest keeps the two monitors apart,
+            # and a name without dashes keeps its slug.
+            made_slug = slug(name, alike=True)
+        watched[name] = Watched(made_slug, made)
     return watched
 
 
@@ -164,6 +190,7 @@ class CheckIns:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._paced: _Paced | None = None
 
     @property
     def store(self) -> JobStore:
@@ -256,9 +283,19 @@ class CheckIns:
         finally:
             connections.close_all()
 
+    def _pacer(self) -> _Paced | None:
+        """The pace of this thread's check-ins for the client set up now, if one is."""
+        if not sending():
+            return None
+        client = _sentry().get_client()
+        if self._paced is None or self._paced.client is not client:
+            self._paced = _Paced(client)
+        self._paced.behind = False
+        return self._paced
+
     def _send(self, batch: list[tuple[str, Any]]) -> None:
         watched = self.watched()
-        paced = _Paced() if sending() else None
+        paced = self._pacer()
         ended: list[int] = []
         for kind, value in batch:
             if kind == "opened":

@@ -195,6 +195,13 @@ class BackfillHistoryPrunedError(UltimateError):
     code = "jobs.backfill.history-pruned"
 
 
+class SentryBehindError(UltimateError):
+    """Sentry took longer than ``checkins.PACE_TIMEOUT`` to take the check-ins handed over:
+    the client drops what its queue cannot hold."""
+
+    code = "jobs.checkins.sentry-behind"
+
+
 class TaskEntriesError(UltimateError):
     """A task's function raised, or returned something that is not a list of (job, input)."""
 

@@ -116,19 +116,19 @@ def crontab(schedule: CronSchedule) -> str | None:
     return " ".join(fields[1:]) if fields[0].isdigit() else None
 
 
-def slug(task: str, monitor: Monitor = None) -> str:
+def slug(task: str, monitor: Monitor = None, *, alike: bool = False) -> str:
     """The monitor's slug: ``monitor={"slug": ...}``, else the task name made a slug.
 
     A name that has to be shortened keeps a digest of itself at the end, so two long names
-    that share their first 40 characters stay two monitors.
+    that share their first 40 characters stay two monitors; so does one that reads ``alike``
+    another task's (its own dashes read as their dots: "a-b.c" and "a.b-c").
     """
     if isinstance(monitor, dict) and monitor.get("slug"):
         return str(monitor["slug"])
     made = _NOT_SLUG.sub("-", task.lower()).strip("-") or "task"
     # Only the dots of "app.function" made dashes: kept as it reads. A name changed otherwise,
-    # or cut, or with dashes of its own ("a-b.c" and "a.b-c" read alike), keeps a digest of
-    # itself, so two names never share a monitor.
-    if len(made) <= SLUG_LIMIT and "-" not in task and made == task.replace(".", "-"):
+    # or cut, keeps a digest of itself, so two names never share a monitor.
+    if len(made) <= SLUG_LIMIT and made == task.replace(".", "-") and not alike:
         return made
     digest = hashlib.sha256(task.encode()).hexdigest()[:8]
     return f"{made[: SLUG_LIMIT - 9].rstrip('-')}-{digest}"

@@ -219,6 +219,18 @@ def test_watched_tasks__the_option_else_the_setting_and_only_what_sentry_can_fol
     assert watched["m.on"].config["timezone"] == "Europe/Paris"
 
 
+def test_watched_tasks__names_whose_dashes_read_alike_another_keep_monitors_apart() -> None:
+    # "billing-nightly.run" and "billing.nightly-run" were both the monitor "billing-nightly-
+    # run", each task's in_progress rewriting the other's schedule.
+    alike = ["billing-nightly.run", "billing.nightly-run", "a.b.c", "a-b.c", "a.b-c"]
+    tasks = [monitored(name, []) for name in [*alike, "solo-task.run"]]
+    watched = watched_tasks(tasks, get_settings())
+    slugs = [watched[name].slug for name in alike]
+    assert len(set(slugs)) == len(alike)
+    assert watched["a.b.c"].slug == "a-b-c"  # Without dashes of its own, as it reads.
+    assert watched["solo-task.run"].slug == "solo-task-run"  # Alike no other: unchanged.
+
+
 # -- a round and a worker, in one process ---------------------------------------------------------
 
 
@@ -486,7 +498,7 @@ class _Ingest(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
-        time.sleep(0.005)
+        time.sleep(0.02)  # As a remote Sentry answers.
         for line in body.splitlines():
             item = json.loads(line) if line.startswith(b"{") else {}
             if "check_in_id" in item:  # A check-in's payload (its item header has none).
@@ -498,14 +510,13 @@ class _Ingest(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_checkins__a_round_of_more_than_the_clients_queue_holds_sends_every_check_in() -> None:
-    # The client's transport queue drops what comes past it: past 100 check-ins in one round
-    # (150 hourly tasks), the rest never reached Sentry, their monitors never made.
+@pytest.fixture
+def slow_ingest() -> Iterator[str]:
+    """A Sentry client whose transport queue holds 10 check-ins, sending over HTTP to an
+    ``_Ingest`` on this host; ``_Ingest.received`` holds what reached it."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Ingest.received = []
-    tasks = [monitored(f"m.many{i:03d}", [], tz="UTC") for i in range(60)]
-    fired = [PlannedOccurrence(task.name, AT, False, ()) for task in tasks]
     sentry_sdk.init(
         dsn=f"http://public@127.0.0.1:{server.server_address[1]}/1",
         transport_queue_size=10,
@@ -514,11 +525,33 @@ def test_checkins__a_round_of_more_than_the_clients_queue_holds_sends_every_chec
         auto_enabling_integrations=False,
     )
     try:
-        CheckIns(tasks=tasks, inline=True).opened(fired)  # An in_progress and an ok each.
-        sentry_sdk.flush(timeout=10)
+        yield "received"
     finally:
         sentry_sdk.get_client().close()
         sentry_sdk.get_global_scope().set_client(None)
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.usefixtures("slow_ingest")
+def test_checkins__a_round_of_more_than_the_clients_queue_holds_sends_every_check_in() -> None:
+    # The client's transport queue drops what comes past it: past 100 check-ins in one round
+    # (150 hourly tasks), the rest never reached Sentry, their monitors never made.
+    tasks = [monitored(f"m.many{i:03d}", [], tz="UTC") for i in range(60)]
+    fired = [PlannedOccurrence(task.name, AT, False, ()) for task in tasks]
+    CheckIns(tasks=tasks, inline=True).opened(fired)  # An in_progress and an ok each.
+    sentry_sdk.flush(timeout=10)
     assert len(_Ingest.received) == 2 * len(tasks)
+
+
+@pytest.mark.usefixtures("slow_ingest")
+def test_checkins__many_small_batches_are_paced_as_one_stream() -> None:
+    # Paced batch by batch, each shorter than the pace, none ever waited: rounds of a few
+    # monitored occurrences each, one after the other, filled the client's queue all the same.
+    tasks = [monitored(f"m.few{i}", [], tz="UTC") for i in range(2)]
+    checkins = CheckIns(tasks=tasks, inline=True)
+    for minute in range(15):
+        at = AT + timedelta(minutes=minute)
+        checkins.opened([PlannedOccurrence(task.name, at, False, ()) for task in tasks])
+    sentry_sdk.flush(timeout=10)
+    assert len(_Ingest.received) == 4 * 15

@@ -93,7 +93,9 @@ def _option_problem(key: object, value: object) -> str | None:
             return "not a non-empty string"
         if key == "slug" and (len(value) > SLUG_LIMIT or not _SLUG.match(value)):
             return f"a slug is at most {SLUG_LIMIT} of a-z, 0-9, - and _"
-        if key == "owner" and not value.startswith(OWNER_PREFIXES):
+        if key == "owner" and not (
+            value.startswith(OWNER_PREFIXES) and value.partition(":")[2].strip()
+        ):
             return 'an owner is "user:<email>" or "team:<slug>"'
         return None
     unit = "minutes" if key in MINUTE_OPTIONS else "check-ins"

@@ -54,6 +54,7 @@ def test_check_monitor__takes_a_flag_or_options(value: object, expected: object)
         pytest.param({"failure_issue_threshold": 721}, "from 1 to 720", id="threshold_past"),
         pytest.param({"owner": ""}, "non-empty string", id="empty_owner"),
         pytest.param({"owner": "nobody"}, '"user:<email>" or "team:<slug>"', id="owner_form"),
+        pytest.param({"owner": "user:"}, '"user:<email>" or "team:<slug>"', id="owner_empty"),
         pytest.param({"slug": "Has Spaces"}, "a slug is at most 50", id="slug_chars"),
         pytest.param({"slug": "x" * 51}, "a slug is at most 50", id="slug_length"),
     ],

@@ -19,6 +19,7 @@ from ultimat3_jobs.state import DatabaseState
 from ultimat3_jobs.store import TaskState
 from ultimat3_jobs.store import portable as portable_store
 from ultimat3_jobs.store import postgres as postgres_store
+from ultimat3_jobs.store.portable import DECLARATIONS_UPDATED
 
 from .factories import make_tasks
 
@@ -419,6 +420,35 @@ def test_sync__a_changed_declaration_keeps_its_watermark_unless_its_schedule_mov
     )
 
 
+@pytest.mark.django_db(transaction=True)
+def test_sync__changed_declarations_go_in_by_statements_that_do_not_grow_with_them() -> None:
+    # A deploy that changed every declaration: Django's bulk_update wrote one CASE branch per
+    # row for each column, a statement PostgreSQL spent ten minutes on at 10,000 tasks.
+    state = DatabaseState(node_id="n", leader="sole")
+    state.sync(make_tasks(300, prefix="mass"))
+    Task.objects.filter(name__startswith="mass.").update(last_fired_at=T0)
+    kept = make_tasks(150, catch_up="run-all", prefix="mass")  # the same instants: kept
+    moved = make_tasks(300, cron="0 3 * * *", prefix="mass")[150:]  # another cron: re-armed
+    with CaptureQueriesContext(connection) as queries:
+        assert state.sync([*kept, *moved]).refused == {}
+    writes = [q["sql"] for q in queries if q["sql"].lstrip().startswith("UPDATE")]
+    rows = {row.name: row for row in Task.objects.filter(name__startswith="mass.")}
+    assert all(rows[t.name].catch_up == "run-all" for t in kept)
+    assert all(rows[t.name].last_fired_at == T0 for t in kept)
+    assert all(
+        (rows[t.name].cron, rows[t.name].last_fired_at) == ("0 3 * * *", None) for t in moved
+    )
+    assert all(row.declared and row.jobs == ["demo.ping"] for row in rows.values())
+    # One statement on PostgreSQL; elsewhere, one per values written, each of a bounded size.
+    if connection.vendor == "postgresql":
+        [write] = writes
+        assert '"id" = ' not in write  # No branch per row: a join on the name.
+    else:
+        # One per set of rows taking the same values (the kept, the re-armed).
+        rows_each = [sql.count("'mass.") for sql in writes]
+        assert sorted(rows_each) == [150, 150] and max(rows_each) <= DECLARATIONS_UPDATED
+
+
 @pytest.mark.django_db
 def test_sync__a_task_declared_again_after_it_was_removed_fires_nothing_of_the_time_between() -> (
     None
@@ -541,8 +571,8 @@ def test_sync__reads_the_rows_a_slice_at_a_time_keeping_each_state_under_its_han
 
     monkeypatch.setattr(portable_store, "declared", comparing)
     synced = state.sync(declared)
-    # Every row compared as read, then the changed declaration's rewrite once it is done.
-    assert cursors_open == [1 if server_side else 0] * len(declared) + [0]
+    # Every row compared as read (the changed declaration is rewritten once it is done).
+    assert cursors_open == [1 if server_side else 0] * len(declared)
     assert synced.states == state.load()
     assert synced.states["slice.00002"] == TaskState(T0, paused=True)
     assert Task.objects.get(name="slice.00000").cron == "0 3 * * *"

@@ -86,6 +86,10 @@ EVERY_TASK_FROM = 500
 #: Task rows a sync reads at a time (``_every_declaration``).
 DECLARATIONS_READ = 20_000
 
+#: Task rows a sync's ``UPDATE`` names at most (``_update_declarations``): below the bound
+#: on parameters of the oldest SQLite.
+DECLARATIONS_UPDATED = 500
+
 #: The latest prune jobs ``pruned_before`` reads, of those still in the table.
 PRUNE_JOBS_READ = 30
 
@@ -1001,21 +1005,28 @@ class PortableStore:
         if new:
             self._insert_tasks(new)
         if changed:
-            query = self._tasks().order_by()
-            current = list(query.filter(name__in=[handle.name for handle in changed]))
-            by_name = {handle.name: handle for handle in changed}
-            at = clock.now()
-            for task in current:
-                handle = by_name[task.name]
-                for key, value in zip(DECLARED, declared(handle), strict=True):
-                    setattr(task, key, value)
-                task.declared = True
-                task.jobs = job_names(handle, at)
-                if task.name in rearmed:
-                    task.last_fired_at = None
-            fields = [*DECLARED, "jobs", "declared"]
-            query.bulk_update(current, [*fields, "last_fired_at"] if rearmed else fields)
+            self._update_declarations(changed, rearmed)
         return _SyncRead(states, gone, bool(new))
+
+    def _update_declarations(self, changed: list[TaskHandle], rearmed: set[str]) -> None:
+        """Write what ``changed`` declare now on their rows, and clear the watermarks of those
+        ``rearmed``: one ``UPDATE`` for the rows that take the same values, up to
+        ``DECLARATIONS_UPDATED`` names each (a deploy that moves every task to one cron is a
+        few statements). Not ``bulk_update``: its ``CASE`` has a branch per row for each
+        column, a statement that grows with the square of the rows."""
+        at = clock.now()
+        alike: dict[tuple[Any, ...], list[str]] = {}
+        for handle in changed:
+            made = (declared(handle), tuple(job_names(handle, at)), handle.name in rearmed)
+            alike.setdefault(made, []).append(handle.name)
+        query = self._tasks().order_by()
+        for (values, jobs, rearm), names in alike.items():
+            fields: dict[str, Any] = {**dict(zip(DECLARED, values, strict=True))}
+            fields.update(jobs=list(jobs), declared=True)
+            if rearm:
+                fields["last_fired_at"] = None
+            for start in range(0, len(names), DECLARATIONS_UPDATED):
+                query.filter(name__in=names[start : start + DECLARATIONS_UPDATED]).update(**fields)
 
     def _every_declaration(self, expected: int) -> Iterable[Sequence[Any]]:
         """Every task row as ``_declarations`` reads them, a slice at a time (``expected``:

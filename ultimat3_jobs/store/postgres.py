@@ -356,6 +356,22 @@ class PostgresStore(PortableStore):
         # As ``TASK_DECLARATIONS`` reads the watermark: as ``TASK_STATES`` does.
         return instants_from_microseconds()
 
+    def _update_declarations(self, changed: list[TaskHandle], rearmed: set[str]) -> None:
+        """One statement (``sql.UPDATE_DECLARATIONS``): ``bulk_update``'s ``CASE`` per column
+        grows with the square of the rows, minutes at 10,000 changed tasks."""
+        at = clock.now()
+        rows = [
+            {
+                "name": handle.name,
+                **declaration(handle),
+                "jobs": job_names(handle, at),
+                "rearm": handle.name in rearmed,
+            }
+            for handle in changed
+        ]
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql.UPDATE_DECLARATIONS, [dumps(rows)])
+
     def _insert_tasks(self, handles: Sequence[TaskHandle]) -> None:
         # One COPY, in a savepoint: it takes new tasks far faster than INSERT from JSON
         # (README, "Figures"). COPY cannot leave a row alone, so a name another node

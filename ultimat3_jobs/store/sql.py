@@ -110,6 +110,19 @@ LOCK_TASK = f"""
 SELECT last_fired_at, paused, backfilled_to FROM {_TASK} WHERE name = %s FOR UPDATE
 """
 
+#: What tasks declare now, written on their rows in one statement (a sync's changed tasks):
+#: a join on the name, whatever their number. ``rearm`` clears the watermark.
+UPDATE_DECLARATIONS = f"""
+UPDATE {_TASK} AS t
+SET cron = v.cron, tz = v.tz, catch_up = v.catch_up, max_catch_up = v.max_catch_up,
+    overlap = v.overlap, jobs = v.jobs, declared = TRUE,
+    last_fired_at = CASE WHEN v.rearm THEN NULL ELSE t.last_fired_at END
+FROM jsonb_to_recordset(%s::jsonb) AS v(name text, cron text, tz text, catch_up text,
+                                         max_catch_up integer, overlap text, jobs jsonb,
+                                         rearm boolean)
+WHERE t.name = v.name
+"""
+
 #: Watermarks set without a comparison, on rows the round's compare-and-set has locked.
 SET_WATERMARKS = f"""
 UPDATE {_TASK} AS t SET last_fired_at = v.watermark

@@ -33,7 +33,7 @@ from .humanize import duration
 from .models import Node
 from .nodes import DRAINING
 from .retries import MAX_LOOP_BACKOFF
-from .status import START_FIX, leadership_held
+from .status import START_FIX, leadership_held, round_on_database_clock
 
 if TYPE_CHECKING:
     from .nodes import Heartbeat
@@ -269,12 +269,13 @@ def _scheduler_from_nodes(
             "scheduler", False, False, f"leader {_node_name(gone)}: {lost}", LEADER_FIX
         )
     name = _node_name(leader)
-    if leader.last_round_at is None or now - leader.last_round_at > window:
-        ago = "never" if leader.last_round_at is None else duration(now - leader.last_round_at)
+    round_at = round_on_database_clock(leader)
+    if round_at is None or now - round_at > window:
+        ago = "never" if round_at is None else duration(now - round_at)
         return RoleHealth(
             "scheduler", False, False, f"leader {name}: last round {ago} ago", LEADER_FIX
         )
-    age = (now - leader.last_round_at).total_seconds()
+    age = (now - round_at).total_seconds()
     return RoleHealth("scheduler", True, True, f"leader {name}, last round {_seconds(age)} ago")
 
 

@@ -92,7 +92,7 @@ def overview(now: datetime | None = None, using: str | None = None) -> dict[str,
     """Everything ``jobs_status`` prints, as JSON-friendly data (datetimes left as datetimes)."""
     now = now or clock.now()
     using = using or app_database()
-    status = scheduler_status(now, using)
+    status = scheduler_status(using=using)  # On the database's clock, as its rows are.
 
     by_status = {value: 0 for value in JobStatus.values}
     by_queue: dict[str, dict[str, int]] = {}

@@ -11,9 +11,8 @@ from datetime import datetime, timedelta
 
 from django.db import connections
 
-from . import clock
 from .conf import Settings, get_settings
-from .db import app_database
+from .db import app_database, database_now
 from .humanize import duration
 from .leaders import LEADER_APPLICATION, leader_application
 from .models import Lease, Node
@@ -109,16 +108,26 @@ def _skew_text(skew_ms: int) -> str:
     return f"{abs(skew_ms) / 1000:.1f} s {side}"
 
 
+def round_on_database_clock(node: Node) -> datetime | None:
+    """When ``node``'s last round ran, by the database's clock: a round keeps the instant it
+    planned from, on its node's clock, and its heartbeat the skew it measured then. Judged
+    against the database's now as it is, a leader 20 s behind read as silent for 20 s more."""
+    if node.last_round_at is None:
+        return None
+    return node.last_round_at - timedelta(milliseconds=node.clock_skew_ms or 0)
+
+
 def scheduler_status(now: datetime | None = None, using: str | None = None) -> SchedulerStatus:
-    """The scheduler's status at ``now`` (default: the app clock), from one read of ``Node``.
+    """The scheduler's status at ``now`` (default: the database's clock, which every heartbeat
+    and lease is written with, not the viewer's), from one read of ``Node``.
 
     A node counts as live when it has not stopped and was seen within the stale-round
     threshold (or three heartbeats, whichever is longer); a crashed node keeps its row, and
     its old ``is_leader`` must not pass for a leader.
     """
     config = get_settings()
-    now = now or clock.now()
     using = using or app_database()
+    now = now or database_now(using)
     stale_after = config.stale_round_warning
     silent_after = max(stale_after, config.heartbeat_interval * 3)
     nodes = list(Node.objects.using(using).all())
@@ -135,7 +144,7 @@ def scheduler_status(now: datetime | None = None, using: str | None = None) -> S
     leading = [n for n in claiming if leadership_held(n, using, config, now)]
     leader = leading[0] if leading else None
     workers = [n for n in nodes if n.role == "worker" and live(n)]
-    rounds = [n.last_round_at for n in schedulers if n.last_round_at is not None]
+    rounds = [at for at in map(round_on_database_clock, schedulers) if at is not None]
     last_round_at = max(rounds) if rounds else None
 
     warnings: list[StatusWarning] = []

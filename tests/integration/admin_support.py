@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from ultimat3_jobs import clock
+from ultimat3_jobs import clock, status
 from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.models import Task
 from ultimat3_jobs.registry import registry
@@ -28,8 +28,10 @@ JOBS_URL = "/admin/ultimat3_jobs/job/"
 
 
 @pytest.fixture(autouse=True)
-def frozen() -> Iterator[FrozenClock]:
+def frozen(monkeypatch: pytest.MonkeyPatch) -> Iterator[FrozenClock]:
     frozen_clock = FrozenClock(NOW)
+    # The scheduler's status reads the database's clock, as its rows are written on it.
+    monkeypatch.setattr(status, "database_now", lambda using=None: frozen_clock())
     with clock.use(frozen_clock):
         yield frozen_clock
 

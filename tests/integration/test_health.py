@@ -19,7 +19,8 @@ from django.db import DatabaseError, connections
 from django.test import Client
 from django.utils import timezone
 
-from ultimat3_jobs import metrics, nodes
+from ultimat3_jobs import clock, metrics, nodes
+from ultimat3_jobs.clock import FrozenClock
 from ultimat3_jobs.db import dedicated_connection
 from ultimat3_jobs.health import (
     ProcessHealth,
@@ -34,6 +35,7 @@ from ultimat3_jobs.models import Lease, Node
 from ultimat3_jobs.relay import Relay
 from ultimat3_jobs.scheduler import Scheduler
 from ultimat3_jobs.state import DatabaseState
+from ultimat3_jobs.status import scheduler_status
 from ultimat3_jobs.testing import MemoryState
 from ultimat3_jobs.worker import Worker
 
@@ -268,6 +270,46 @@ def test_database_health__a_leader_silent_past_three_heartbeats_is_not_alive() -
     found = by_role(database_health(roles=["scheduler"]))["scheduler"]
     assert (found.live, found.ready) == (False, False)
     assert "no scheduler heard from for" in found.detail
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("skew_s", [-20.0, 300.0])
+def test_database_health__a_leaders_last_round_is_judged_on_the_database_clock(
+    skew_s: float,
+) -> None:
+    # A round keeps its node's instant: a leader 20 s behind the database, dispatching every
+    # second, read as silent for 20 s (a probe would restart it again and again); one 5 min
+    # ahead read "last round -299 s ago".
+    now = timezone.now()
+    node(
+        "s1", "scheduler", leader="lease", is_leader=True, clock_skew_ms=int(skew_s * 1000),
+        last_round_at=now + timedelta(seconds=skew_s - 0.5),
+    )  # fmt: skip
+    lease_for("s1")
+    found = by_role(database_health(roles=["scheduler"]))["scheduler"]
+    assert found.ready, found.detail
+    age = float(found.detail.rsplit("last round ", 1)[1].split(" s ago")[0])
+    assert 0 <= age < 5
+    status = scheduler_status()
+    # Its clock is warned about; no round is said to be missing.
+    assert [w.message.split(" is ")[0] for w in status.warnings] == [
+        "The clock of scheduler host:1"
+    ]
+    assert status.last_round_at is not None
+    assert abs((status.last_round_at - now).total_seconds() + 0.5) < 0.1
+
+
+@pytest.mark.django_db
+def test_scheduler_status__is_judged_on_the_database_clock_whatever_the_viewers_says() -> None:
+    # A viewer 30 s ahead saw the lease expired and "no leader"; 90 s behind, a silent
+    # scheduler alive.
+    leader()
+    lease_for("s1")
+    for ahead in (30, -90):
+        with clock.use(FrozenClock(timezone.now() + timedelta(seconds=ahead))):
+            status = scheduler_status()
+        assert status.leader is not None and status.leader.node_id == "s1"
+        assert status.warnings == []
 
 
 @pytest.mark.django_db

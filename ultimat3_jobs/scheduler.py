@@ -223,6 +223,9 @@ class Scheduler:
         self._due: dict[str, datetime] | None = None
         #: The instant the last leader round dispatched up to.
         self._round_at: datetime | None = None
+        #: How far past ``misfire_grace`` this node's clock was ahead of the database's when
+        #: its last round began: rounds plan from the clock less that (``_now``).
+        self._ahead = timedelta(0)
         self._due_for: dict[str, TaskHandle] | None = None
         self._synced_for: dict[str, TaskHandle] | None = None
         self._refused: dict[str, Exception] = {}
@@ -293,7 +296,7 @@ class Scheduler:
             states = synced.states if synced is not None else None
         if states is None:
             states = self.state.load(list(handles))
-        now = self.clock()
+        now = self._now()
         due: dict[str, datetime] = {}
         for name, handle in handles.items():
             if name in self._refused:
@@ -358,6 +361,7 @@ class Scheduler:
             self.state.heartbeat(is_leader=False, round_at=None, error=self.last_error)
             return NOTHING
         handles = self._handles()
+        self._measure_clock()
         if not self.is_leader:
             emit(logger, "jobs.scheduler.leadership-acquired", leader=self.leader.name)
             # Mirrored again: a node of another release may have led meanwhile, and written its
@@ -368,7 +372,7 @@ class Scheduler:
             with collector.paused(len(handles) >= GC_PAUSE_FROM):
                 self._rebuild(handles)
         self.is_leader = True
-        now = self._round_at = self.clock()
+        now = self._round_at = self._now()
         try:
             dispatched = self._dispatch_due(handles, now)
         except BaseException:
@@ -876,7 +880,23 @@ class Scheduler:
         at = self._heap[0]
         if self._round_at is not None and at <= self._round_at:
             return float("inf")  # Due again at once: a retry, which waits out the gap.
-        return max((at - self.clock()).total_seconds(), 0.0) + WAKE_MARGIN
+        return max((at - self._now()).total_seconds(), 0.0) + WAKE_MARGIN
+
+    def _measure_clock(self) -> None:
+        """Compare this node's clock with the database's before a round plans. Occurrences are
+        computed from this node's clock, but never from one ahead of the database's by more
+        than ``misfire_grace``: a clock stepped a day forward (a VM restored, an NTP step)
+        would drop a day of occurrences as missed and carry every watermark a day ahead,
+        where no node fires anything until the day has passed. Such a clock is logged
+        (``jobs.scheduler.clock-skew``) and the round plans from the database's clock plus
+        ``misfire_grace``; one behind fires late and loses nothing."""
+        self._ahead = max(self.state.clock_skew() - self.misfire_grace, timedelta(0))
+
+    def _now(self) -> datetime:
+        """The instant a round plans from: this node's clock, less how far it runs ahead of the
+        database's past ``misfire_grace`` (``_measure_clock``)."""
+        now = self.clock()
+        return now - self._ahead if self._ahead else now
 
     def stop(self, reason: str = "stop") -> None:
         """Stop dispatching, wait out the round in flight, then hand leadership back."""

@@ -84,6 +84,10 @@ class SchedulerState(Protocol):
         """``commit`` for a round whose occurrences are still being planned, in another
         thread; only when ``can_stream()``."""
 
+    def clock_skew(self) -> timedelta:
+        """This node's clock minus the database's, measured now; the round's heartbeat then
+        records that measure rather than take another."""
+
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         """After every round: compare clocks, and record this node's liveness (throttled)."""
 
@@ -135,6 +139,8 @@ class DatabaseState:
         self._once = once
         #: With ``once``: the round's heartbeat, kept for the stop to write.
         self._kept: dict[str, Any] = {}
+        #: The skew a round measured before it planned (``clock_skew``), for its heartbeat.
+        self._skew_ms: int | None = None
 
     def sync(self, tasks: Sequence[TaskHandle]) -> Synced:
         """Mirror the declarations; mark stored tasks no longer declared.
@@ -244,10 +250,16 @@ class DatabaseState:
         ]
         keep_present_jobs(plan, already, self.store.ids_of(keys))
 
+    def clock_skew(self) -> timedelta:
+        self._skew_ms = self.node.compare_clocks()
+        return timedelta(milliseconds=self._skew_ms)
+
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         # Every round: occurrences are computed from this node's clock, so a skewed one fires
         # early or late. The row itself is written when due, or at once when it has news.
-        skew_ms = self.node.compare_clocks()
+        skew_ms, self._skew_ms = self._skew_ms, None
+        if skew_ms is None:
+            skew_ms = self.node.compare_clocks()
         if not (self.node.due() or is_leader != self._last_leader or error):
             return
         fields: dict[str, Any] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from .handles import TaskHandle
@@ -105,6 +105,9 @@ class MemoryState:
     def pause(self, name: str, paused: bool = True) -> None:
         with self._lock:
             self.tasks[name] = TaskState(self.tasks[name].watermark, paused)
+
+    def clock_skew(self) -> timedelta:
+        return timedelta(0)  # No database to differ from.
 
     def heartbeat(self, *, is_leader: bool, round_at: datetime | None, error: str) -> None:
         self.heartbeats.append({"is_leader": is_leader, "round_at": round_at, "error": error})

@@ -12,6 +12,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from ultimat3_jobs.clock import FrozenClock
+from ultimat3_jobs.db import database_now
 from ultimat3_jobs.leaders import LeaderElection, LeaseLeader, SoleLeader
 from ultimat3_jobs.models import Job, Lease, Occurrence, Task
 from ultimat3_jobs.scheduler import Scheduler
@@ -785,3 +786,23 @@ def test_lease__a_round_whose_task_function_outlives_the_lease_is_renewed_and_wr
     assert len(scheduler.tick()) == 1
     assert Job.objects.filter(task="n.slow-function").count() == 1
     assert Lease.objects.get().owner == "node-a"
+
+
+@pytest.mark.django_db
+def test_round__a_leader_clock_a_day_ahead_plans_from_the_databases_plus_the_grace() -> None:
+    # A clock stepped a day forward (a VM restored, an NTP step) dropped a day of occurrences
+    # as missed and carried every watermark a day ahead: no node fired anything for a day.
+    real = database_now()
+    clock = FrozenClock(real)
+    scheduler, _ = round_over(3, clock, prefix="ahead")  # armed on the right clock
+    clock.set(real + timedelta(days=1))
+
+    scheduler.tick()
+
+    assert not Occurrence.objects.filter(task__startswith="ahead.", outcome="dropped").exists()
+    # At most the minutes up to the grace past the database's now fired, none a day early.
+    latest = database_now() + scheduler.misfire_grace + timedelta(seconds=1)
+    fired = Job.objects.filter(task__startswith="ahead.")
+    assert all(job.occurrence is not None and job.occurrence <= latest for job in fired)
+    marks = Task.objects.filter(name__startswith="ahead.").values_list("last_fired_at", flat=True)
+    assert all(mark is not None and mark <= latest for mark in marks)

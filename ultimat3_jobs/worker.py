@@ -216,7 +216,11 @@ class Worker:
             role="worker",
             every=self.heartbeat_interval,
             clock=self.clock,
+            skew_warning=config.clock_skew_warning,
         )
+        #: How far this worker's clock ran ahead of the database's at its last heartbeat:
+        #: its claims take what is due less that (``_claim_now``).
+        self._ahead = timedelta(0)
         self.exit_code: int | None = None
         self.last_error = ""
         #: Jobs claimed since ``run()`` started (those given back unrun are taken off).
@@ -286,7 +290,17 @@ class Worker:
         """Record that this node is alive, by the database clock that judges staleness; and,
         draining, that it takes no more jobs (``jobs_status --check`` reads it)."""
         draining = f"{nodes.DRAINING} ({self.life.reason})" if self.life.draining.is_set() else ""
-        self.node.beat(last_error=self.last_error or draining)
+        skew_ms = self.node.compare_clocks()
+        self._ahead = timedelta(milliseconds=max(skew_ms, 0))
+        self.node.beat(last_error=self.last_error or draining, clock_skew_ms=skew_ms)
+
+    def _claim_now(self) -> datetime:
+        """The instant a claim takes due jobs at: this worker's clock, less how far it ran
+        ahead of the database's at the last heartbeat. A job is never run before its
+        ``run_at`` on the database's clock (an occurrence a backfill enqueued ahead, a retry's
+        backoff, a Django Task's ``run_after``); a worker behind it runs them late."""
+        now = self.clock()
+        return now - self._ahead if self._ahead else now
 
     def _heartbeat_tried(self) -> None:
         """``heartbeat`` while the loop backs off from a claim that failed with the database
@@ -863,7 +877,7 @@ class Worker:
                         worker=self.node_id,
                         finishes=[e.finish for e in ended],
                         limit=room,
-                        now=self.clock(),
+                        now=self._claim_now(),
                         queues=self.queues,
                         start=start,
                     )

@@ -879,3 +879,19 @@ def test_run_worker_command__burst_runs_the_named_queues(quiet_logger: None) -> 
     call_command("run_worker", "--burst", "--queues", "emails", "--concurrency", "2")
     assert list(Ping.objects.values_list("label", flat=True)) == ["mine"]
     assert Job.objects.get(queue="reports").status == JobStatus.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__a_worker_whose_clock_runs_ahead_runs_nothing_before_its_time() -> None:
+    # Its claims compared run_at with its own clock: 10 min ahead, it ran a job due in 3 min
+    # (an occurrence a backfill enqueued ahead, a run_after, a retry's backoff) 3 min early.
+    later = make_job(run_at=timezone.now() + timedelta(minutes=3), data={"label": "later"})
+    due = make_job(data={"label": "due"})
+    ahead = FrozenClock(timezone.now() + timedelta(minutes=10))
+    worker = quick_worker(burst=True, clock=ahead)
+    assert worker.run() == CLEAN_EXIT
+    assert Job.objects.get(pk=due.pk).status == JobStatus.SUCCEEDED
+    assert Job.objects.get(pk=later.pk).status == JobStatus.QUEUED
+    # Its skew is on its row, which the status warns about.
+    skew = Node.objects.get(node_id=worker.node_id).clock_skew_ms
+    assert skew is not None and 9 * 60_000 < skew < 11 * 60_000

@@ -139,7 +139,11 @@ class Relay:
             role="relay",
             every=config.heartbeat_interval,
             clock=self.clock,
+            skew_warning=config.clock_skew_warning,
         )
+        #: How far this relay's clock ran ahead of the database's at its last heartbeat: its
+        #: claims take what is due less that, as a worker's do.
+        self._ahead = timedelta(0)
         self.backoff = Backoff(self.poll_interval)
         #: False since the engine last could not be reached, until a pass goes through
         #: (``health.py``).
@@ -171,7 +175,7 @@ class Relay:
         refuses fails alone, and one whose task is unknown here waits
         (``RELAY_UNKNOWN_TASK_GRACE``); the batch goes on past both.
         """
-        now = self.clock()
+        now = self.clock() - self._ahead
         down: BrokerUnavailableError | None = None
         # The first row of each engine that failed as if the engine were down, until the batch
         # shows which it was: a second row failing so (down), or another row it took.
@@ -504,7 +508,10 @@ class Relay:
     def _heartbeat(self) -> None:
         failures = self.backoff.failures
         try:
-            self.node.beat(last_error=f"{failures} failed passes" if failures else "")
+            skew_ms = self.node.compare_clocks()
+            self._ahead = timedelta(milliseconds=max(skew_ms, 0))
+            last_error = f"{failures} failed passes" if failures else ""
+            self.node.beat(last_error=last_error, clock_skew_ms=skew_ms)
         except DATABASE_ERRORS as error:
             emit(logger, "jobs.relay.heartbeat-failed", logging.WARNING, **failure_fields(error))
 

@@ -22,6 +22,7 @@ from django.db import (
     connection,
     transaction,
 )
+from django.utils import timezone
 
 from testproject.demo import background
 from testproject.demo.celery_tasks import plain_row, write_row
@@ -137,6 +138,22 @@ def test_relay__publishes_with_the_task_id_of_the_key_and_records_it(
     # Nothing more to send: a second pass publishes nothing.
     assert relay().relay_once() == 0
     assert len(messages(broker)) == 1
+
+
+@pytest.mark.django_db
+def test_relay__a_relay_whose_clock_runs_ahead_sends_nothing_before_its_time(
+    broker: redis.Redis,
+) -> None:
+    # Its outbox claims compared run_at with its own clock: 10 min ahead, it sent a row due in
+    # 3 min at once.
+    job = celery_round("relay.later")
+    Job.objects.filter(pk=job.pk).update(run_at=timezone.now() + timedelta(minutes=3))
+    ahead = relay(clock=FrozenClock(timezone.now() + timedelta(minutes=10)))
+    ahead._heartbeat()  # What its loop does before a pass: the clock is measured.
+    assert ahead.relay_once() == 0
+    assert Job.objects.get(pk=job.pk).status == "outbox"
+    skew = Node.objects.get(node_id=ahead.node_id).clock_skew_ms
+    assert skew is not None and skew > 9 * 60_000
 
 
 @pytest.mark.django_db

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
+
 from .catchup import Span
 from .db import jsonb_field
 from .models import Occurrence, Outcome
@@ -93,6 +95,19 @@ def decided(
     """The row of occurrences decided without firing: dropped, paused or overlapping."""
     detail += " (at least)" if span.at_least else ""
     return _row(task, outcome, span, at=at, node=node, detail=detail)
+
+
+def last_fired(using: str) -> Subquery:
+    """Per task row (``OuterRef("name")``), the occurrence it fired last: its newest fired
+    record, one look along the index of its records, where a GROUP BY would read the whole
+    history. Not the watermark, which also moves past dropped, paused and armed ones."""
+    newest = (
+        Occurrence.objects.using(using)
+        .filter(task=OuterRef("name"), outcome=Outcome.FIRED)
+        .order_by("-recorded_at", "-occurrence")
+        .values("occurrence")[:1]
+    )
+    return Subquery(newest)
 
 
 def pruned(cutoff: datetime, *, at: datetime, detail: str) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, OuterRef, Subquery
+from django.db.models import Count
 
-from . import clock
+from . import clock, history
 from .cron import next_occurrence
 from .db import app_database
 from .errors import UltimateError
@@ -120,19 +120,10 @@ def overview(now: datetime | None = None, using: str | None = None) -> dict[str,
         "mean_s": sum(late) / len(late) if late else None,
     }
 
-    # The occurrence each task fired last (the watermark also moves past dropped and armed
-    # ones, so it is not that): its newest fired record, one look along the index of its
-    # records per task, where a GROUP BY would read the whole history.
-    last_fired = (
-        Occurrence.objects.using(using)
-        .filter(task=OuterRef("name"), outcome=Outcome.FIRED)
-        .order_by("-recorded_at", "-occurrence")
-        .values("occurrence")[:1]
-    )
     task_rows = (
         Task.objects.using(using)
         .order_by("name")
-        .annotate(last_fired=Subquery(last_fired))
+        .annotate(last_fired=history.last_fired(using))
         .values_list("name", "cron", "tz", "declared", "paused", "last_fired")
     )
     next_runs = _NextRuns(now)

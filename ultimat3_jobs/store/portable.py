@@ -775,7 +775,8 @@ class PortableStore:
 
     def retry_failed(self, jobs: QuerySet[Job], *, now: datetime | None = None) -> int:
         failed = self._of(jobs).filter(status=JobStatus.FAILED)
-        queues = list(failed.values_list("queue", "relay").distinct())
+        # Unordered: the model's ordering would add the id, a row per job to the DISTINCT.
+        queues = list(failed.order_by().values_list("queue", "relay").distinct())
         changes: dict[str, Any] = {
             "attempts": 0,
             "run_at": now or clock.now(),

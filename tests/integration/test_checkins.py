@@ -160,11 +160,7 @@ def test_checkins__cancelling_the_last_queued_job_in_the_admin_closes_its_occurr
 
     handle = fresh_registry.get_task("m.cancelled")
     assert handle is not None
-    clock = FrozenClock(T0)
-    scheduler = sole_scheduler(handle, clock)
-    scheduler.tick()
-    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
-    scheduler.tick()
+    fire_first_minute(handle)
     [queued] = Job.objects.filter(task="m.cancelled")
 
     user = staff_user("canceller", "view_job", "change_job")
@@ -344,12 +340,17 @@ def test_checkins__an_occurrence_without_jobs_opens_and_closes_at_once(envelopes
         max_catch_up=10,
         monitor=True,
     )
+    fire_first_minute(task)
+    assert list(by_check_in(envelopes, "m-empty").values()) == [["in_progress", "ok"]]
+
+
+def fire_first_minute(task: TaskHandle) -> None:
+    """Arm ``task`` at ``T0`` and fire its occurrence of 00:01, as a scheduler of it alone."""
     clock = FrozenClock(T0)
     scheduler = sole_scheduler(task, clock)
     scheduler.tick()
     clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
     scheduler.tick()
-    assert list(by_check_in(envelopes, "m-empty").values()) == [["in_progress", "ok"]]
 
 
 def sole_scheduler(task: TaskHandle, clock: FrozenClock) -> Scheduler:
@@ -461,11 +462,7 @@ def test_checkins__a_job_its_worker_fails_past_the_drain_grace_closes_it_as_an_e
         time.sleep(1.5)
 
     task = monitored("m.slow", [(slow, {"label": "a"})], tz="UTC")
-    clock = FrozenClock(T0)
-    scheduler = sole_scheduler(task, clock)
-    scheduler.tick()
-    clock.set(datetime(2026, 6, 1, 0, 1, 0, 200_000, tzinfo=UTC))
-    scheduler.tick()
+    fire_first_minute(task)
     [made] = Job.objects.filter(task="m.slow")
 
     worker = Worker(

@@ -82,11 +82,11 @@ def sending() -> bool:
     return sdk is not None and bool(sdk.get_client().is_active())
 
 
-def deployment() -> str:
-    """What sets this process's check-ins apart from another deployment's
-    (``monitors.check_in_id``): its Sentry client's DSN and environment, which the scheduler
-    and the workers of one deployment share."""
-    options = _sentry().get_client().options
+def deployment(client: Any) -> str:
+    """What sets the check-ins ``client`` sends apart from another deployment's
+    (``monitors.check_in_id``): its DSN and environment, which the scheduler and the workers
+    of one deployment share."""
+    options = client.options
     return f"{options.get('dsn') or ''}|{options.get('environment') or ''}"
 
 
@@ -106,7 +106,7 @@ class _Paced:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.every = max(1, int(client.options.get("transport_queue_size") or 100) // 2)
-        self.deployment = deployment()
+        self.deployment = deployment(client)
         self.sent = 0
         #: This batch found Sentry behind: it waits no more, what the client drops is lost.
         self.behind = False

@@ -54,14 +54,21 @@ def prune(
     at = now or clock.now()
     cutoff = at - keep
     store = store or store_for(using if using is not None else job_database())
+    # What fired before the cutoff may leave no trace: a backfill asks (``pruned_before``).
+    # Recorded before the first batch goes, so a prune killed midway is on record; once done,
+    # the record says what went, or goes itself if nothing did.
+    record = None
+    if not dry_run:
+        record = store.insert_record(history.pruned(cutoff, at=at, detail="deleting"))
     jobs, occurrences, nodes = store.prune(
         cutoff, batch_size=batch_size, dry_run=dry_run, progress=progress
     )
     result = Pruned(jobs=jobs, occurrences=occurrences, nodes=nodes, cutoff=cutoff)
-    if not dry_run and (jobs or occurrences):
-        # What fired before the cutoff may have left no trace: a backfill asks (``pruned_before``).
-        detail = f"deleted {jobs} finished job(s), {occurrences} record(s), {nodes} node(s)"
-        store.insert_record(history.pruned(cutoff, at=at, detail=detail))
+    if record is not None and (jobs or occurrences):
+        record.detail = f"deleted {jobs} finished job(s), {occurrences} record(s), {nodes} node(s)"
+        record.save(using=store.using, update_fields=["detail"])
+    elif record is not None:
+        record.delete(using=store.using)
     emit(
         logger,
         "jobs.retention.pruned",

@@ -670,6 +670,27 @@ def test_prune__the_latest_cutoff_is_the_latest_in_time_and_a_prune_of_nothing_i
 
 
 @pytest.mark.django_db
+def test_prune__one_that_fails_midway_is_on_record_from_before_its_first_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Recorded once done, a prune killed (or failing) after its first batches went left history
+    # deleted with nothing to say so: a backfill then fired those occurrences again.
+    _task_seen("t", days_ago=60)
+    _old_record(20)
+    store = store_for()
+
+    def first_batch_then_dies(cutoff: Any, **options: Any) -> Any:
+        Occurrence.objects.filter(recorded_at__lt=cutoff).exclude(outcome="pruned").delete()
+        raise RuntimeError("killed midway")
+
+    monkeypatch.setattr(store, "prune", first_batch_then_dies)
+    with pytest.raises(RuntimeError):
+        prune(older_than=timedelta(days=14), store=store)
+    cutoff = store.pruned_before("t")
+    assert cutoff is not None and timezone.now() - cutoff > timedelta(days=13)
+
+
+@pytest.mark.django_db
 def test_prune__a_nightly_prune_job_of_the_release_before_counts_by_its_row() -> None:
     # The release before this one recorded no prune: its job row says when and how far back.
     _task_seen("t", days_ago=60)
